@@ -1,0 +1,152 @@
+"""Host-side batch preparation: `SchedulerOutput` -> padded numpy `StepInputs`.
+
+Packs the scheduled requests' new tokens back to back, pads every array to the step's
+`Bucket`, and lays out per-row sampling options, so the jitted step sees only fixed
+shapes. Plain numpy; no JAX import.
+
+Padding conventions: padding tokens have ``token_seq = -1``, position 0 and write slot 0
+(the null block); padding rows have empty block tables (block 0), ``kv_len = 0`` and
+greedy sampling; padded token-id lists use ``vocab_size`` (dropped by scatters).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from jaxinfer.buckets import Bucket, BucketLadders
+from jaxinfer.request import Request
+from jaxinfer.scheduler import SchedulerOutput
+
+
+@dataclasses.dataclass
+class StepInputs:
+    """Everything one step needs, as padded numpy arrays (shapes in brackets).
+
+    Model/attention: token_ids [T], positions [T], token_seq [T], slot_mapping [T],
+    token_ctx_len [T], block_tables [R, W], query_start_loc [R+1], kv_lens [R],
+    num_seqs [], logits_indices [R].
+    Sampling (per row): temperature, top_p, min_p, presence_penalty, frequency_penalty,
+    repetition_penalty [R] float32; top_k [R] int32 (vocab size = off); seeds [R] uint32
+    x2 (``seed_hi``, ``seed_lo``); output_index [R] int32 (index of the token being
+    sampled, folded into the row's key); greedy [R] bool; bias_ids [R, B] int32 /
+    bias_values [R, B] float32; hist_ids [R, M] int32 (prompt then output tokens, M =
+    max_model_len) with num_prompt [R] and num_hist [R] int32.
+    Flags [] bool: any_sampled, any_sort (top-k/top-p), any_penalty, any_logprobs.
+    """
+
+    bucket: Bucket
+    arrays: dict[str, np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchLayout:
+    """Static facts the packer needs."""
+
+    ladders: BucketLadders
+    block_size: int
+    vocab_size: int
+    max_model_len: int
+    max_logit_bias: int
+    table_covers_new_tokens: bool  # True for the Pallas backend
+
+
+def _rows_width(sched: SchedulerOutput, layout: BatchLayout) -> int:
+    need = 0
+    for req, n in sched.scheduled:
+        end = req.num_computed_tokens + (n if layout.table_covers_new_tokens else 0)
+        need = max(need, math.ceil(end / layout.block_size))
+    return need
+
+
+def prepare(sched: SchedulerOutput, layout: BatchLayout) -> StepInputs:
+    """Pack one scheduled step into bucket-shaped numpy arrays.
+
+    Raises:
+      ValueError: if the step does not fit the largest bucket (scheduler bug).
+    """
+    num_rows = len(sched.scheduled)
+    bucket = layout.ladders.round_up(sched.num_tokens, num_rows, _rows_width(sched, layout))
+    a = _empty(bucket, layout)
+    offset = 0
+    for i, (req, n) in enumerate(sched.scheduled):
+        _fill_tokens(a, i, offset, req, n, layout)
+        _fill_sampling(a, i, req, layout)
+        offset += n
+    a["query_start_loc"][num_rows + 1:] = offset
+    a["num_seqs"][...] = num_rows
+    for flag, field, neutral in (("any_sampled", "greedy", True), ("any_penalty", "penalized", False)):
+        a[flag][...] = np.any(a[field][:num_rows] != neutral)
+    a["any_sort"][...] = np.any((a["top_k"][:num_rows] < layout.vocab_size) | (a["top_p"][:num_rows] < 1.0))
+    a["any_logprobs"][...] = np.any(a["want_logprobs"][:num_rows])
+    return StepInputs(bucket, a)
+
+
+def _empty(b: Bucket, layout: BatchLayout) -> dict[str, np.ndarray]:
+    T, R, W, V = b.num_tokens, b.num_seqs, b.ctx_blocks, layout.vocab_size
+    i32, f32 = np.int32, np.float32
+    return {
+        "token_ids": np.zeros(T, i32), "positions": np.zeros(T, i32), "token_seq": np.full(T, -1, i32),
+        "slot_mapping": np.zeros(T, i32), "token_ctx_len": np.zeros(T, i32),
+        "block_tables": np.zeros((R, W), i32), "query_start_loc": np.zeros(R + 1, i32),
+        "kv_lens": np.zeros(R, i32), "num_seqs": np.zeros((), i32), "logits_indices": np.zeros(R, i32),
+        "temperature": np.ones(R, f32), "top_p": np.ones(R, f32), "top_k": np.full(R, V, i32),
+        "min_p": np.zeros(R, f32), "presence_penalty": np.zeros(R, f32), "frequency_penalty": np.zeros(R, f32),
+        "repetition_penalty": np.ones(R, f32), "seed_hi": np.zeros(R, np.uint32), "seed_lo": np.zeros(R, np.uint32),
+        "output_index": np.zeros(R, i32), "greedy": np.ones(R, bool), "penalized": np.zeros(R, bool),
+        "want_logprobs": np.zeros(R, bool),
+        "bias_ids": np.full((R, layout.max_logit_bias), V, i32), "bias_values": np.zeros((R, layout.max_logit_bias), f32),
+        "hist_ids": np.full((R, layout.max_model_len), V, i32), "num_prompt": np.zeros(R, i32),
+        "num_hist": np.zeros(R, i32),
+        "any_sampled": np.zeros((), bool), "any_sort": np.zeros((), bool), "any_penalty": np.zeros((), bool),
+        "any_logprobs": np.zeros((), bool),
+    }
+
+
+def _fill_tokens(a, i: int, offset: int, req: Request, n: int, layout: BatchLayout) -> None:
+    bs = layout.block_size
+    start = req.num_computed_tokens
+    pos = np.arange(start, start + n, dtype=np.int32)
+    tokens = req.all_token_ids[start:start + n]
+    blocks = np.asarray(req.block_ids, np.int32)
+    sl = slice(offset, offset + n)
+    a["token_ids"][sl] = tokens
+    a["positions"][sl] = pos
+    a["token_seq"][sl] = i
+    a["slot_mapping"][sl] = blocks[pos // bs] * bs + pos % bs
+    a["token_ctx_len"][sl] = start
+    width = a["block_tables"].shape[1]
+    used = min(len(blocks), width)
+    a["block_tables"][i, :used] = blocks[:used]
+    a["query_start_loc"][i] = offset
+    a["query_start_loc"][i + 1] = offset + n
+    a["kv_lens"][i] = start + n
+    a["logits_indices"][i] = offset + n - 1
+
+
+def _fill_sampling(a, i: int, req: Request, layout: BatchLayout) -> None:
+    p = req.params
+    V = layout.vocab_size
+    a["greedy"][i] = p.greedy
+    a["temperature"][i] = 1.0 if p.greedy else p.temperature
+    a["top_k"][i] = V if p.top_k <= 0 else min(p.top_k, V)
+    a["top_p"][i] = p.top_p
+    a["min_p"][i] = p.min_p
+    a["seed_hi"][i] = (req.seed >> 32) & 0xFFFFFFFF
+    a["seed_lo"][i] = req.seed & 0xFFFFFFFF
+    a["output_index"][i] = req.num_output_tokens
+    a["want_logprobs"][i] = p.logprobs is not None
+    if p.logit_bias:
+        ids, vals = zip(*p.logit_bias)
+        a["bias_ids"][i, :len(ids)] = ids
+        a["bias_values"][i, :len(vals)] = vals
+    if p.has_penalties:
+        a["penalized"][i] = True
+        a["presence_penalty"][i] = p.presence_penalty
+        a["frequency_penalty"][i] = p.frequency_penalty
+        a["repetition_penalty"][i] = p.repetition_penalty
+        hist = req.all_token_ids
+        a["hist_ids"][i, :len(hist)] = hist
+        a["num_prompt"][i] = req.num_prompt_tokens
+        a["num_hist"][i] = len(hist)

@@ -1,0 +1,97 @@
+"""Every static shape the jitted step is compiled for, in one place.
+
+A step is padded to a `Bucket` = (num_tokens T, num_seqs R, context width W):
+  * T, tokens per step: a ladder from 8 up to the per-step token budget, growing by
+    about 1.5x (8, 16, 24, 32, 48, 64, 96, ...), so padding wastes at most ~1/3.
+  * R, sequence rows: tied to T as ``min(T, max_num_seqs)`` (a step never has more
+    sequences than tokens). Padding rows only cost a row of the LM head each.
+  * W, block-table width in blocks for the *cached context* (tokens computed in earlier
+    steps): 0 (fresh prefills only) then powers of ``width_growth`` up to
+    ``ceil(max_model_len / block_size)``.
+The runner compiles every (T, W) pair at start-up; `round_up` picks the smallest bucket
+that fits. Keep ``len(token_ladder) * len(width_ladder)`` small: each is one compile.
+Plain Python; no JAX import.
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Bucket:
+    """Static shape of one step: T tokens, R sequence rows, W context blocks per row."""
+
+    num_tokens: int
+    num_seqs: int
+    ctx_blocks: int
+
+
+def _ladder(lo: int, hi: int, growth: float) -> list[int]:
+    """Increasing integers from lo to hi (inclusive), each ~growth x the last, multiples of 8 past 8."""
+    out = [lo]
+    while out[-1] < hi:
+        nxt = max(out[-1] + 1, int(math.ceil(out[-1] * growth / 8.0)) * 8)
+        out.append(min(nxt, hi))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketLadders:
+    """The ladders for one engine configuration.
+
+    Args:
+      max_num_batched_tokens: per-step token budget (top of the T ladder).
+      max_num_seqs: cap on sequences per step (top of R).
+      max_blocks: ceil(max_model_len / block_size) (top of W).
+      token_growth: ratio between T rungs (1.5 default).
+      width_growth: ratio between W rungs (4 default: few compiles, at most 4x
+        over-read of context).
+      min_width: smallest non-zero W rung.
+    """
+
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_blocks: int
+    token_growth: float = 1.5
+    width_growth: int = 4
+    min_width: int = 4
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs > self.max_num_batched_tokens:
+            raise ValueError("max_num_seqs must not exceed max_num_batched_tokens")
+
+    @property
+    def token_ladder(self) -> list[int]:
+        return _ladder(min(8, self.max_num_batched_tokens), self.max_num_batched_tokens, self.token_growth)
+
+    @property
+    def width_ladder(self) -> list[int]:
+        out = [0]
+        w = min(self.min_width, self.max_blocks)
+        while w < self.max_blocks:
+            out.append(w)
+            w *= self.width_growth
+        out.append(self.max_blocks)
+        return out
+
+    def num_seqs_for(self, num_tokens: int) -> int:
+        return min(num_tokens, self.max_num_seqs)
+
+    def all_buckets(self) -> list[Bucket]:
+        """Every bucket the runner compiles at warm-up."""
+        return [Bucket(t, self.num_seqs_for(t), w) for t in self.token_ladder for w in self.width_ladder]
+
+    def round_up(self, num_tokens: int, num_seqs: int, ctx_blocks: int) -> Bucket:
+        """Smallest bucket holding a step of this size.
+
+        Raises:
+          ValueError: if the step exceeds the largest bucket (a scheduler bug).
+        """
+        tl, wl = self.token_ladder, self.width_ladder
+        i = bisect.bisect_left(tl, num_tokens)
+        j = bisect.bisect_left(wl, ctx_blocks)
+        if i == len(tl) or j == len(wl) or num_seqs > self.max_num_seqs:
+            raise ValueError(f"step ({num_tokens} tokens, {num_seqs} seqs, {ctx_blocks} blocks) exceeds the buckets")
+        return Bucket(tl[i], self.num_seqs_for(tl[i]), wl[j])

@@ -1,0 +1,158 @@
+"""Configuration tree: frozen dataclasses that flow downward from the entry points.
+
+Owns `ModelConfig` (read from a Hugging Face style ``config.json``), `CacheConfig`,
+`SchedulerConfig` and `EngineConfig`. Plain Python: no JAX import, so host-side modules
+and tests can use it freely. CLI flags of ``server.py`` map one-to-one onto these fields.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+BLOCK_SIZE = 16  # tokens per KV block (PagedAttention, Kwon et al. 2023)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Decoder-only Llama-family hyperparameters (Hugging Face field names).
+
+    Attributes mirror ``LlamaConfig``: ``hidden_size`` D, ``num_attention_heads`` N,
+    ``num_key_value_heads`` K (GQA), ``head_dim`` H, ``intermediate_size`` F,
+    ``vocab_size`` V, ``num_hidden_layers`` L.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], generation_config: dict[str, Any] | None = None) -> "ModelConfig":
+        """Build from a HF ``config.json`` dict (and optional ``generation_config.json``).
+
+        EOS ids are the union of the config's and the generation config's ``eos_token_id``
+        (either may be an int or a list): serving case SC-13.
+        """
+        n_heads = d["num_attention_heads"]
+        head_dim = d.get("head_dim") or d["hidden_size"] // n_heads
+        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        rope_theta = d.get("rope_theta", rope.get("rope_theta", 10000.0))
+        eos: list[int] = []
+        for src in (d, generation_config or {}):
+            v = src.get("eos_token_id")
+            for e in (v if isinstance(v, list) else [v]):
+                if e is not None and e not in eos:
+                    eos.append(int(e))
+        return cls(
+            vocab_size=d["vocab_size"],
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_hidden_layers=d["num_hidden_layers"],
+            num_attention_heads=n_heads,
+            num_key_value_heads=d.get("num_key_value_heads", n_heads),
+            head_dim=head_dim,
+            rope_theta=float(rope_theta),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
+            max_position_embeddings=d.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_ids=tuple(eos),
+        )
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> "ModelConfig":
+        """Read ``config.json`` (and ``generation_config.json`` if present) from a folder."""
+        path = Path(path)
+        cfg = json.loads((path / "config.json").read_text())
+        gen_path = path / "generation_config.json"
+        gen = json.loads(gen_path.read_text()) if gen_path.exists() else None
+        return cls.from_dict(cfg, gen)
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The HF ``config.json`` fields (``architectures`` = LlamaForCausalLM)."""
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "rope_theta": self.rope_theta,
+            "rms_norm_eps": self.rms_norm_eps,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) != 1 else self.eos_token_ids[0],
+            "hidden_act": "silu",
+        }
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """float32 bytes of K and V for one token over all layers (scale by dtype size / 4)."""
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * 4
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache sizing.
+
+    Attributes:
+      block_size: tokens per block (16).
+      num_blocks: explicit pool size including the null block 0; overrides the budget.
+      kv_cache_memory: budget in bytes for K and V of all layers (None: use
+        ``kv_cache_memory_fraction`` of device memory, or 1 GiB on CPU).
+      watermark: fraction of blocks kept free when admitting new prefills (0.15).
+    """
+
+    block_size: int = BLOCK_SIZE
+    num_blocks: int | None = None
+    kv_cache_memory: int | None = None
+    kv_cache_memory_fraction: float = 0.5
+    watermark: float = 0.15
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous-batching limits.
+
+    Attributes:
+      max_num_seqs: cap on running sequences per step.
+      max_num_batched_tokens: per-step token budget (prefill chunks + decodes).
+      max_model_len: prompt + output limit in tokens.
+      max_queue_len: bound on the waiting queue (server answers 429 past it).
+    """
+
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 4096
+    max_queue_len: int = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs, as one tree."""
+
+    model_path: str
+    dtype: str = "float32"
+    cache: CacheConfig = dataclasses.field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
+    attention_backend: str | None = None  # "xla" | "pallas"; None picks by platform
+    max_logprobs: int = 20
+    max_logit_bias: int = 128
+    seed: int = 0
+    warmup: bool = True
+    return_logits: bool = False  # debug/tests: keep each sampled position's raw logits

@@ -1,0 +1,136 @@
+"""The model runner: the only place that compiles, calls ``device_put``, or reads back.
+
+Owns the parameters, the paged KV cache (donated to every step and returned by it),
+one ahead-of-time compiled executable per `Bucket`, and the compilation counter.
+One step = ONE jitted call: embed, scanned layers (K/V write + paged attention),
+LM head at the rows that need logits, sampling. Sampled ids come back to the host
+once per step.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxinfer.attention import AttentionMetadata
+from jaxinfer.batch import StepInputs
+from jaxinfer.buckets import Bucket
+from jaxinfer.config import ModelConfig
+from jaxinfer.models.llama import LlamaForCausalLM
+from jaxinfer.sampler import sample
+
+logger = logging.getLogger(__name__)
+
+_META_FIELDS = ("positions", "token_seq", "slot_mapping", "token_ctx_len", "block_tables", "query_start_loc",
+                "kv_lens", "num_seqs")
+
+
+class CompileCounter:
+    """Counts XLA backend compilations process-wide (``/jax/core/compile/backend_compile_duration``).
+
+    Catches stray compilations anywhere (a jnp op on the hot path, a new shape), not
+    only the runner's own.
+    """
+
+    _lock = threading.Lock()
+    count = 0
+    _installed = False
+
+    @classmethod
+    def install(cls) -> None:
+        with cls._lock:
+            if cls._installed:
+                return
+
+            def listener(event: str, duration: float, **kw) -> None:
+                if event.endswith("backend_compile_duration"):
+                    with cls._lock:
+                        cls.count += 1
+
+            jax.monitoring.register_event_duration_secs_listener(listener)
+            cls._installed = True
+
+
+def kv_cache_shape(cfg: ModelConfig, num_blocks: int, block_size: int) -> tuple[int, ...]:
+    """[L, num_blocks, block_size, K, H] for each of K and V."""
+    return (cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+
+
+class ModelRunner:
+    """Runs bucketed steps of one model over its paged KV cache.
+
+    Args:
+      cfg: model hyperparameters.
+      params: the ``params`` tree (arrays, already on device or numpy).
+      num_blocks, block_size: KV pool geometry.
+      dtype: compute/storage dtype name ("float32" | "bfloat16").
+      backend: "xla" or "pallas".
+      max_logprobs: N of the top-N logprobs the step returns.
+      return_logits: also return the [R, V] logits (tests/debugging).
+      shardings: optional (param shardings, kv sharding, replicated) for a mesh.
+    """
+
+    def __init__(self, cfg: ModelConfig, params, num_blocks: int, block_size: int, dtype: str = "float32",
+                 backend: str = "xla", max_logprobs: int = 20, return_logits: bool = False, shardings=None):
+        CompileCounter.install()
+        self.cfg = cfg
+        self.dtype = jnp.dtype(dtype)
+        self.backend = backend
+        self.max_logprobs = max_logprobs
+        self.return_logits = return_logits
+        interpret = backend == "pallas" and jax.default_backend() == "cpu"
+        self.model = LlamaForCausalLM(cfg, backend, interpret, self.dtype, self.dtype)
+        self._shardings = shardings
+        self.params = params
+        self.kv_shape = kv_cache_shape(cfg, num_blocks, block_size)
+        self.k_cache, self.v_cache = self._alloc_cache()
+        self._executables: dict[Bucket, object] = {}
+        self.num_compilations = 0
+        self.compile_seconds = 0.0
+        self._jitted = jax.jit(self._step, donate_argnums=(1, 2))
+
+    def _alloc_cache(self):
+        kv_sharding = self._shardings[1] if self._shardings else None
+        make = jax.jit(lambda: jnp.zeros(self.kv_shape, self.dtype), out_shardings=kv_sharding)
+        return make(), make()
+
+    def _step(self, params, k_cache, v_cache, a: dict):
+        meta = AttentionMetadata(**{f: a[f] for f in _META_FIELDS})
+        logits, k_cache, v_cache = self.model.apply({"params": params}, a["token_ids"], meta, k_cache, v_cache,
+                                                    a["logits_indices"])
+        out = sample(logits, a, self.max_logprobs)
+        if self.return_logits:
+            out["logits"] = logits
+        return out, k_cache, v_cache
+
+    def compile(self, inputs_like: StepInputs) -> None:
+        """Compile the executable for ``inputs_like.bucket`` ahead of time (no allocation)."""
+        bucket = inputs_like.bucket
+        if bucket in self._executables:
+            return
+        t0 = time.perf_counter()
+        specs = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in inputs_like.arrays.items()}
+        params_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+                                   self.params)
+        kv_spec = jax.ShapeDtypeStruct(self.kv_shape, self.dtype, sharding=self.k_cache.sharding)
+        self._executables[bucket] = self._jitted.lower(params_spec, kv_spec, kv_spec, specs).compile()
+        self.num_compilations += 1
+        self.compile_seconds += time.perf_counter() - t0
+
+    def execute(self, inputs: StepInputs) -> dict[str, np.ndarray]:
+        """Run one step; returns the sampler's outputs as numpy arrays (one device read)."""
+        if inputs.bucket not in self._executables:
+            logger.warning("compiling bucket %s outside warm-up", inputs.bucket)
+            self.compile(inputs)
+        replicated = self._shardings[2] if self._shardings else None
+        dev = jax.device_put(inputs.arrays, replicated) if replicated is not None else jax.device_put(inputs.arrays)
+        out, self.k_cache, self.v_cache = self._executables[inputs.bucket](self.params, self.k_cache, self.v_cache, dev)
+        return jax.device_get(out)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return 2 * int(np.prod(self.kv_shape)) * self.dtype.itemsize

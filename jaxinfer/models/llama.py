@@ -1,0 +1,165 @@
+"""Llama-family decoder (Flax linen) that runs one ragged, paged step.
+
+Follows Hugging Face ``LlamaForCausalLM`` numerically: RMSNorm (Zhang & Sennrich 2019),
+rotate-half RoPE (Su et al. 2021) with theta from the config, GQA (Ainslie et al. 2023),
+SwiGLU MLP (Shazeer 2020), tied or untied LM head. Layers are stacked and run under
+``nn.scan`` so compile time does not grow with depth; the KV cache rides in the scan
+carry (never as scan xs/ys, which would copy it).
+
+Parameter tree (``params`` collection; L stacked on axis 0; logical axis names in
+brackets, mapped to mesh axes in one place by the sharding module):
+  embed/embedding [V, D] (vocab, embed)
+  layers/attn/{q,k,v}_proj/kernel [L, D, N|K, H] (layers, embed, heads|kv_heads, head_dim)
+  layers/attn/o_proj/kernel [L, N, H, D] (layers, heads, head_dim, embed)
+  layers/mlp/{gate,up}_proj/kernel [L, D, F] (layers, embed, mlp); down_proj [L, F, D]
+  layers/{input_norm,post_attention_norm}/scale [L, D]; final_norm/scale [D]
+  lm_head/kernel [D, V] (embed, vocab), only when embeddings are untied.
+Einsum letters: T tokens, D model, N query heads, K kv heads, H head dim, F ffn, V vocab.
+"""
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxinfer.attention import AttentionMetadata, paged_attention
+from jaxinfer.config import ModelConfig
+
+_init = nn.initializers.normal(0.02)
+
+
+def _part(init, names):
+    return nn.with_logical_partitioning(init, names)
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x^2) + eps) * scale``, computed in float32 (HF LlamaRMSNorm)."""
+
+    eps: float
+    dtype: jnp.dtype
+    param_dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param("scale", _part(nn.initializers.ones, ("embed",)), (x.shape[-1],), self.param_dtype)
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (y.astype(self.dtype) * scale.astype(self.dtype)).astype(self.dtype)
+
+
+def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [T, H] for rotate-half RoPE at integer ``positions`` [T] (float32)."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    freqs = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x [T, heads, H] rotated by position (HF ``apply_rotary_pos_emb``)."""
+    half = x.shape[-1] // 2
+    rot = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return (x * cos[:, None, :] + rot * sin[:, None, :]).astype(x.dtype)
+
+
+class Attention(nn.Module):
+    cfg: ModelConfig
+    backend: str
+    interpret: bool
+    dtype: jnp.dtype
+    param_dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self, x, k_cache, v_cache, layer, meta: AttentionMetadata, cos, sin):
+        c = self.cfg
+        dense = functools.partial(nn.DenseGeneral, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype)
+        q = dense((c.num_attention_heads, c.head_dim), kernel_init=_part(_init, ("embed", "heads", "head_dim")),
+                  name="q_proj")(x)
+        k = dense((c.num_key_value_heads, c.head_dim), kernel_init=_part(_init, ("embed", "kv_heads", "head_dim")),
+                  name="k_proj")(x)
+        v = dense((c.num_key_value_heads, c.head_dim), kernel_init=_part(_init, ("embed", "kv_heads", "head_dim")),
+                  name="v_proj")(x)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out, k_cache, v_cache = paged_attention(self.backend, q, k, v, k_cache, v_cache, layer, meta,
+                                                c.head_dim ** -0.5, self.interpret)
+        o = dense(c.hidden_size, axis=(-2, -1), kernel_init=_part(_init, ("heads", "head_dim", "embed")),
+                  name="o_proj")(out)
+        return o, k_cache, v_cache
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    cfg: ModelConfig
+    dtype: jnp.dtype
+    param_dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self, x):
+        c = self.cfg
+        dense = functools.partial(nn.Dense, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype)
+        g = dense(c.intermediate_size, kernel_init=_part(_init, ("embed", "mlp")), name="gate_proj")(x)
+        u = dense(c.intermediate_size, kernel_init=_part(_init, ("embed", "mlp")), name="up_proj")(x)
+        return dense(c.hidden_size, kernel_init=_part(_init, ("mlp", "embed")), name="down_proj")(nn.silu(g) * u)
+
+
+class DecoderLayer(nn.Module):
+    """One pre-norm transformer block; the scan body. Carry: (x, k_cache, v_cache, layer)."""
+
+    cfg: ModelConfig
+    backend: str
+    interpret: bool
+    dtype: jnp.dtype
+    param_dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self, carry, meta: AttentionMetadata, cos, sin):
+        x, k_cache, v_cache, layer = carry
+        norm = functools.partial(RMSNorm, self.cfg.rms_norm_eps, self.dtype, self.param_dtype)
+        h = norm(name="input_norm")(x)
+        a, k_cache, v_cache = Attention(self.cfg, self.backend, self.interpret, self.dtype, self.param_dtype,
+                                        name="attn")(h, k_cache, v_cache, layer, meta, cos, sin)
+        x = x + a
+        x = x + MLP(self.cfg, self.dtype, self.param_dtype, name="mlp")(norm(name="post_attention_norm")(x))
+        return (x, k_cache, v_cache, layer + 1), None
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama decoder over one packed ragged step.
+
+    Call args:
+      token_ids: [T] int32. meta: `AttentionMetadata`. k_cache, v_cache:
+      [L, NB, bs, K, H]. logits_indices: [R] int32 rows of T whose logits are needed.
+
+    Returns:
+      (logits [R, V] float32, k_cache, v_cache)
+    """
+
+    cfg: ModelConfig
+    backend: str = "xla"
+    interpret: bool = False
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, token_ids, meta: AttentionMetadata, k_cache, v_cache, logits_indices):
+        c = self.cfg
+        embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=self.dtype, param_dtype=self.param_dtype,
+                         embedding_init=_part(_init, ("vocab", "embed")), name="embed")
+        x = embed(token_ids)
+        cos, sin = rope_tables(meta.positions, c.head_dim, c.rope_theta)
+        stack = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
+                        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
+                        metadata_params={nn.PARTITION_NAME: "layers"})
+        carry = (x, k_cache, v_cache, jnp.int32(0))
+        (x, k_cache, v_cache, _), _ = stack(c, self.backend, self.interpret, self.dtype, self.param_dtype,
+                                            name="layers")(carry, meta, cos, sin)
+        x = RMSNorm(c.rms_norm_eps, self.dtype, self.param_dtype, name="final_norm")(x[logits_indices])
+        if c.tie_word_embeddings:
+            logits = embed.attend(x)
+        else:
+            logits = nn.Dense(c.vocab_size, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype,
+                              kernel_init=_part(_init, ("embed", "vocab")), name="lm_head")(x)
+        return logits.astype(jnp.float32), k_cache, v_cache

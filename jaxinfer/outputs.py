@@ -1,0 +1,68 @@
+"""Results handed back to callers, in vLLM's shape (`RequestOutput`, `CompletionOutput`).
+
+Plain Python; no JAX import.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class Logprob:
+    """Log-probability of one token (natural log), its 1-based rank, and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclasses.dataclass
+class CompletionOutput:
+    """One completion of a request.
+
+    Attributes:
+      index: choice index (for ``n > 1``).
+      text: generated text so far (safe to stream: no broken UTF-8, no partial stop string).
+      token_ids: generated token ids so far (EOS included when it ended the output).
+      finish_reason: "stop", "length", "abort", "timeout", "rejected", or None while running.
+      stop_reason: the stop token id or stop string that ended it, if any.
+      logprobs: per generated token, ``{token_id: Logprob}`` (sampled token plus top-N).
+      logits: per generated token, the raw float32 logits [V] (only with
+        ``EngineConfig.return_logits``; for tests and debugging).
+    """
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
+    logits: list | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclasses.dataclass
+class RequestMetrics:
+    """Timestamps in ``time.monotonic()`` seconds."""
+
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    finished_time: float | None
+    num_preemptions: int = 0
+
+
+@dataclasses.dataclass
+class RequestOutput:
+    """The state of one request after a step (cumulative, not a delta)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics | None = None
+    num_cached_tokens: int = 0

@@ -1,0 +1,111 @@
+"""`Request`: the host-side state of one sequence as it moves through the engine.
+
+Phase-free bookkeeping (vLLM v1): a request has ``num_tokens`` (prompt + generated) and
+``num_computed_tokens`` (tokens whose K/V sit in the cache). Prefill, chunked prefill,
+decode and recompute after preemption are all "compute the tokens not yet computed".
+Plain Python; no JAX import.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+
+from jaxinfer.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # back in the waiting queue, will recompute
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    """Why a request ended. ``stop``/``length`` are OpenAI's; the rest are jaxinfer's."""
+
+    STOP = "stop"          # EOS, stop token id or stop string
+    LENGTH = "length"      # max_tokens or max_model_len
+    ABORT = "abort"        # client went away / caller aborted
+    TIMEOUT = "timeout"    # per-request deadline passed (HTTP 504)
+    REJECTED = "rejected"  # waited past the maximum queue wait (HTTP 429)
+
+
+@dataclasses.dataclass
+class Request:
+    """One sequence in the engine.
+
+    Attributes:
+      request_id: caller's id, unique among live requests.
+      prompt_token_ids: the prompt, as given (no BOS added here).
+      params: its sampling options.
+      output_token_ids: tokens generated so far (kept across preemption).
+      num_computed_tokens: tokens with K/V in the cache.
+      block_ids: KV blocks owned, in order (block table row).
+      seed: the per-request sampling seed (drawn by the engine when not given).
+      arrival_time, deadline: ``time.monotonic()`` seconds; deadline None = none.
+      max_queue_wait_deadline: monotonic time after which a still-waiting request is
+        rejected (None = wait forever).
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    max_tokens: int
+    eos_token_ids: frozenset[int] = frozenset()
+    arrival_time: float = dataclasses.field(default_factory=time.monotonic)
+    deadline: float | None = None
+    max_queue_wait_deadline: float | None = None
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = dataclasses.field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_ids: list[int] = dataclasses.field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    num_preemptions: int = 0
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens: what the cache must eventually hold."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    def token_at(self, position: int) -> int:
+        """The token at absolute ``position`` (prompt then outputs)."""
+        p = len(self.prompt_token_ids)
+        return self.prompt_token_ids[position] if position < p else self.output_token_ids[position - p]
+
+    def check_stop_token(self, token_id: int) -> FinishReason | None:
+        """Stop rules that depend only on the newest token and lengths (host side).
+
+        Order follows vLLM: EOS (unless ignore_eos), stop_token_ids, then max_tokens.
+        Sets ``stop_reason`` for stop-token stops. ``max_model_len`` is checked by the
+        scheduler, which knows it.
+        """
+        if not self.params.ignore_eos and token_id in self.eos_token_ids:
+            return FinishReason.STOP
+        if token_id in self.params.stop_token_ids:
+            self.stop_reason = token_id
+            return FinishReason.STOP
+        if self.num_output_tokens >= self.max_tokens:
+            return FinishReason.LENGTH
+        return None

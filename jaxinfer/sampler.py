@@ -1,0 +1,99 @@
+"""Per-row sampling inside the jitted step.
+
+Every option is a per-row array, so one compiled step serves any mix of greedy and
+sampled rows. Expensive stages run under ``lax.cond`` on batch-wide flags (XLA executes
+only the taken branch), so a greedy batch pays for an argmax only.
+
+Order (as vLLM): logit_bias -> penalties (repetition: CTRL, Keskar et al. 2019;
+presence/frequency: OpenAI API docs) -> [logprobs taken here] -> temperature ->
+min_p -> top_k -> top_p (nucleus, Holtzman et al. 2019) -> Gumbel-max draw with a
+per-row key ``fold_in(PRNGKey(seed), output_index)``: the same request and seed give
+the same tokens alone or in any batch.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def _apply_bias(logits, s):
+    rows = jnp.arange(logits.shape[0])[:, None]
+    return logits.at[rows, s["bias_ids"]].add(s["bias_values"], mode="drop")
+
+
+def _apply_penalties(logits, s):
+    R, V = logits.shape
+    rows = jnp.arange(R)[:, None]
+    j = jnp.arange(s["hist_ids"].shape[1])[None, :]
+    is_out = (j >= s["num_prompt"][:, None]) & (j < s["num_hist"][:, None])
+    counts = jnp.zeros((R, V), jnp.float32).at[rows, s["hist_ids"]].add(is_out.astype(jnp.float32), mode="drop")
+    seen = jnp.zeros((R, V), bool).at[rows, s["hist_ids"]].max(j < s["num_hist"][:, None], mode="drop")
+    rp = s["repetition_penalty"][:, None]
+    logits = jnp.where(seen, jnp.where(logits > 0, logits / rp, logits * rp), logits)
+    logits = logits - s["frequency_penalty"][:, None] * counts
+    return logits - s["presence_penalty"][:, None] * (counts > 0)
+
+
+def _filter_sorted(logits, s):
+    """top_k then top_p masks from one descending sort per row."""
+    V = logits.shape[1]
+    srt = jnp.sort(logits, axis=-1)[:, ::-1]
+    k = jnp.clip(s["top_k"], 1, V)
+    kth = jnp.take_along_axis(srt, (k - 1)[:, None], axis=-1)
+    srt = jnp.where(jnp.arange(V)[None, :] < k[:, None], srt, -jnp.inf)
+    probs = jax.nn.softmax(srt, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each sorted token
+    keep = before < s["top_p"][:, None]
+    keep = keep.at[:, 0].set(True)  # the top token always survives
+    num_keep = jnp.sum(keep, axis=-1)
+    pth = jnp.take_along_axis(srt, (num_keep - 1)[:, None], axis=-1)
+    return jnp.where(logits < jnp.maximum(kth, pth), -jnp.inf, logits)
+
+
+def _sample(logits, s):
+    x = logits / s["temperature"][:, None]
+    probs = jax.nn.softmax(x, axis=-1)
+    x = jnp.where(probs < s["min_p"][:, None] * probs.max(-1, keepdims=True), -jnp.inf, x)
+    x = jax.lax.cond(s["any_sort"], _filter_sorted, lambda l, _: l, x, s)
+    seeds = (s["seed_hi"].astype(jnp.uint32), s["seed_lo"].astype(jnp.uint32))
+
+    def row(hi, lo, idx, lg):
+        key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(lo), hi), idx)
+        return jnp.argmax(lg + jax.random.gumbel(key, lg.shape, jnp.float32))
+
+    return jax.vmap(row)(seeds[0], seeds[1], s["output_index"], x).astype(jnp.int32)
+
+
+def _logprobs(logits, sampled, num_top: int):
+    lp = jax.nn.log_softmax(logits, axis=-1)
+    chosen = jnp.take_along_axis(lp, sampled[:, None], axis=-1)[:, 0]
+    rank = jnp.sum(lp > chosen[:, None], axis=-1).astype(jnp.int32) + 1
+    top_lp, top_ids = jax.lax.top_k(lp, num_top)
+    return chosen, rank, top_ids.astype(jnp.int32), top_lp
+
+
+def sample(logits: jax.Array, s: dict, num_top_logprobs: int) -> dict:
+    """Sample one token per row.
+
+    Args:
+      logits: [R, V] float32 raw logits.
+      s: per-row sampling arrays from ``batch.StepInputs`` (see there for names/shapes).
+      num_top_logprobs: static N of the returned top-N logprobs (the server maximum).
+
+    Returns:
+      dict with ``token_ids [R] int32``; ``logprob [R] float32`` and ``rank [R] int32``
+      of the chosen token; ``top_ids [R, N] int32`` and ``top_logprobs [R, N] float32``.
+      Logprobs are log-softmax of the logits after bias and penalties, before
+      temperature and filtering (zeros when no row asked for them).
+    """
+    logits = _apply_bias(logits.astype(jnp.float32), s)
+    logits = jax.lax.cond(s["any_penalty"], _apply_penalties, lambda l, _: l, logits, s)
+    greedy_ids = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    sampled_ids = jax.lax.cond(s["any_sampled"], _sample, lambda l, _: greedy_ids, logits, s)
+    token_ids = jnp.where(s["greedy"], greedy_ids, sampled_ids)
+    R = logits.shape[0]
+    zeros = (jnp.zeros(R, jnp.float32), jnp.zeros(R, jnp.int32), jnp.zeros((R, num_top_logprobs), jnp.int32),
+             jnp.zeros((R, num_top_logprobs), jnp.float32))
+    chosen, rank, top_ids, top_lp = jax.lax.cond(
+        s["any_logprobs"], lambda l, t: _logprobs(l, t, num_top_logprobs), lambda l, t: zeros, logits, token_ids)
+    return {"token_ids": token_ids, "logprob": chosen, "rank": rank, "top_ids": top_ids, "top_logprobs": top_lp}

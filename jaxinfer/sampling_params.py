@@ -1,0 +1,134 @@
+"""`SamplingParams`: the per-request generation options, in vLLM's field names.
+
+Frozen and validated at construction, so every later stage (scheduler, sampler, API)
+can trust it. Plain Python; no JAX import. Invalid values raise `RequestError`
+with the offending field in ``param`` (the API turns it into an OpenAI 400 error).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping, Sequence
+
+from jaxinfer.errors import RequestError
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Generation options for one request (vLLM ``SamplingParams`` field names).
+
+    Attributes:
+      n: number of completions per prompt (fanned out by the front end).
+      temperature: 0 means greedy; range [0, 2] (OpenAI's range).
+      top_p: nucleus mass in (0, 1] (Holtzman et al. 2019).
+      top_k: keep the k most likely tokens; -1 or 0 disable it; values past the vocab
+        are clamped to the vocab size.
+      min_p: drop tokens with prob < min_p * max prob; [0, 1].
+      presence_penalty, frequency_penalty: OpenAI penalties over generated tokens, [-2, 2].
+      repetition_penalty: CTRL-style penalty (Keskar et al. 2019) over prompt and
+        generated tokens, > 0 (1 = off).
+      seed: per-request seed; sampling is reproducible alone or batched.
+      max_tokens: cap on generated tokens (None = up to max_model_len).
+      stop: strings that end generation (not included in the text).
+      stop_token_ids: token ids that end generation (in addition to EOS).
+      ignore_eos: keep generating past EOS ids.
+      logprobs: number of top logprobs to return per token (0 = only the sampled
+        token's); None = no logprobs.
+      logit_bias: token id -> additive bias in [-100, 100].
+      skip_special_tokens: drop special tokens from the text.
+      include_stop_str_in_output: keep the matched stop string in the text.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        # Accept the convenient Python types, store hashable ones.
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif not isinstance(self.stop, tuple):
+            object.__setattr__(self, "stop", tuple(self.stop or ()))
+        if not isinstance(self.stop_token_ids, tuple):
+            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        if isinstance(self.logit_bias, Mapping):
+            object.__setattr__(self, "logit_bias", tuple((int(k), float(v)) for k, v in self.logit_bias.items()))
+        elif not isinstance(self.logit_bias, tuple):
+            object.__setattr__(self, "logit_bias", tuple(self.logit_bias or ()))
+        self._validate()
+
+    def _validate(self) -> None:
+        _check(isinstance(self.n, int) and self.n >= 1, "n", "n must be an integer >= 1")
+        _check_range(self.temperature, 0.0, 2.0, "temperature")
+        _check(_finite(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p", "top_p must be in (0, 1]")
+        _check(isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= -1,
+               "top_k", "top_k must be an integer >= -1 (-1 or 0 disable it)")
+        _check_range(self.min_p, 0.0, 1.0, "min_p")
+        _check_range(self.presence_penalty, -2.0, 2.0, "presence_penalty")
+        _check_range(self.frequency_penalty, -2.0, 2.0, "frequency_penalty")
+        _check(_finite(self.repetition_penalty) and 0.0 < self.repetition_penalty <= 10.0,
+               "repetition_penalty", "repetition_penalty must be in (0, 10]")
+        if self.max_tokens is not None:
+            _check(isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool)
+                   and self.max_tokens >= 1, "max_tokens", "max_tokens must be an integer >= 1")
+        if self.seed is not None:
+            _check(isinstance(self.seed, int) and -(2**63) <= self.seed < 2**64, "seed", "seed must be a 64-bit integer")
+        if self.logprobs is not None:
+            _check(isinstance(self.logprobs, int) and self.logprobs >= 0, "logprobs", "logprobs must be >= 0")
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty strings")
+        for tok, bias in self.logit_bias:
+            _check(_finite(bias) and -100.0 <= bias <= 100.0, "logit_bias", "logit_bias values must be in [-100, 100]")
+
+    @property
+    def greedy(self) -> bool:
+        """True when sampling reduces to argmax (temperature 0 or top_k 1)."""
+        return self.temperature < 1e-5 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    def check_token_ids(self, vocab_size: int) -> None:
+        """Raise `RequestError` if a stop token id or logit_bias key is outside [0, vocab_size)."""
+        for t in self.stop_token_ids:
+            _check(isinstance(t, int) and 0 <= t < vocab_size, "stop_token_ids",
+                   f"stop_token_ids must be in [0, {vocab_size}), got {t}")
+        for t, _ in self.logit_bias:
+            _check(0 <= t < vocab_size, "logit_bias", f"logit_bias token ids must be in [0, {vocab_size}), got {t}")
+
+    def replace(self, **changes) -> "SamplingParams":
+        return dataclasses.replace(self, **changes)
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _check(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise RequestError(message, param=param)
+
+
+def _check_range(x, lo: float, hi: float, param: str) -> None:
+    _check(_finite(x) and lo <= x <= hi, param, f"{param} must be in [{lo:g}, {hi:g}], got {x!r}")
+
+
+def normalize_stop(stop: str | Sequence[str] | None) -> tuple[str, ...]:
+    """OpenAI accepts a string or a list for ``stop``."""
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)

@@ -1,0 +1,205 @@
+"""Continuous-batching scheduler without phases (vLLM v1 style), host side.
+
+Each step, every scheduled request gets ``min(num_tokens - num_computed_tokens, budget)``
+new tokens: chunked prefill, decode and recompute after preemption are one rule.
+
+Per step (`schedule`):
+  1. Expire: requests past their deadline finish as TIMEOUT; waiting requests past
+     their queue-wait limit finish as REJECTED. Their blocks are freed now.
+  2. Running requests (oldest first) are topped up; when one cannot get a block, the
+     newest running request is preempted (blocks freed, requeued at the front of the
+     waiting queue, recomputed later: Kwon et al. 2023, section 4.5).
+  3. Only if nothing was preempted, waiting requests are admitted FIFO while the token
+     budget, ``max_num_seqs`` and the KV **watermark** allow: a prefill is not admitted
+     if it would leave fewer than ``watermark`` of all blocks free (unless nothing is
+     running, so a lone request always progresses). A preempted request is re-admitted
+     only when its whole context plus one token fits above the watermark (no thrash).
+     FIFO order means a long prompt is never overtaken (no starvation, SC-19).
+`update` then applies the sampled tokens and frees finished requests' blocks in the
+same step. Plain Python; no JAX import.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import time
+
+from jaxinfer.block_manager import BlockManager
+from jaxinfer.config import CacheConfig, SchedulerConfig
+from jaxinfer.request import FinishReason, Request, RequestStatus
+
+
+@dataclasses.dataclass
+class SchedulerOutput:
+    """What one step computes.
+
+    Attributes:
+      scheduled: (request, num_new_tokens) in batch order.
+      num_tokens: total new tokens this step.
+      preempted: requests preempted while scheduling this step.
+      finished: requests that ended while scheduling (timeouts, queue rejections).
+    """
+
+    scheduled: list[tuple[Request, int]]
+    num_tokens: int
+    preempted: list[Request]
+    finished: list[Request]
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    """Owns the waiting queue, the running list, and block allocation decisions.
+
+    Args:
+      config: limits (max_num_seqs, token budget, max_model_len, queue length).
+      cache_config: watermark and block size.
+      block_manager: the KV block allocator.
+    """
+
+    def __init__(self, config: SchedulerConfig, cache_config: CacheConfig, block_manager: BlockManager):
+        self.config = config
+        self.block_manager = block_manager
+        self.watermark_blocks = math.ceil(cache_config.watermark * block_manager.num_usable_blocks)
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    # ----- queue management -------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    def finish(self, request: Request, reason: FinishReason) -> None:
+        """End a request now: free its blocks, drop it from the queues."""
+        if request.is_finished:
+            return
+        if request.block_ids:
+            self.block_manager.free(request.block_ids)
+            request.block_ids = []
+        if request in self.running:
+            self.running.remove(request)
+        else:
+            try:
+                self.waiting.remove(request)
+            except ValueError:
+                pass
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.finished_time = time.monotonic()
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # ----- one step ---------------------------------------------------------------------
+    def schedule(self, now: float | None = None) -> SchedulerOutput:
+        """Choose this step's requests and token counts; allocate their blocks."""
+        now = time.monotonic() if now is None else now
+        finished = self._expire(now)
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[tuple[Request, int]] = []
+        preempted: list[Request] = []
+        for req in list(self.running):
+            if req.status != RequestStatus.RUNNING or budget == 0:
+                continue
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if not self._grow_or_preempt(req, n, preempted):
+                continue
+            scheduled.append((req, n))
+            budget -= n
+        if not preempted:
+            budget = self._admit(now, budget, scheduled)
+        total = self.config.max_num_batched_tokens - budget
+        return SchedulerOutput(scheduled, total, preempted, finished)
+
+    def _expire(self, now: float) -> list[Request]:
+        out = []
+        for req in list(self.running) + list(self.waiting):
+            if req.deadline is not None and now >= req.deadline:
+                self.finish(req, FinishReason.TIMEOUT)
+                out.append(req)
+            elif (req.status == RequestStatus.WAITING and req.max_queue_wait_deadline is not None
+                  and now >= req.max_queue_wait_deadline):
+                self.finish(req, FinishReason.REJECTED)
+                out.append(req)
+        return out
+
+    def _grow_or_preempt(self, req: Request, n: int, preempted: list[Request]) -> bool:
+        """Give ``req`` blocks for ``n`` more tokens, preempting the newest others if needed.
+
+        Returns False if ``req`` itself had to be preempted.
+        """
+        need = self.block_manager.blocks_needed(req.num_computed_tokens + n) - len(req.block_ids)
+        while not self.block_manager.can_allocate(need):
+            victim = self.running[-1]
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is req:
+                return False
+        if need > 0:
+            req.block_ids.extend(self.block_manager.allocate(need))
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.block_manager.free(req.block_ids)
+        req.block_ids = []
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.PREEMPTED
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _admit(self, now: float, budget: int, scheduled: list[tuple[Request, int]]) -> int:
+        bm = self.block_manager
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            n = min(req.num_tokens, budget)
+            need = bm.blocks_needed(n)
+            # A preempted request comes back only when its whole context (+1) fits.
+            reserve = bm.blocks_needed(req.num_tokens + 1) if req.num_preemptions else need
+            headroom = self.watermark_blocks if self.running else 0
+            if bm.num_free_blocks - reserve < headroom:
+                break
+            self.waiting.popleft()
+            req.block_ids = bm.allocate(need)
+            req.status = RequestStatus.RUNNING
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = now
+            self.running.append(req)
+            scheduled.append((req, n))
+            budget -= n
+        return budget
+
+    def update(self, out: SchedulerOutput, sampled: list[int]) -> list[Request]:
+        """Apply one step's sampled tokens (one per scheduled row, in order).
+
+        A row's sample counts only if the step computed the request's last known token
+        (a partial prefill chunk's sample is discarded). Requests that hit EOS, a stop
+        token, ``max_tokens`` or ``max_model_len`` finish and free their blocks now.
+
+        Returns:
+          The requests that received a new token this step.
+        """
+        now = time.monotonic()
+        got_token = []
+        for (req, n), tok in zip(out.scheduled, sampled):
+            if req.is_finished:  # aborted between schedule and update
+                continue
+            req.num_computed_tokens += n
+            if req.num_computed_tokens < req.num_tokens:
+                continue
+            req.output_token_ids.append(int(tok))
+            if req.first_token_time is None:
+                req.first_token_time = now
+            got_token.append(req)
+            reason = req.check_stop_token(int(tok))
+            if reason is None and req.num_tokens >= self.config.max_model_len:
+                reason = FinishReason.LENGTH
+            if reason is not None:
+                self.finish(req, reason)
+        return got_token

@@ -1,0 +1,55 @@
+"""Shared test helpers: tiny random Llama configs mirrored into transformers."""
+from __future__ import annotations
+
+import numpy as np
+
+from jaxinfer.config import ModelConfig
+
+
+def tiny_config(vocab=256, hidden=64, layers=2, heads=4, kv_heads=2, inter=128, tied=False, max_pos=512):
+    return ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                       num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
+                       rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=max_pos,
+                       tie_word_embeddings=tied, bos_token_id=1, eos_token_ids=(2,))
+
+
+def to_hf_state_dict(cfg: ModelConfig, params) -> dict[str, np.ndarray]:
+    """Our params tree -> HF LlamaForCausalLM state dict (numpy), the inverse of convert."""
+    L, D = cfg.num_hidden_layers, cfg.hidden_size
+    lay = params["layers"]
+    sd = {"model.embed_tokens.weight": params["embed"]["embedding"], "model.norm.weight": params["final_norm"]["scale"]}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        a, m = lay["attn"], lay["mlp"]
+        sd[p + "self_attn.q_proj.weight"] = a["q_proj"]["kernel"][i].reshape(D, -1).T
+        sd[p + "self_attn.k_proj.weight"] = a["k_proj"]["kernel"][i].reshape(D, -1).T
+        sd[p + "self_attn.v_proj.weight"] = a["v_proj"]["kernel"][i].reshape(D, -1).T
+        sd[p + "self_attn.o_proj.weight"] = a["o_proj"]["kernel"][i].reshape(-1, D).T
+        sd[p + "mlp.gate_proj.weight"] = m["gate_proj"]["kernel"][i].T
+        sd[p + "mlp.up_proj.weight"] = m["up_proj"]["kernel"][i].T
+        sd[p + "mlp.down_proj.weight"] = m["down_proj"]["kernel"][i].T
+        sd[p + "input_layernorm.weight"] = lay["input_norm"]["scale"][i]
+        sd[p + "post_attention_layernorm.weight"] = lay["post_attention_norm"]["scale"][i]
+    if not cfg.tie_word_embeddings:
+        sd["lm_head.weight"] = params["lm_head"]["kernel"].T
+    return {k: np.ascontiguousarray(v) for k, v in sd.items()}
+
+
+def hf_model(cfg: ModelConfig, params):
+    """A float32 transformers LlamaForCausalLM holding our weights."""
+    import torch
+    import transformers
+
+    hf_cfg = transformers.LlamaConfig(**{k: v for k, v in cfg.to_hf_dict().items() if k not in ("architectures",)})
+    model = transformers.LlamaForCausalLM(hf_cfg).eval().to(torch.float32)
+    sd = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in to_hf_state_dict(cfg, params).items()}
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
+    return model
+
+
+def hf_logits(model, token_ids) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([token_ids])).logits[0].numpy()
