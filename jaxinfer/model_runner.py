@@ -2,9 +2,11 @@
 
 Owns the parameters, the paged KV cache (donated to every step and returned by it),
 one ahead-of-time compiled executable per `Bucket`, and the compilation counter.
-One step = ONE jitted call: embed, scanned layers (K/V write + paged attention),
-LM head at the rows that need logits, sampling. Sampled ids come back to the host
-once per step.
+One step = two compiled calls with the logits kept on device: the model step per
+(tokens, context) bucket (embed, scanned layers with K/V write + paged attention, LM
+head at the rows that need logits), then the sampler per row-count bucket (split so
+warm-up compiles the sampler a few times, not once per model bucket). Sampled ids come
+back to the host once per step.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 _META_FIELDS = ("positions", "token_seq", "slot_mapping", "token_ctx_len", "block_tables", "query_start_loc",
                 "kv_lens", "num_seqs")
+_MODEL_FIELDS = _META_FIELDS + ("token_ids", "logits_indices")
 
 
 class CompileCounter:
@@ -53,6 +56,16 @@ class CompileCounter:
 
             jax.monitoring.register_event_duration_secs_listener(listener)
             cls._installed = True
+
+
+def _split(arrays: dict) -> tuple[dict, dict]:
+    """(model/attention inputs, sampling inputs) of a step."""
+    model = {k: arrays[k] for k in _MODEL_FIELDS}
+    return model, {k: v for k, v in arrays.items() if k not in _MODEL_FIELDS}
+
+
+def _specs(arrays: dict) -> dict:
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in arrays.items()}
 
 
 def kv_cache_shape(cfg: ModelConfig, num_blocks: int, block_size: int) -> tuple[int, ...]:
@@ -89,47 +102,57 @@ class ModelRunner:
         self.kv_shape = kv_cache_shape(cfg, num_blocks, block_size)
         self.k_cache, self.v_cache = self._alloc_cache()
         self._executables: dict[Bucket, object] = {}
+        self._samplers: dict[int, object] = {}
         self.num_compilations = 0
         self.compile_seconds = 0.0
-        self._jitted = jax.jit(self._step, donate_argnums=(1, 2))
+        self._jitted = jax.jit(self._model_step, donate_argnums=(1, 2))
 
     def _alloc_cache(self):
         kv_sharding = self._shardings[1] if self._shardings else None
         make = jax.jit(lambda: jnp.zeros(self.kv_shape, self.dtype), out_shardings=kv_sharding)
         return make(), make()
 
-    def _step(self, params, k_cache, v_cache, a: dict):
+    def _model_step(self, params, k_cache, v_cache, a: dict):
         meta = AttentionMetadata(**{f: a[f] for f in _META_FIELDS})
-        logits, k_cache, v_cache = self.model.apply({"params": params}, a["token_ids"], meta, k_cache, v_cache,
-                                                    a["logits_indices"])
-        out = sample(logits, a, self.max_logprobs)
+        return self.model.apply({"params": params}, a["token_ids"], meta, k_cache, v_cache, a["logits_indices"])
+
+    def _sample_step(self, logits, s: dict):
+        out = sample(logits, s, self.max_logprobs)
         if self.return_logits:
             out["logits"] = logits
-        return out, k_cache, v_cache
+        return out
 
     def compile(self, inputs_like: StepInputs) -> None:
-        """Compile the executable for ``inputs_like.bucket`` ahead of time (no allocation)."""
+        """Compile the model step for ``inputs_like.bucket`` and the sampler for its row
+        count, ahead of time from shapes only (no allocation)."""
         bucket = inputs_like.bucket
-        if bucket in self._executables:
-            return
-        t0 = time.perf_counter()
-        specs = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in inputs_like.arrays.items()}
-        params_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
-                                   self.params)
-        kv_spec = jax.ShapeDtypeStruct(self.kv_shape, self.dtype, sharding=self.k_cache.sharding)
-        self._executables[bucket] = self._jitted.lower(params_spec, kv_spec, kv_spec, specs).compile()
-        self.num_compilations += 1
-        self.compile_seconds += time.perf_counter() - t0
+        model_a, sample_a = _split(inputs_like.arrays)
+        if bucket not in self._executables:
+            t0 = time.perf_counter()
+            params_spec = jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), self.params)
+            kv_spec = jax.ShapeDtypeStruct(self.kv_shape, self.dtype, sharding=self.k_cache.sharding)
+            self._executables[bucket] = self._jitted.lower(params_spec, kv_spec, kv_spec, _specs(model_a)).compile()
+            self.num_compilations += 1
+            self.compile_seconds += time.perf_counter() - t0
+        if bucket.num_seqs not in self._samplers:
+            t0 = time.perf_counter()
+            logits_spec = jax.ShapeDtypeStruct((bucket.num_seqs, self.cfg.vocab_size), jnp.float32)
+            self._samplers[bucket.num_seqs] = jax.jit(self._sample_step).lower(logits_spec, _specs(sample_a)).compile()
+            self.num_compilations += 1
+            self.compile_seconds += time.perf_counter() - t0
 
     def execute(self, inputs: StepInputs) -> dict[str, np.ndarray]:
-        """Run one step; returns the sampler's outputs as numpy arrays (one device read)."""
-        if inputs.bucket not in self._executables:
-            logger.warning("compiling bucket %s outside warm-up", inputs.bucket)
+        """Run one step (model then sampler, logits stay on device); one read back."""
+        bucket = inputs.bucket
+        if bucket not in self._executables or bucket.num_seqs not in self._samplers:
+            logger.warning("compiling bucket %s outside warm-up", bucket)
             self.compile(inputs)
         replicated = self._shardings[2] if self._shardings else None
         dev = jax.device_put(inputs.arrays, replicated) if replicated is not None else jax.device_put(inputs.arrays)
-        out, self.k_cache, self.v_cache = self._executables[inputs.bucket](self.params, self.k_cache, self.v_cache, dev)
-        return jax.device_get(out)
+        model_a, sample_a = _split(dev)
+        logits, self.k_cache, self.v_cache = self._executables[bucket](self.params, self.k_cache, self.v_cache, model_a)
+        return jax.device_get(self._samplers[bucket.num_seqs](logits, sample_a))
 
     @property
     def kv_cache_bytes(self) -> int:

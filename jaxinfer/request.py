@@ -64,6 +64,9 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     num_preemptions: int = 0
+    prompt: str | None = None
+    logprobs: list = dataclasses.field(default_factory=list)  # per output token {id: Logprob}
+    logits: list = dataclasses.field(default_factory=list)  # per output token raw logits (debug)
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None

@@ -1,0 +1,270 @@
+"""`LLMEngine`: the request lifecycle, one step at a time.
+
+Lifecycle of a request:
+  1. ``add_request`` validates it on the host (non-empty prompt, ids in the vocabulary,
+     prompt + max_tokens within ``max_model_len`` and within the whole KV pool, bounded
+     queue) and raises `RequestError` / `QueueFullError` before any device work.
+  2. It waits in the scheduler's FIFO queue until the watermark admits it.
+  3. Each ``step``: **schedule** (expire deadlines, top up running requests, preempt the
+     newest on memory pressure, admit waiting ones) -> **execute** (pack into a bucket,
+     one jitted call, sampled ids back once) -> **update** (append tokens, stop rules,
+     incremental detokenization and stop strings, logprobs).
+  4. A finished request (stop, length, abort, timeout, rejected) frees its blocks in the
+     step it ends and is reported once with ``finished=True``.
+The engine is single-threaded: the async front end calls it from one thread.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import numpy as np
+
+from jaxinfer import batch as batch_mod
+from jaxinfer.block_manager import BlockManager
+from jaxinfer.buckets import BucketLadders
+from jaxinfer.config import EngineConfig, ModelConfig
+from jaxinfer.errors import QueueFullError, RequestError
+from jaxinfer.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from jaxinfer.request import FinishReason, Request
+from jaxinfer.sampling_params import SamplingParams
+from jaxinfer.scheduler import Scheduler, SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+
+class EngineStats:
+    """Counters the metrics endpoint and benchmarks read (monotonic totals)."""
+
+    def __init__(self) -> None:
+        self.prompt_tokens = 0
+        self.prefill_tokens = 0
+        self.generation_tokens = 0
+        self.num_steps = 0
+        self.step_seconds = 0.0
+        self.aborted = 0
+        self.timeouts = 0
+        self.rejected = 0
+        self.fragmentation_sum = 0.0
+        self.fragmentation_samples = 0
+
+
+class LLMEngine:
+    """Continuous-batching engine over a `ModelRunner` (or any object with ``execute``).
+
+    Args:
+      config: the engine configuration.
+      model_config: the model's hyperparameters.
+      runner: executes `StepInputs` and returns sampler outputs (numpy).
+      num_blocks: KV pool size including the null block.
+      tokenizer: optional `jaxinfer.tokenizer.Tokenizer` (text, stop strings, logprob text).
+    """
+
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, runner, num_blocks: int, tokenizer=None):
+        self.config = config
+        self.model_config = model_config
+        self.runner = runner
+        self.tokenizer = tokenizer
+        sc, cc = config.scheduler, config.cache
+        self.block_manager = BlockManager(num_blocks, cc.block_size)
+        self.scheduler = Scheduler(sc, cc, self.block_manager)
+        backend = getattr(runner, "backend", "xla")
+        self.layout = batch_mod.BatchLayout(
+            ladders=BucketLadders(sc.max_num_batched_tokens, sc.max_num_seqs, math.ceil(sc.max_model_len / cc.block_size)),
+            block_size=cc.block_size, vocab_size=model_config.vocab_size, max_model_len=sc.max_model_len,
+            max_logit_bias=config.max_logit_bias, table_covers_new_tokens=backend == "pallas")
+        self.requests: dict[str, Request] = {}
+        self._detok: dict[str, object] = {}
+        self._pending_outputs: list[RequestOutput] = []
+        self._rng = np.random.default_rng(config.seed)
+        self.stats = EngineStats()
+        self.eos_token_ids = frozenset(model_config.eos_token_ids)
+
+    # ----- warm-up ------------------------------------------------------------------------
+    def warmup(self) -> float:
+        """Compile every bucket ahead of time; returns seconds spent."""
+        t0 = time.perf_counter()
+        buckets = self.layout.ladders.all_buckets()
+        for b in buckets:
+            self.runner.compile(batch_mod.StepInputs(b, batch_mod._empty(b, self.layout)))
+        dt = time.perf_counter() - t0
+        logger.info("warm-up: compiled %d buckets (tokens %s x context blocks %s) in %.1f s", len(buckets),
+                    self.layout.ladders.token_ladder, self.layout.ladders.width_ladder, dt)
+        return dt
+
+    # ----- requests -----------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
+                    prompt: str | None = None, deadline: float | None = None,
+                    max_queue_wait: float | None = None) -> None:
+        """Queue a request after validating it (host only, no device work).
+
+        Args:
+          deadline: absolute ``time.monotonic()`` after which it is evicted (TIMEOUT).
+          max_queue_wait: seconds it may wait unadmitted before REJECTED.
+
+        Raises:
+          RequestError: empty prompt, ids outside the vocabulary, too long, never fits.
+          QueueFullError: the waiting queue is at ``max_queue_len``.
+        """
+        if request_id in self.requests:
+            raise RequestError(f"duplicate request id {request_id!r}", param="request_id")
+        max_tokens = self._validate(prompt_token_ids, params)
+        if len(self.scheduler.waiting) >= self.config.scheduler.max_queue_len:
+            raise QueueFullError(f"waiting queue is full ({self.config.scheduler.max_queue_len} requests)")
+        seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63))
+        now = time.monotonic()
+        req = Request(request_id, list(prompt_token_ids), params, seed=seed & (2**64 - 1), max_tokens=max_tokens,
+                      eos_token_ids=self.eos_token_ids, arrival_time=now, deadline=deadline,
+                      max_queue_wait_deadline=None if max_queue_wait is None else now + max_queue_wait)
+        req.prompt = prompt
+        self.requests[request_id] = req
+        if self.tokenizer is not None:
+            from jaxinfer.tokenizer import IncrementalDetokenizer
+
+            self._detok[request_id] = IncrementalDetokenizer(
+                self.tokenizer, req.prompt_token_ids, skip_special_tokens=params.skip_special_tokens,
+                stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output)
+        self.stats.prompt_tokens += len(prompt_token_ids)
+        self.scheduler.add_request(req)
+
+    def _validate(self, ids: list[int], params: SamplingParams) -> int:
+        """Returns the effective max_tokens."""
+        V = self.model_config.vocab_size
+        limit = self.config.scheduler.max_model_len
+        if len(ids) == 0:
+            raise RequestError("the prompt is empty (0 tokens)", param="prompt")
+        if any(not isinstance(t, (int, np.integer)) or isinstance(t, bool) or not 0 <= t < V for t in ids):
+            raise RequestError(f"prompt token ids must be integers in [0, {V})", param="prompt")
+        if len(ids) >= limit:
+            raise RequestError(f"prompt has {len(ids)} tokens; the limit is {limit - 1} "
+                               f"(max_model_len {limit}, at least one token must be generated)", param="prompt")
+        max_tokens = params.max_tokens if params.max_tokens is not None else limit - len(ids)
+        if len(ids) + max_tokens > limit:
+            raise RequestError(f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = {len(ids) + max_tokens} "
+                               f"exceeds max_model_len ({limit})", param="max_tokens")
+        need = self.block_manager.blocks_needed(len(ids) + max_tokens)
+        if need > self.block_manager.num_usable_blocks:
+            raise RequestError(f"prompt + max_tokens needs {need} KV blocks; the whole pool has "
+                               f"{self.block_manager.num_usable_blocks}: it can never fit", param="max_tokens")
+        params.check_token_ids(V)
+        if len(params.logit_bias) > self.config.max_logit_bias:
+            raise RequestError(f"at most {self.config.max_logit_bias} logit_bias entries", param="logit_bias")
+        if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
+            raise RequestError(f"logprobs must be <= {self.config.max_logprobs}", param="logprobs")
+        return max_tokens
+
+    def abort_request(self, request_id: str) -> None:
+        """Finish a request now (client gone); its blocks are freed immediately. Unknown ids are ignored."""
+        req = self.requests.get(request_id)
+        if req is None or req.is_finished:
+            return
+        self.scheduler.finish(req, FinishReason.ABORT)
+        self.stats.aborted += 1
+        self._pending_outputs.append(self._finish_output(req))
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.num_unfinished > 0 or bool(self._pending_outputs)
+
+    # ----- the step -----------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, execute, update. Returns outputs of requests that advanced or ended."""
+        t0 = time.perf_counter()
+        outputs, self._pending_outputs = self._pending_outputs, []
+        sched = self.scheduler.schedule()
+        for req in sched.finished:
+            self.stats.timeouts += req.finish_reason == FinishReason.TIMEOUT
+            self.stats.rejected += req.finish_reason == FinishReason.REJECTED
+            outputs.append(self._finish_output(req))
+        if sched.scheduled:
+            self._sample_fragmentation()
+            inputs = batch_mod.prepare(sched, self.layout)
+            result = self.runner.execute(inputs)
+            outputs.extend(self._update(sched, result))
+            self.stats.num_steps += 1
+            self.stats.prefill_tokens += sum(n for r, n in sched.scheduled if r.num_computed_tokens < r.num_prompt_tokens)
+        self.stats.step_seconds += time.perf_counter() - t0
+        return outputs
+
+    def _update(self, sched: SchedulerOutput, result: dict) -> list[RequestOutput]:
+        rows = {id(req): i for i, (req, _) in enumerate(sched.scheduled)}
+        sampled = result["token_ids"][:len(sched.scheduled)].tolist()
+        got = self.scheduler.update(sched, sampled)
+        outputs = []
+        for req in got:
+            self.stats.generation_tokens += 1
+            i = rows[id(req)]
+            self._record_logprobs(req, result, i)
+            if self.config.return_logits:
+                req.logits.append(np.asarray(result["logits"][i]))
+            detok = self._detok.get(req.request_id)
+            if detok is not None:
+                stop = detok.step([req.output_token_ids[-1]])
+                if stop is not None and not req.is_finished:
+                    req.stop_reason = stop
+                    self.scheduler.finish(req, FinishReason.STOP)
+            outputs.append(self._finish_output(req) if req.is_finished else self._output(req))
+        return outputs
+
+    def _record_logprobs(self, req: Request, result: dict, i: int) -> None:
+        n = req.params.logprobs
+        if n is None:
+            return
+        tok = req.output_token_ids[-1]
+        entry = {tok: Logprob(float(result["logprob"][i]), int(result["rank"][i]))}
+        for j in range(n):
+            t = int(result["top_ids"][i, j])
+            if t not in entry:
+                entry[t] = Logprob(float(result["top_logprobs"][i, j]), j + 1)
+        if self.tokenizer is not None:
+            for t, lp in entry.items():
+                lp.decoded_token = self.tokenizer.decode([t], skip_special_tokens=False)
+        req.logprobs.append(entry)
+
+    def _sample_fragmentation(self) -> None:
+        """KV fragmentation = (reserved slots - slots holding tokens) / reserved slots."""
+        bs = self.block_manager.block_size
+        reserved = sum(len(r.block_ids) for r in self.scheduler.running) * bs
+        if reserved:
+            held = sum(min(r.num_tokens, len(r.block_ids) * bs) for r in self.scheduler.running)
+            self.stats.fragmentation_sum += (reserved - held) / reserved
+            self.stats.fragmentation_samples += 1
+
+    # ----- outputs ------------------------------------------------------------------------
+    def _finish_output(self, req: Request) -> RequestOutput:
+        detok = self._detok.pop(req.request_id, None)
+        if detok is not None and not isinstance(req.stop_reason, str):
+            detok.flush()  # not ended by a stop string: release held-back text
+        out = self._output(req, detok)
+        self.requests.pop(req.request_id, None)
+        return out
+
+    def _output(self, req: Request, detok=None) -> RequestOutput:
+        detok = detok or self._detok.get(req.request_id)
+        text = detok.text if detok is not None else ""
+        comp = CompletionOutput(
+            index=0, text=text, token_ids=list(req.output_token_ids),
+            finish_reason=req.finish_reason.value if req.finish_reason else None, stop_reason=req.stop_reason,
+            logprobs=list(req.logprobs) if req.params.logprobs is not None else None,
+            logits=list(req.logits) if self.config.return_logits else None)
+        metrics = RequestMetrics(req.arrival_time, req.first_scheduled_time, req.first_token_time, req.finished_time,
+                                 req.num_preemptions)
+        return RequestOutput(req.request_id, getattr(req, "prompt", None), req.prompt_token_ids, [comp],
+                             req.is_finished, metrics)
+
+    # ----- introspection ------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_manager.num_free_blocks
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self.block_manager.num_usable_blocks
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)

@@ -1,0 +1,141 @@
+"""`LLM`: the offline API in vLLM's shape (``from jaxinfer import LLM, SamplingParams``).
+
+Builds an engine, submits a batch of prompts, steps until all finish (with a tqdm bar),
+and returns one `RequestOutput` per prompt in input order. ``n > 1`` fans out into
+independent engine requests (seeds ``seed + i``) merged back into one output.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from tqdm.auto import tqdm
+
+from jaxinfer.builder import build_engine
+from jaxinfer.config import CacheConfig, EngineConfig, SchedulerConfig
+from jaxinfer.outputs import RequestOutput
+from jaxinfer.sampling_params import SamplingParams
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+class LLM:
+    """Offline generation.
+
+    Args:
+      model: a name under ``weights/`` (prepared on first use) or a path to a converted
+        folder or a Hugging Face checkpoint folder.
+      dtype: "float32" or "bfloat16".
+      max_model_len: prompt + output limit (default min(4096, the model's context)).
+      max_num_seqs, max_num_batched_tokens: scheduler limits.
+      kv_cache_memory: KV budget in bytes; num_blocks: explicit pool size (overrides).
+      watermark: fraction of blocks kept free at admission.
+      attention_backend: "xla" or "pallas" (default: pallas on GPU, xla otherwise).
+      warmup: compile every bucket at start-up.
+      load_format: "auto" or "dummy" (random weights).
+      engine_kwargs: model_config/params/tokenizer to skip loading (tests).
+    """
+
+    def __init__(self, model: str = DEFAULT_MODEL, dtype: str = "float32", *, max_model_len: int | None = None,
+                 max_num_seqs: int = 32, max_num_batched_tokens: int = 512, kv_cache_memory: int | None = None,
+                 num_blocks: int | None = None, watermark: float = 0.15, attention_backend: str | None = None,
+                 seed: int = 0, warmup: bool = True, return_logits: bool = False, load_format: str = "auto",
+                 weights_dir: str = "weights", max_queue_len: int = 1 << 30, **engine_kwargs):
+        from jaxinfer.builder import load_model
+
+        probe = EngineConfig(model_path=str(model), dtype=dtype)
+        if "model_config" not in engine_kwargs:
+            mc, params, tok, _ = load_model(probe, load_format, weights_dir)
+            engine_kwargs.update(model_config=mc, params=params, tokenizer=tok)
+        mc = engine_kwargs["model_config"]
+        if max_model_len is None:
+            max_model_len = min(4096, mc.max_position_embeddings)
+        config = EngineConfig(
+            model_path=str(model), dtype=dtype,
+            cache=CacheConfig(num_blocks=num_blocks, kv_cache_memory=kv_cache_memory, watermark=watermark),
+            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                      max_model_len=max_model_len, max_queue_len=max_queue_len),
+            attention_backend=attention_backend, seed=seed, warmup=warmup, return_logits=return_logits)
+        self.engine = build_engine(config, load_format=load_format, **engine_kwargs)
+        self._counter = 0
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for a batch of prompts (strings or token-id lists).
+
+        Raises:
+          RequestError: a prompt is invalid (nothing is submitted then).
+        """
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        items = [(p if isinstance(p, str) else None, self._encode(p)) for p in prompts]
+        return self._run(items, sampling_params, use_tqdm)
+
+    def chat(self, messages, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = True, add_generation_prompt: bool = True,
+             continue_final_message: bool = False) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation (list of messages) or many."""
+        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        tok = self._tokenizer()
+        items = []
+        for conv in convs:
+            text = tok.render_chat(conv, add_generation_prompt=add_generation_prompt,
+                                   continue_final_message=continue_final_message)
+            items.append((text, tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,
+                                                        continue_final_message=continue_final_message)))
+        return self._run(items, sampling_params, use_tqdm)
+
+    # ----- internals ----------------------------------------------------------------------
+    def _tokenizer(self):
+        if self.engine.tokenizer is None:
+            raise ValueError("this model has no tokenizer: pass token ids")
+        return self.engine.tokenizer
+
+    def _encode(self, prompt) -> list[int]:
+        return self._tokenizer().encode(prompt) if isinstance(prompt, str) else list(prompt)
+
+    def _run(self, items, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(items)
+        ids = self._submit(items, sampling_params)
+        finished: dict[str, RequestOutput] = {}
+        total = sum(len(v) for v in ids)
+        with tqdm(total=total, desc="Generating", disable=not use_tqdm) as bar:
+            while len(finished) < total:
+                for out in self.engine.step():
+                    if out.finished and out.request_id not in finished:
+                        finished[out.request_id] = out
+                        bar.update(1)
+        return [self._merge(items[i], [finished[r] for r in rids]) for i, rids in enumerate(ids)]
+
+    def _submit(self, items, params_list) -> list[list[str]]:
+        for (_, toks), sp in zip(items, params_list):  # validate all before submitting any
+            self.engine._validate(toks, sp)
+        ids = []
+        for (text, toks), sp in zip(items, params_list):
+            rids = []
+            for j in range(sp.n):
+                rid = f"offline-{self._counter}"
+                self._counter += 1
+                child = sp if sp.n == 1 else dataclasses.replace(
+                    sp, n=1, seed=None if sp.seed is None else sp.seed + j)
+                self.engine.add_request(rid, toks, child, prompt=text)
+                rids.append(rid)
+            ids.append(rids)
+        return ids
+
+    @staticmethod
+    def _merge(item, outs: list[RequestOutput]) -> RequestOutput:
+        first = outs[0]
+        comps = []
+        for j, o in enumerate(outs):
+            c = o.outputs[0]
+            c.index = j
+            comps.append(c)
+        return RequestOutput(first.request_id, item[0], first.prompt_token_ids, comps, True, first.metrics)
