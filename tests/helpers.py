@@ -44,7 +44,10 @@ def hf_model(cfg: ModelConfig, params):
     model = transformers.LlamaForCausalLM(hf_cfg).eval().to(torch.float32)
     sd = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in to_hf_state_dict(cfg, params).items()}
     missing, unexpected = model.load_state_dict(sd, strict=False)
-    assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
+    allowed = ("rotary", "lm_head") if cfg.tie_word_embeddings else ("rotary",)
+    assert not unexpected and all(any(a in m for a in allowed) for m in missing), (missing, unexpected)
+    if cfg.tie_word_embeddings:
+        model.tie_weights()
     return model
 
 

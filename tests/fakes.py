@@ -1,0 +1,46 @@
+"""A fake model runner whose next token is computable by hand.
+
+Next token of a row = (last token of the row + 1) % vocab_size, except that a row whose
+logit_bias names a token with bias >= 50 emits that token (so tests can force EOS).
+Lets engine and server tests exercise scheduling, streaming and cancellation without
+compiling anything (`step_delay` simulates device time).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+class FakeRunner:
+    backend = "xla"
+
+    def __init__(self, vocab_size: int, step_delay: float = 0.0, max_logprobs: int = 20):
+        self.vocab_size = vocab_size
+        self.step_delay = step_delay
+        self.max_logprobs = max_logprobs
+        self.num_compilations = 0
+        self.compiled: set = set()
+        self.steps = 0
+
+    def compile(self, inputs) -> None:
+        if inputs.bucket not in self.compiled:
+            self.compiled.add(inputs.bucket)
+            self.num_compilations += 1
+
+    def execute(self, inputs) -> dict[str, np.ndarray]:
+        self.compile(inputs)
+        self.steps += 1
+        if self.step_delay:
+            time.sleep(self.step_delay)
+        a = inputs.arrays
+        R = a["logits_indices"].shape[0]
+        last = a["token_ids"][a["logits_indices"]]
+        nxt = (last + 1) % self.vocab_size
+        forced = np.where(a["bias_values"] >= 50, a["bias_ids"], -1).max(axis=1)
+        nxt = np.where(forced >= 0, forced, nxt).astype(np.int32)
+        N = self.max_logprobs
+        top = (nxt[:, None] + np.arange(N)[None, :]) % self.vocab_size
+        return {"token_ids": nxt, "logprob": np.full(R, -0.5, np.float32), "rank": np.ones(R, np.int32),
+                "top_ids": top.astype(np.int32),
+                "top_logprobs": np.tile(-0.5 - np.arange(N, dtype=np.float32), (R, 1))}

@@ -1,0 +1,27 @@
+"""Bucket ladders: smallest fitting bucket, fixed set, errors past the top."""
+import pytest
+
+from jaxinfer.buckets import Bucket, BucketLadders
+
+
+def test_ladders_and_round_up():
+    lad = BucketLadders(max_num_batched_tokens=512, max_num_seqs=32, max_blocks=256)
+    tl = lad.token_ladder
+    assert tl[0] == 8 and tl[-1] == 512 and tl == sorted(set(tl))
+    assert all(b / a <= 2.01 for a, b in zip(tl, tl[1:]))
+    assert lad.width_ladder == [0, 4, 16, 64, 256]
+    assert lad.round_up(1, 1, 0) == Bucket(8, 8, 0)
+    assert lad.round_up(17, 3, 5) == Bucket(24, 24, 16)
+    assert lad.round_up(512, 32, 256) == Bucket(512, 32, 256)
+    assert lad.round_up(40, 32, 0).num_seqs == 32
+    for b in [lad.round_up(t, 1, w) for t in (1, 9, 100, 500) for w in (0, 3, 70)]:
+        assert b in lad.all_buckets()
+    with pytest.raises(ValueError):
+        lad.round_up(513, 1, 0)
+    with pytest.raises(ValueError):
+        lad.round_up(8, 1, 257)
+
+
+def test_seq_cap_must_fit_budget():
+    with pytest.raises(ValueError):
+        BucketLadders(16, 32, 8)
