@@ -6,6 +6,11 @@ SwiGLU MLP (Shazeer 2020), tied or untied LM head. Layers are stacked and run un
 ``nn.scan`` so compile time does not grow with depth; the KV cache rides in the scan
 carry (never as scan xs/ys, which would copy it).
 
+Precision: ``dtype`` (float32 or bfloat16) is the storage and matmul-operand dtype of
+weights and KV; every matmul accumulates in float32, and the residual stream, norms,
+RoPE, softmax and logits are float32 (bf16 operands with f32 accumulation is also the
+fastest matmul on the project's CPUs, per shared/facts.md).
+
 Parameter tree (``params`` collection; L stacked on axis 0; logical axis names in
 brackets, mapped to mesh axes in one place by the sharding module):
   embed/embedding [V, D] (vocab, embed)
@@ -28,6 +33,9 @@ from jaxinfer.attention import AttentionMetadata, paged_attention
 from jaxinfer.config import ModelConfig
 
 _init = nn.initializers.normal(0.02)
+# Matmul operands in the model dtype (bf16 or f32), accumulation and output in float32:
+# the residual stream, norms, RoPE and softmax stay float32 (bf16 only stores weights/KV).
+_dot_f32 = functools.partial(jax.lax.dot_general, preferred_element_type=jnp.float32)
 
 
 def _part(init, names):
@@ -35,7 +43,7 @@ def _part(init, names):
 
 
 class RMSNorm(nn.Module):
-    """``x / sqrt(mean(x^2) + eps) * scale``, computed in float32 (HF LlamaRMSNorm)."""
+    """``x / sqrt(mean(x^2) + eps) * scale``, computed and returned in float32 (HF LlamaRMSNorm)."""
 
     eps: float
     dtype: jnp.dtype
@@ -46,7 +54,7 @@ class RMSNorm(nn.Module):
         scale = self.param("scale", _part(nn.initializers.ones, ("embed",)), (x.shape[-1],), self.param_dtype)
         x32 = x.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (y.astype(self.dtype) * scale.astype(self.dtype)).astype(self.dtype)
+        return y * scale.astype(jnp.float32)
 
 
 def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
@@ -74,7 +82,8 @@ class Attention(nn.Module):
     @nn.compact
     def __call__(self, x, k_cache, v_cache, layer, meta: AttentionMetadata, cos, sin):
         c = self.cfg
-        dense = functools.partial(nn.DenseGeneral, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype)
+        dense = functools.partial(nn.DenseGeneral, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype,
+                                  dot_general=_dot_f32)
         q = dense((c.num_attention_heads, c.head_dim), kernel_init=_part(_init, ("embed", "heads", "head_dim")),
                   name="q_proj")(x)
         k = dense((c.num_key_value_heads, c.head_dim), kernel_init=_part(_init, ("embed", "kv_heads", "head_dim")),
@@ -99,7 +108,8 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x):
         c = self.cfg
-        dense = functools.partial(nn.Dense, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype)
+        dense = functools.partial(nn.Dense, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype,
+                                  dot_general=_dot_f32)
         g = dense(c.intermediate_size, kernel_init=_part(_init, ("embed", "mlp")), name="gate_proj")(x)
         u = dense(c.intermediate_size, kernel_init=_part(_init, ("embed", "mlp")), name="up_proj")(x)
         return dense(c.hidden_size, kernel_init=_part(_init, ("mlp", "embed")), name="down_proj")(nn.silu(g) * u)
@@ -148,7 +158,7 @@ class LlamaForCausalLM(nn.Module):
         c = self.cfg
         embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=self.dtype, param_dtype=self.param_dtype,
                          embedding_init=_part(_init, ("vocab", "embed")), name="embed")
-        x = embed(token_ids)
+        x = embed(token_ids).astype(jnp.float32)
         cos, sin = rope_tables(meta.positions, c.head_dim, c.rope_theta)
         stack = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
                         in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
@@ -158,8 +168,9 @@ class LlamaForCausalLM(nn.Module):
                                             name="layers")(carry, meta, cos, sin)
         x = RMSNorm(c.rms_norm_eps, self.dtype, self.param_dtype, name="final_norm")(x[logits_indices])
         if c.tie_word_embeddings:
-            logits = embed.attend(x)
+            table = embed.embedding.astype(self.dtype)
+            logits = jnp.einsum("rd,vd->rv", x.astype(self.dtype), table, preferred_element_type=jnp.float32)
         else:
             logits = nn.Dense(c.vocab_size, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype,
-                              kernel_init=_part(_init, ("embed", "vocab")), name="lm_head")(x)
+                              dot_general=_dot_f32, kernel_init=_part(_init, ("embed", "vocab")), name="lm_head")(x)
         return logits.astype(jnp.float32), k_cache, v_cache
