@@ -18,7 +18,7 @@ from jaxinfer.checkpoint import load_params, param_shapes, save_params
 from jaxinfer.config import ModelConfig
 from jaxinfer.convert import build_tree, convert, main, unpermute_qk
 from jaxinfer.tokenizer import Tokenizer
-from jaxinfer.weights import DEFAULT_GGUF_SHA256, ensure_default_weights, resolve_model
+from jaxinfer.weights import DEFAULT_GGUF_SHA256, resolve_model
 
 REPO = Path(__file__).resolve().parents[1]
 ORACLE = json.loads((REPO.parent / "shared" / "oracle" / "smollm2_greedy.json").read_text())
@@ -195,14 +195,18 @@ def test_load_params_dtype_and_shardings(tmp_path):
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     tree = {"a": {"kernel": np.arange(12, dtype=np.float32).reshape(3, 4)}, "b": np.ones(5, np.float32)}
-    save_params(tmp_path / "params", tree)
+    mesh = Mesh(np.array(jax.devices()[:2]), ("model",))  # 2 of conftest's 8 fake CPU devices, if there
+    saved_from_device = {"a": {"kernel": jax.device_put(tree["a"]["kernel"], NamedSharding(mesh, PartitionSpec()))},
+                         "b": tree["b"]}
+    save_params(tmp_path / "params", saved_from_device)
     got = load_params(tmp_path, dtype="bfloat16")
-    assert got["a"]["kernel"].dtype == np.dtype("bfloat16") and isinstance(got["b"], np.ndarray)
-    mesh = Mesh(np.array(jax.devices()[:1]), ("model",))
+    assert got["a"]["kernel"].dtype == np.dtype("bfloat16")
+    assert isinstance(got["a"]["kernel"], np.ndarray) and isinstance(got["b"], np.ndarray)
     shardings = {"a": {"kernel": NamedSharding(mesh, PartitionSpec(None, "model"))},
                  "b": NamedSharding(mesh, PartitionSpec())}
     got = load_params(tmp_path / "params", shardings=shardings)
     assert isinstance(got["a"]["kernel"], jax.Array) and got["a"]["kernel"].sharding == shardings["a"]["kernel"]
+    assert {s.data.shape for s in got["a"]["kernel"].addressable_shards} == {(3, 4 // mesh.size)}
     np.testing.assert_array_equal(np.asarray(got["a"]["kernel"]), tree["a"]["kernel"])
     with pytest.raises(ValueError):
         load_params(tmp_path, shardings={"a": shardings["b"]})
@@ -242,8 +246,9 @@ def test_param_shapes_match_the_model():
 # ---------------------------------------------------------------- the real model
 
 @pytest.fixture(scope="module")
-def smol_dir() -> Path:
-    return ensure_default_weights(REPO / "weights")
+def smol_dir(smollm2_dir) -> Path:
+    """The converted default model (``smollm2_dir``: tests/conftest.py, ensure_default_weights)."""
+    return smollm2_dir
 
 
 @pytest.mark.real_model

@@ -50,15 +50,9 @@ NO_GEN_PROMPT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['conten
 
 
 @pytest.fixture(scope="module")
-def smol_dir() -> Path:
-    from jaxinfer.weights import ensure_default_weights
-
-    return ensure_default_weights(REPO / "weights")
-
-
-@pytest.fixture(scope="module")
-def smol(smol_dir) -> Tokenizer:
-    return Tokenizer.from_dir(smol_dir)
+def smol(smollm2_dir) -> Tokenizer:
+    """SmolLM2's tokenizer as converted from the GGUF (``smollm2_dir``: tests/conftest.py)."""
+    return Tokenizer.from_dir(smollm2_dir)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,37 @@
+# jaxinfer: `make serve` and `make test` each do all the set-up on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+WEIGHTS := weights/smollm2-135m-instruct/.complete
+PYTEST_ARGS ?=
+
+.PHONY: setup serve test test-fast bench offline-bench weights clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,bench]'
+	touch $(STAMP)
+
+$(WEIGHTS): $(STAMP)
+	$(PY) -m jaxinfer.convert
+
+weights: $(WEIGHTS)
+
+setup: $(STAMP) $(WEIGHTS)
+
+serve: setup
+	$(PY) server.py $(ARGS)
+
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not real_model and not slow" $(PYTEST_ARGS)
+
+offline-bench: setup
+	$(PY) benchmarks/offline_throughput.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

