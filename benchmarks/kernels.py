@@ -1,0 +1,197 @@
+"""Benchmark of ragged paged attention: Pallas kernel vs the jnp reference.
+
+Times one call (median of trials; many calls enqueued back to back, then one sync) for
+decode batches of 64 and 256 sequences at contexts 1K, 4K, 8K and for mixed
+prefill+decode batches, in the Llama-3-8B layout (32 q heads, 8 KV heads, head dim
+128) and the SmolLM2 layout (9 q heads, 3 KV heads, head dim 64). Reports achieved
+bandwidth (each sequence's K/V read once, plus q and out, over the time) against the
+device's copy bandwidth measured in the same run (bytes read plus written), the
+attention TFLOP/s, and the largest difference between the two implementations.
+Input sets rotate over disjoint pages so that small configs do not run from L2.
+
+Usage:
+  python benchmarks/kernels.py --quick    # CPU: tiny sizes, interpret mode, < 1 min
+  python benchmarks/kernels.py            # GPU: full sizes, compiled
+  python benchmarks/kernels.py --out DIR  # where the JSON goes (default
+                                          # benchmarks/results/)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import pathlib
+import platform
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from pallas_kernels import (  # noqa: E402
+    ragged_paged_attention,
+    ragged_paged_attention_reference,
+)
+
+LAYOUTS = {"llama3-8b": (32, 8, 128), "smollm2": (9, 3, 64)}
+L2_BYTES = 64 << 20  # H200: 60 MB of L2; rotate inputs over at least 3x this
+
+
+def full_configs():
+    """(kind, q_lens, kv_lens) of the GPU run."""
+    out = []
+    for batch in (64, 256):
+        for ctx in (1024, 4096, 8192):
+            out.append((f"decode b{batch} ctx{ctx}", [1] * batch, [ctx] * batch))
+    out.append(("mixed 4x512 prefill@2K + 60 decode@4K",
+                [512] * 4 + [1] * 60, [2048] * 4 + [4096] * 60))
+    out.append(("mixed 1x2048 prefill@2K + 63 decode@1K",
+                [2048] + [1] * 63, [2048] + [1024] * 63))
+    return out
+
+
+def quick_configs():
+    return [("decode b4 ctx64", [1] * 4, [64] * 4),
+            ("decode b4 ctx256", [1] * 4, [256] * 4),
+            ("mixed 1x24 prefill + 3 decode", [24, 1, 1, 1], [40, 64, 100, 17])]
+
+
+def measure_copy_bandwidth(num_bytes: int) -> float:
+    """Bytes read plus written per second of a jitted elementwise copy."""
+    x = jnp.ones((num_bytes // 4,), jnp.float32) * 1.5
+    copy = jax.jit(lambda a: a * 1.0001)
+    seconds = time_calls(copy, [(x,)], trials=5)
+    return 2 * x.nbytes / seconds
+
+
+def time_calls(fn, arg_sets, *, trials=5, min_seconds=0.05):
+    """Median seconds per call; calls are enqueued back to back, then synced once."""
+    for args in arg_sets:
+        jax.block_until_ready(fn(*args))
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*arg_sets[0]))
+    calls = max(len(arg_sets), min(200, math.ceil(min_seconds / max(
+        time.perf_counter() - start, 1e-6))))
+    times = []
+    for _ in range(trials):
+        start = time.perf_counter()
+        out = [fn(*arg_sets[i % len(arg_sets)]) for i in range(calls)]
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - start) / calls)
+    return statistics.median(times)
+
+
+def make_inputs(key, q_lens, kv_lens, layout, *, block_size, dtype, num_sets):
+    """Device arrays for ``num_sets`` batches over disjoint pages of one cache."""
+    num_q_heads, num_kv_heads, head_dim = layout
+    pages = [-(-c // block_size) for c in kv_lens]
+    max_blocks = max(pages)
+    num_blocks = 1 + num_sets * sum(pages)
+    kq, kk, kv = jax.random.split(key, 3)
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_pages = jax.random.normal(kk, shape, dtype)
+    v_pages = jax.random.normal(kv, shape, dtype)
+    qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    q = jax.random.normal(kq, (int(qsl[-1]), num_q_heads, head_dim), dtype)
+    pool = np.random.default_rng(0).permutation(np.arange(1, num_blocks)).astype(np.int32)
+    sets, used = [], 0
+    for _ in range(num_sets):
+        tables = np.zeros((len(q_lens), max_blocks), np.int32)
+        for i, n in enumerate(pages):
+            tables[i, :n] = pool[used:used + n]
+            used += n
+        sets.append((q, k_pages, v_pages, jnp.asarray(kv_lens, jnp.int32),
+                     jnp.asarray(tables), jnp.asarray(qsl), jnp.int32(len(q_lens))))
+    return sets
+
+
+def traffic(q_lens, kv_lens, layout, itemsize):
+    """Fewest bytes moved and attention FLOPs of one call."""
+    num_q_heads, num_kv_heads, head_dim = layout
+    kv_bytes = 2 * sum(kv_lens) * num_kv_heads * head_dim * itemsize
+    q_out_bytes = 2 * sum(q_lens) * num_q_heads * head_dim * itemsize
+    keys_seen = sum(sum(range(c - n + 1, c + 1)) for n, c in zip(q_lens, kv_lens))
+    return kv_bytes + q_out_bytes, 4 * keys_seen * num_q_heads * head_dim
+
+
+def bench_one(kind, q_lens, kv_lens, layout_name, *, interpret, dtype, block_size,
+              copy_bw, key):
+    layout = LAYOUTS[layout_name]
+    num_bytes, flops = traffic(q_lens, kv_lens, layout, jnp.dtype(dtype).itemsize)
+    kv_bytes = num_bytes
+    num_sets = 1 if interpret else min(8, max(1, math.ceil(3 * L2_BYTES / kv_bytes)))
+    sets = make_inputs(key, q_lens, kv_lens, layout, block_size=block_size, dtype=dtype,
+                       num_sets=num_sets)
+    impls = {
+        "pallas": lambda *a: ragged_paged_attention(*a, interpret=interpret),
+        "reference": ragged_paged_attention_reference,
+    }
+    outs = {name: np.asarray(fn(*sets[0]), np.float32) for name, fn in impls.items()}
+    diff = float(np.abs(outs["pallas"] - outs["reference"]).max())
+    rows = []
+    for name, fn in impls.items():
+        seconds = time_calls(fn, sets, trials=3 if interpret else 5)
+        rows.append(dict(
+            layout=layout_name, kind=kind, impl=name, num_seqs=len(q_lens),
+            q_tokens=int(sum(q_lens)), max_context=int(max(kv_lens)),
+            block_size=block_size, dtype=str(jnp.dtype(dtype)), input_sets=num_sets,
+            time_us=seconds * 1e6, bytes=num_bytes, GBps=num_bytes / seconds / 1e9,
+            frac_of_copy_bw=num_bytes / seconds / copy_bw, TFLOPs=flops / seconds / 1e12,
+            max_abs_diff_vs_other=diff))
+    return rows
+
+
+def print_table(rows, copy_bw):
+    print(f"copy bandwidth: {copy_bw / 1e9:.1f} GB/s (read + write)")
+    print(f"{'layout':10} {'config':40} {'impl':9} {'time_us':>10} {'GB/s':>8} "
+          f"{'%copy':>6} {'TFLOP/s':>8} {'diff':>8}")
+    for r in rows:
+        print(f"{r['layout']:10} {r['kind']:40} {r['impl']:9} {r['time_us']:10.1f} "
+              f"{r['GBps']:8.1f} {100 * r['frac_of_copy_bw']:6.1f} {r['TFLOPs']:8.3f} "
+              f"{r['max_abs_diff_vs_other']:8.1e}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes in interpret mode (CPU)")
+    parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results"),
+                        help="directory for the JSON result")
+    parser.add_argument("--block-size", type=int, default=16)
+    args = parser.parse_args(argv)
+
+    device = jax.devices()[0]
+    interpret = args.quick or device.platform == "cpu"
+    dtype = jnp.float32 if device.platform == "cpu" else jnp.bfloat16
+    configs = quick_configs() if args.quick else full_configs()
+    copy_bw = measure_copy_bandwidth((64 << 20) if args.quick else (2 << 30))
+    now = datetime.datetime.now(datetime.timezone.utc)
+    result = dict(
+        date=now.isoformat(timespec="seconds"), device=device.device_kind,
+        platform=device.platform, jax_version=jax.__version__,
+        python=platform.python_version(), quick=args.quick, interpret=interpret,
+        copy_bandwidth_GBps=copy_bw / 1e9, rows=[])
+    out_dir = pathlib.Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / (f"kernels_{now:%Y-%m-%d}_{device.platform}"
+                      f"{'_quick' if args.quick else ''}.json")
+    key = jax.random.key(0)
+    for layout_name in LAYOUTS:
+        for kind, q_lens, kv_lens in configs:
+            key, sub = jax.random.split(key)
+            result["rows"] += bench_one(
+                kind, q_lens, kv_lens, layout_name, interpret=interpret, dtype=dtype,
+                block_size=args.block_size, copy_bw=copy_bw, key=sub)
+            path.write_text(json.dumps(result, indent=1))  # partial results survive
+            print(f"done {layout_name} {kind}", flush=True)
+    print_table(result["rows"], copy_bw)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
