@@ -8,9 +8,14 @@ null block that padding tokens write into.
 
 XLA path (CPU default): attention of a token = softmax over
   A. the new keys of its own sequence in this step (causal, from the fresh K/V), and
-  B. its sequence's *cached context* (positions < ctx_len, gathered from the pages),
-merged with one shared max (log-sum-exp), so a step of fresh prefills reads no pages at
-all and a decode token reads exactly its sequence's context once.
+  B. its sequence's *cached context* (positions < ctx_len, gathered from the pages):
+     B1 for single-token rows (decodes), each row's context gathered once;
+     B2 for multi-token rows with context (a continuing prefill chunk, or a prefix-cache
+        hit): a loop over work items of up to ``Q_CHUNK`` queries of one row, each
+        gathering that row's context once (no per-token gather),
+merged with one shared max (log-sum-exp). A step of fresh prefills reads no pages, a
+decode token reads exactly its sequence's context once, and a fresh prefill mixed into
+a decode batch costs no extra context reads.
 Pallas path: writes the new K/V first, then calls ``pallas_kernels.ragged_paged_attention``
 over the whole context (``kv_lens``).
 Einsum letters: T tokens, K kv heads, G query heads per kv head, H head dim, S context.
@@ -21,6 +26,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jaxinfer.batch import Q_CHUNK
+
 
 @struct.dataclass
 class AttentionMetadata:
@@ -30,7 +37,10 @@ class AttentionMetadata:
       positions: [T] int32 absolute position of each token (padding 0).
       token_seq: [T] int32 row of each token's sequence; -1 for padding tokens.
       slot_mapping: [T] int32 cache slot each new K/V is written to (padding 0).
-      token_ctx_len: [T] int32 cached context length of the token's sequence (XLA path).
+      row_ctx_len: [R] int32 cached context length of each row (padding 0).
+      row_last: [R] int32 packed index of single-token rows' token (B1); T otherwise.
+      item_row, item_start, item_len: [C] int32 B2 work items: row, first packed token,
+        number of queries (<= Q_CHUNK); num_items: [] int32 items in use.
       block_tables: [R, W] int32 block table rows. XLA path: the cached context only;
         Pallas path: the whole context including this step's tokens. Padding 0.
       query_start_loc: [R+1] int32 first packed token of each row (Pallas path).
@@ -41,7 +51,12 @@ class AttentionMetadata:
     positions: jax.Array
     token_seq: jax.Array
     slot_mapping: jax.Array
-    token_ctx_len: jax.Array
+    row_ctx_len: jax.Array
+    row_last: jax.Array
+    item_row: jax.Array
+    item_start: jax.Array
+    item_len: jax.Array
+    num_items: jax.Array
     block_tables: jax.Array
     query_start_loc: jax.Array
     kv_lens: jax.Array
@@ -57,21 +72,81 @@ def write_kv(cache: jax.Array, layer: jax.Array, slot_mapping: jax.Array, new: j
     return cache.at[layer, slot_mapping // bs, slot_mapping % bs].set(new.astype(cache.dtype))
 
 
-def _context_part(qg, k_cache, v_cache, layer, meta):
-    """Scores and values of the cached context: [T,K,G,S] and [T,S,K,H]."""
+def _masked_scores(qg, kc, ctx_len):
+    """qg [X,K,G,H] vs kc [X,S,K,H] -> scores [X,K,G,S] with positions >= ctx_len masked."""
+    s = jnp.einsum("xkgh,xskh->xkgs", qg, kc.astype(jnp.float32))
+    valid = jnp.arange(kc.shape[1])[None, :] < ctx_len[:, None]
+    return jnp.where(valid[:, None, None, :], s, -jnp.inf)
+
+
+def _partial_softmax(s, v):
+    """Unnormalised pieces (max, sum, weighted values) of a softmax over the last axis.
+
+    s: [X,K,G,S] scores; v: [X,S,K,H] or [S,K,H]. Rows with no valid key give
+    (-inf, 0, 0) and merge as nothing.
+    """
+    m = s.max(-1)
+    safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    p = jnp.exp(s - safe[..., None])
+    spec = "xkgs,xskh->xkgh" if v.ndim == 4 else "xkgu,ukh->xkgh"
+    return m, p.sum(-1), jnp.einsum(spec, p, v.astype(jnp.float32))
+
+
+def _merge(parts):
+    """Combine (max, sum, acc) partial softmaxes into normalised outputs (log-sum-exp)."""
+    m = parts[0][0]
+    for pm, _, _ in parts[1:]:
+        m = jnp.maximum(m, pm)
+    denom, acc = 0.0, 0.0
+    for pm, pl, pa in parts:
+        w = jnp.where(jnp.isfinite(pm), jnp.exp(pm - m), 0.0)
+        denom = denom + pl * w
+        acc = acc + pa * w[..., None]
+    return acc / denom[..., None]
+
+
+def _row_context(qg, k_cache, v_cache, layer, meta):
+    """B1: each row's last token against the row's context, scattered back to [T]."""
     T = qg.shape[0]
-    bs = k_cache.shape[2]
-    rows = jnp.maximum(meta.token_seq, 0)
-    table = meta.block_tables[rows]  # [T, W]
-    kc = k_cache[layer, table].reshape(T, -1, *k_cache.shape[3:])  # [T, S, K, H]
-    vc = v_cache[layer, table].reshape(T, -1, *v_cache.shape[3:])
-    s = jnp.einsum("tkgh,tskh->tkgs", qg, kc.astype(jnp.float32))
-    valid = jnp.arange(table.shape[1] * bs)[None, :] < meta.token_ctx_len[:, None]  # [T, S]
-    return jnp.where(valid[:, None, None, :], s, -jnp.inf), vc
+    last = jnp.minimum(meta.row_last, T - 1)
+    kc = k_cache[layer, meta.block_tables].reshape(last.shape[0], -1, *k_cache.shape[3:])  # [R, S, K, H]
+    vc = v_cache[layer, meta.block_tables].reshape(last.shape[0], -1, *v_cache.shape[3:])
+    m, l, a = _partial_softmax(_masked_scores(qg[last], kc, meta.row_ctx_len), vc)
+    to = lambda init, x: init.at[meta.row_last].set(x, mode="drop")  # noqa: E731
+    K, G = qg.shape[1:3]
+    return (to(jnp.full((T, K, G), -jnp.inf), m), to(jnp.zeros((T, K, G)), l),
+            to(jnp.zeros((T, K, G, qg.shape[3])), a))
+
+
+def _chunk_context(qg, k_cache, v_cache, layer, meta, q_chunk: int):
+    """B2: loop over work items; each is <= q_chunk queries of one row vs that row's context."""
+    T, K, G, H = qg.shape
+    pad = lambda x, v: jnp.concatenate([x, jnp.full((q_chunk,) + x.shape[1:], v, x.dtype)])  # noqa: E731
+    qp = pad(qg, 0.0)
+    init = (jnp.full((T + q_chunk, K, G), -jnp.inf), jnp.zeros((T + q_chunk, K, G)), jnp.zeros((T + q_chunk, K, G, H)))
+
+    def body(i, acc):
+        row, start, n = meta.item_row[i], meta.item_start[i], meta.item_len[i]
+        q = jax.lax.dynamic_slice_in_dim(qp, start, q_chunk)
+        kc = k_cache[layer, meta.block_tables[row]].reshape(-1, K, H)  # [S, K, H]
+        vc = v_cache[layer, meta.block_tables[row]].reshape(-1, K, H)
+        s = jnp.einsum("qkgh,skh->qkgs", q, kc.astype(jnp.float32))
+        valid = (jnp.arange(kc.shape[0]) < meta.row_ctx_len[row])[None, :] & (jnp.arange(q_chunk) < n)[:, None]
+        m, l, a = _partial_softmax(jnp.where(valid[:, None, None, :], s, -jnp.inf), vc)
+        keep = (jnp.arange(q_chunk) < n)[:, None, None]
+        out = []
+        for old, new in zip(acc, (m, l, a)):
+            cur = jax.lax.dynamic_slice_in_dim(old, start, q_chunk)
+            k = keep if new.ndim == 3 else keep[..., None]
+            out.append(jax.lax.dynamic_update_slice_in_dim(old, jnp.where(k, new, cur), start, 0))
+        return tuple(out)
+
+    m, l, a = jax.lax.fori_loop(0, meta.num_items, body, init)
+    return m[:T], l[:T], a[:T]
 
 
 def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: AttentionMetadata, sm_scale: float):
-    """Ragged paged attention in pure jnp (reference semantics of the Pallas kernel).
+    """Ragged paged attention in pure jnp (same semantics as the Pallas kernel).
 
     Args:
       q: [T, N, H] queries. k_new, v_new: [T, K, H] this step's keys/values.
@@ -87,21 +162,11 @@ def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: Attentio
     qg = q.astype(jnp.float32).reshape(T, K, N // K, H) * sm_scale
     s_new = jnp.einsum("tkgh,ukh->tkgu", qg, k_new.astype(jnp.float32))
     same = (meta.token_seq[:, None] == meta.token_seq[None, :]) & (meta.positions[None, :] <= meta.positions[:, None])
-    s_new = jnp.where(same[:, None, None, :], s_new, -jnp.inf)  # the diagonal is always kept
-    m = s_new.max(-1)
-    has_ctx = meta.block_tables.shape[1] > 0
-    if has_ctx:
-        s_ctx, vc = _context_part(qg, k_cache, v_cache, layer, meta)
-        m = jnp.maximum(m, s_ctx.max(-1))
-    p_new = jnp.exp(s_new - m[..., None])
-    denom = p_new.sum(-1)
-    out = jnp.einsum("tkgu,ukh->tkgh", p_new, v_new.astype(jnp.float32))
-    if has_ctx:
-        p_ctx = jnp.exp(s_ctx - m[..., None])
-        denom = denom + p_ctx.sum(-1)
-        out = out + jnp.einsum("tkgs,tskh->tkgh", p_ctx, vc.astype(jnp.float32))
-    out = out / denom[..., None]
-    return out.reshape(T, N, H).astype(q.dtype)
+    parts = [_partial_softmax(jnp.where(same[:, None, None, :], s_new, -jnp.inf), v_new)]  # diagonal kept
+    if meta.block_tables.shape[1] > 0:  # static: the bucket has a context width
+        parts.append(_row_context(qg, k_cache, v_cache, layer, meta))
+        parts.append(_chunk_context(qg, k_cache, v_cache, layer, meta, min(Q_CHUNK, T)))
+    return _merge(parts).reshape(T, N, H).astype(q.dtype)
 
 
 def paged_attention(backend: str, q, k_new, v_new, k_cache, v_cache, layer, meta: AttentionMetadata,

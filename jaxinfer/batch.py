@@ -16,6 +16,13 @@ import math
 import numpy as np
 
 from jaxinfer.buckets import Bucket, BucketLadders
+
+Q_CHUNK = 64  # queries per context work item of the XLA attention path (B2)
+
+
+def num_work_items(num_tokens: int, num_rows: int) -> int:
+    """Static bound on context work items of a bucket (each row may add a partial one)."""
+    return -(-num_tokens // min(Q_CHUNK, num_tokens)) + num_rows
 from jaxinfer.request import Request
 from jaxinfer.scheduler import SchedulerOutput
 
@@ -25,8 +32,9 @@ class StepInputs:
     """Everything one step needs, as padded numpy arrays (shapes in brackets).
 
     Model/attention: token_ids [T], positions [T], token_seq [T], slot_mapping [T],
-    token_ctx_len [T], block_tables [R, W], query_start_loc [R+1], kv_lens [R],
-    num_seqs [], logits_indices [R].
+    row_ctx_len [R], row_last [R], item_row/item_start/item_len [C], num_items [],
+    block_tables [R, W], query_start_loc [R+1], kv_lens [R], num_seqs [],
+    logits_indices [R] (see `jaxinfer.attention.AttentionMetadata`).
     Sampling (per row): temperature, top_p, min_p, presence_penalty, frequency_penalty,
     repetition_penalty [R] float32; top_k [R] int32 (vocab size = off); seeds [R] uint32
     x2 (``seed_hi``, ``seed_lo``); output_index [R] int32 (index of the token being
@@ -85,10 +93,13 @@ def prepare(sched: SchedulerOutput, layout: BatchLayout) -> StepInputs:
 
 def _empty(b: Bucket, layout: BatchLayout) -> dict[str, np.ndarray]:
     T, R, W, V = b.num_tokens, b.num_seqs, b.ctx_blocks, layout.vocab_size
+    C = num_work_items(T, R)
     i32, f32 = np.int32, np.float32
     return {
         "token_ids": np.zeros(T, i32), "positions": np.zeros(T, i32), "token_seq": np.full(T, -1, i32),
-        "slot_mapping": np.zeros(T, i32), "token_ctx_len": np.zeros(T, i32),
+        "slot_mapping": np.zeros(T, i32), "row_ctx_len": np.zeros(R, i32), "row_last": np.full(R, T, i32),
+        "item_row": np.zeros(C, i32), "item_start": np.zeros(C, i32), "item_len": np.zeros(C, i32),
+        "num_items": np.zeros((), i32),
         "block_tables": np.zeros((R, W), i32), "query_start_loc": np.zeros(R + 1, i32),
         "kv_lens": np.zeros(R, i32), "num_seqs": np.zeros((), i32), "logits_indices": np.zeros(R, i32),
         "temperature": np.ones(R, f32), "top_p": np.ones(R, f32), "top_k": np.full(R, V, i32),
@@ -115,7 +126,15 @@ def _fill_tokens(a, i: int, offset: int, req: Request, n: int, layout: BatchLayo
     a["positions"][sl] = pos
     a["token_seq"][sl] = i
     a["slot_mapping"][sl] = blocks[pos // bs] * bs + pos % bs
-    a["token_ctx_len"][sl] = start
+    a["row_ctx_len"][i] = start
+    if n == 1:
+        a["row_last"][i] = offset  # decode-like row: context read once per row (B1)
+    elif start > 0:  # multi-token row with context: work items of <= q_chunk queries (B2)
+        q_chunk = min(Q_CHUNK, len(a["token_ids"]))
+        for s in range(0, n, q_chunk):
+            k = int(a["num_items"])
+            a["item_row"][k], a["item_start"][k], a["item_len"][k] = i, offset + s, min(q_chunk, n - s)
+            a["num_items"][...] = k + 1
     width = a["block_tables"].shape[1]
     used = min(len(blocks), width)
     a["block_tables"][i, :used] = blocks[:used]

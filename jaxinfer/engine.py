@@ -178,11 +178,13 @@ class LLMEngine:
             outputs.append(self._finish_output(req))
         if sched.scheduled:
             self._sample_fragmentation()
+            # counted before update advances num_computed_tokens (else a prompt's last chunk is missed)
+            prefill = sum(n for r, n in sched.scheduled if r.num_computed_tokens < r.num_prompt_tokens)
             inputs = batch_mod.prepare(sched, self.layout)
             result = self.runner.execute(inputs)
             outputs.extend(self._update(sched, result))
             self.stats.num_steps += 1
-            self.stats.prefill_tokens += sum(n for r, n in sched.scheduled if r.num_computed_tokens < r.num_prompt_tokens)
+            self.stats.prefill_tokens += prefill
         self.stats.step_seconds += time.perf_counter() - t0
         return outputs
 

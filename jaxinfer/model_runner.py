@@ -27,8 +27,8 @@ from jaxinfer.sampler import sample
 
 logger = logging.getLogger(__name__)
 
-_META_FIELDS = ("positions", "token_seq", "slot_mapping", "token_ctx_len", "block_tables", "query_start_loc",
-                "kv_lens", "num_seqs")
+_META_FIELDS = ("positions", "token_seq", "slot_mapping", "row_ctx_len", "row_last", "item_row", "item_start",
+                "item_len", "num_items", "block_tables", "query_start_loc", "kv_lens", "num_seqs")
 _MODEL_FIELDS = _META_FIELDS + ("token_ids", "logits_indices")
 
 

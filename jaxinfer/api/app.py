@@ -1,0 +1,59 @@
+"""`create_app`: the FastAPI application of one server (routes, errors, metrics, lifespan).
+
+The app owns nothing global: its metrics registry, config and engine handle live on
+``app.state``, so tests can run several apps in one process. The lifespan starts the engine
+thread if nobody did (loading and warm-up then run in the background while HTTP already
+answers ``/live``) and shuts it down on exit.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from fastapi import FastAPI
+
+from jaxinfer.api import routes
+from jaxinfer.api.config import ServerConfig
+from jaxinfer.api.errors import install_error_handlers
+from jaxinfer.api.metrics import Metrics
+from jaxinfer.api.prompts import check_chat_template
+from jaxinfer.api.serving import ServingContext
+from jaxinfer.async_engine import AsyncEngine
+
+logger = logging.getLogger(__name__)
+
+DESCRIPTION = """An OpenAI-compatible LLM server in pure JAX.
+
+Errors always use OpenAI's envelope `{"error": {"message", "type", "param", "code"}}`:
+400 invalid request, 401 API key, 404 unknown model, 429 overloaded (`Retry-After`),
+503 warming up / draining (`Retry-After`), 504 request deadline. See `docs/api.md`.
+"""
+
+
+def create_app(async_engine: AsyncEngine, server_config: ServerConfig | None = None) -> FastAPI:
+    """Build the app.
+
+    Args:
+      async_engine: the engine front end (started or not; the lifespan starts it).
+      server_config: HTTP settings (defaults: `ServerConfig()`).
+    Returns:
+      A FastAPI app; ``app.state.ctx`` is its `ServingContext`.
+    """
+    config = server_config or ServerConfig()
+    ctx = ServingContext(async_engine, config, Metrics(async_engine))
+    async_engine.add_ready_callback(lambda engine: check_chat_template(engine.tokenizer))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        async_engine.start()
+        yield
+        await asyncio.to_thread(async_engine.shutdown)
+
+    app = FastAPI(title="jaxinfer", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    app.state.ctx = ctx
+    install_error_handlers(app)
+    app.include_router(routes.v1)
+    app.include_router(routes.debug)
+    app.include_router(routes.ops)
+    return app

@@ -1,0 +1,41 @@
+"""`ServerConfig`: the HTTP server's own settings (the engine's are `jaxinfer.config.EngineConfig`).
+
+Frozen, like the rest of the configuration tree; ``server.py`` flags map one-to-one onto
+these fields (``--max-queue-wait`` -> ``max_queue_wait``).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    """HTTP-level settings.
+
+    Attributes:
+      host, port: where to listen (127.0.0.1 unless told otherwise).
+      served_model_name: the ``model`` name clients send and ``/v1/models`` lists.
+      api_key: when set, ``/v1/*``, ``/tokenize`` and ``/detokenize`` need
+        ``Authorization: Bearer <api_key>``.
+      max_queue_wait: seconds a request may wait unadmitted before HTTP 429 (None: no limit).
+      request_timeout: default per-request deadline in seconds (None: no deadline);
+        a request's ``request_timeout`` field overrides it.
+      truncate_prompt: ``"none"`` (over-long prompts are a 400) or ``"left"`` (keep the
+        last tokens that leave room for ``max_tokens``).
+      shutdown_timeout: grace period in seconds for in-flight requests after SIGTERM.
+      retry_after: seconds suggested in ``Retry-After`` on 429.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str = "smollm2-135m-instruct"
+    api_key: str | None = None
+    max_queue_wait: float | None = 30.0
+    request_timeout: float | None = None
+    truncate_prompt: str = "none"
+    shutdown_timeout: float = 30.0
+    retry_after: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.truncate_prompt not in ("none", "left"):
+            raise ValueError(f"truncate_prompt must be 'none' or 'left', got {self.truncate_prompt!r}")

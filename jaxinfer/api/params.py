@@ -1,0 +1,114 @@
+"""From an OpenAI-shaped request to `SamplingParams` (and the field names errors should use).
+
+Defaults follow OpenAI: temperature 1, top_p 1, completions ``max_tokens`` 16 (null means
+the default; the default, never an explicit value, shrinks to what the context leaves), chat
+without a limit (up to the context). ``top_k`` -1 and 0 both disable
+top-k. Chat ``logprobs: true`` gives the sampled token's logprob, ``top_logprobs: k`` adds
+k alternatives; ``top_logprobs`` without ``logprobs: true`` is a 400.
+"""
+from __future__ import annotations
+
+from jaxinfer.api.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
+from jaxinfer.errors import RequestError
+from jaxinfer.sampling_params import SamplingParams
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+# engine ``param`` -> request field, per endpoint
+COMPLETION_ALIASES: dict[str, str] = {}
+CHAT_ALIASES = {"prompt": "messages", "logprobs": "top_logprobs"}
+
+
+def chat_max_tokens(req: ChatCompletionRequest) -> int | None:
+    return req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+
+
+def default_max_tokens(requested: int | None, default: int | None, num_prompt_tokens: int,
+                       max_model_len: int) -> int | None:
+    """The effective ``max_tokens``: the request's, else ``default`` clamped to the room left
+    (at least 1, so an over-long prompt still gets its 400 from the engine), else None."""
+    if requested is not None or default is None:
+        return requested
+    return max(1, min(default, max_model_len - num_prompt_tokens))
+
+
+def chat_aliases(req: ChatCompletionRequest) -> dict[str, str]:
+    """Error ``param`` renames for a chat request (``max_tokens`` as the client spelled it)."""
+    aliases = dict(CHAT_ALIASES)
+    if req.max_completion_tokens is not None:
+        aliases["max_tokens"] = "max_completion_tokens"
+    return aliases
+
+
+def completion_params(req: CompletionRequest) -> SamplingParams:
+    """Sampling options of a completions request (``n`` fanned out later).
+
+    Raises:
+      RequestError: unsupported fields (``echo``, ``suffix``, ``best_of``), bad values.
+    """
+    if req.echo:
+        raise RequestError("echo is not supported", param="echo")
+    if req.suffix:
+        raise RequestError("suffix is not supported", param="suffix")
+    if req.best_of is not None and req.best_of != (req.n or 1):
+        raise RequestError("best_of is not supported (only null or equal to n)", param="best_of")
+    return _params(req, req.max_tokens, req.logprobs)
+
+
+def chat_params(req: ChatCompletionRequest) -> SamplingParams:
+    """Sampling options of a chat request.
+
+    Raises:
+      RequestError: ``top_logprobs`` without ``logprobs: true``; bad values.
+    """
+    if req.top_logprobs is not None and not req.logprobs:
+        raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    return _params(req, chat_max_tokens(req), logprobs)
+
+
+def _params(req: _GenerationRequest, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    top_k = req.top_k if req.top_k is not None else -1
+    return SamplingParams(
+        n=req.n or 1,
+        temperature=_default(req.temperature, 1.0),
+        top_p=_default(req.top_p, 1.0),
+        top_k=-1 if top_k == 0 else top_k,
+        min_p=_default(req.min_p, 0.0),
+        presence_penalty=_default(req.presence_penalty, 0.0),
+        frequency_penalty=_default(req.frequency_penalty, 0.0),
+        repetition_penalty=_default(req.repetition_penalty, 1.0),
+        seed=req.seed,
+        max_tokens=max_tokens,
+        stop=_stop(req.stop),
+        stop_token_ids=tuple(req.stop_token_ids or ()),
+        ignore_eos=bool(req.ignore_eos),
+        logprobs=logprobs,
+        logit_bias=_logit_bias(req.logit_bias),
+        skip_special_tokens=req.skip_special_tokens is not False,
+        include_stop_str_in_output=bool(req.include_stop_str_in_output),
+    )
+
+
+def _default(value, default):
+    return default if value is None else value
+
+
+def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    if any(not s for s in stops):
+        raise RequestError("stop strings must be non-empty", param="stop")
+    return stops
+
+
+def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    out = []
+    for key, value in (bias or {}).items():
+        try:
+            tok = int(key)
+        except ValueError:
+            raise RequestError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
+        out.append((tok, value))
+    return tuple(out)

@@ -1,0 +1,125 @@
+"""Response bodies and stream chunks built from engine outputs, per endpoint.
+
+`CompletionFormat` and `ChatFormat` share one interface: ``response`` (the whole JSON
+answer), ``first_chunks`` (chat's role announcements), ``delta_chunk`` (what a choice
+gained since the last chunk: text difference, its tokens' logprobs, finish reason) and
+``usage_chunk``. Deltas are differences of the engine's cumulative ``text``, which never
+shrinks, so streamed text concatenated equals the non-streamed text (SC-10).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from jaxinfer.api import logprobs as lp
+from jaxinfer.api import protocol as P
+from jaxinfer.outputs import RequestOutput
+
+
+@dataclasses.dataclass
+class ChoiceCursor:
+    """How much of one choice a stream has sent."""
+
+    text_len: int = 0
+    num_tokens: int = 0
+    text_offset: int = 0
+    finished: bool = False
+
+
+def usage(prompt_lengths: list[int], outputs: list[RequestOutput]) -> P.Usage:
+    """Prompt tokens once per prompt (not per choice); completion tokens over all choices (EOS counted)."""
+    prompt = sum(prompt_lengths)
+    completion = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return P.Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+class _Format:
+    def __init__(self, response_id: str, model: str, created: int, logprobs: int | None, tokenizer):
+        self.id = response_id
+        self.model = model
+        self.created = created
+        self.logprobs = logprobs
+        self.tokenizer = tokenizer
+
+    def first_chunks(self, num_choices: int) -> list[str]:
+        return []
+
+    def delta_chunk(self, index: int, out: RequestOutput, cur: ChoiceCursor) -> str | None:
+        """The chunk for what choice ``index`` gained since ``cur`` (updated), or None if nothing."""
+        comp = out.outputs[0]
+        text = comp.text[cur.text_len:]
+        token_ids = comp.token_ids[cur.num_tokens:]
+        finish = comp.finish_reason if comp.finish_reason in ("stop", "length") else None
+        if not text and not finish and not (token_ids and self.logprobs is not None):
+            return None
+        entries = (comp.logprobs or [])[cur.num_tokens:] if self.logprobs is not None else None
+        chunk = self._chunk(index, text, token_ids, entries, finish, cur)
+        cur.text_len, cur.num_tokens = len(comp.text), len(comp.token_ids)
+        cur.finished = finish is not None
+        return chunk.model_dump_json()
+
+    def usage_chunk(self, usage_: P.Usage) -> str:
+        raise NotImplementedError
+
+    def _chunk(self, index, text, token_ids, entries, finish, cur):
+        raise NotImplementedError
+
+
+class CompletionFormat(_Format):
+    """``/v1/completions``: ``text_completion`` objects."""
+
+    def response(self, outputs: list[RequestOutput], prompt_lengths: list[int]) -> dict:
+        choices = []
+        for i, out in enumerate(outputs):
+            comp = out.outputs[0]
+            logprobs = (lp.completion_logprobs(comp.token_ids, comp.logprobs or [])
+                        if self.logprobs is not None else None)
+            choices.append(P.CompletionChoice(index=i, text=comp.text, logprobs=logprobs,
+                                              finish_reason=comp.finish_reason))
+        body = P.CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices,
+                                    usage=usage(prompt_lengths, outputs))
+        return body.model_dump()
+
+    def _chunk(self, index, text, token_ids, entries, finish, cur):
+        logprobs = None
+        if entries is not None:
+            logprobs = lp.completion_logprobs(token_ids, entries, cur.text_offset)
+            cur.text_offset = lp.next_text_offset(logprobs, cur.text_offset)
+        choice = P.CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=finish)
+        return P.CompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice])
+
+    def usage_chunk(self, usage_: P.Usage) -> str:
+        return P.CompletionChunk(id=self.id, created=self.created, model=self.model, choices=[],
+                                 usage=usage_).model_dump_json()
+
+
+class ChatFormat(_Format):
+    """``/v1/chat/completions``: ``chat.completion`` / ``chat.completion.chunk`` objects."""
+
+    def response(self, outputs: list[RequestOutput], prompt_lengths: list[int]) -> dict:
+        choices = []
+        for i, out in enumerate(outputs):
+            comp = out.outputs[0]
+            logprobs = (lp.chat_logprobs(comp.token_ids, comp.logprobs or [], self.logprobs, self.tokenizer)
+                        if self.logprobs is not None else None)
+            choices.append(P.ChatChoice(index=i, message=P.AssistantMessage(content=comp.text), logprobs=logprobs,
+                                        finish_reason=comp.finish_reason))
+        body = P.ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices,
+                                        usage=usage(prompt_lengths, outputs))
+        return body.model_dump()
+
+    def first_chunks(self, num_choices: int) -> list[str]:
+        """One ``delta: {role: assistant, content: ""}`` chunk per choice, sent first."""
+        return [P.ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[
+            P.ChatChunkChoice(index=i, delta=P.DeltaMessage(role="assistant", content=""))]).model_dump_json()
+            for i in range(num_choices)]
+
+    def _chunk(self, index, text, token_ids, entries, finish, cur):
+        logprobs = (lp.chat_logprobs(token_ids, entries, self.logprobs, self.tokenizer)
+                    if entries is not None else None)
+        choice = P.ChatChunkChoice(index=index, delta=P.DeltaMessage(content=text), logprobs=logprobs,
+                                   finish_reason=finish)
+        return P.ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice])
+
+    def usage_chunk(self, usage_: P.Usage) -> str:
+        return P.ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[],
+                                     usage=usage_).model_dump_json()

@@ -1,0 +1,141 @@
+"""The HTTP endpoints (thin: each delegates to `serving` or reads the engine).
+
+``/v1/*`` (and ``/tokenize``, ``/detokenize``) need ``Authorization: Bearer <key>`` when the
+server has an API key; ``/live``, ``/health`` and ``/metrics`` never do. ``/live`` is 200 as
+soon as HTTP listens; ``/health`` is 200 only when the engine is warmed up and its thread
+alive (503 + Retry-After while loading, draining or dead).
+"""
+from __future__ import annotations
+
+import secrets
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from jaxinfer.api import prompts as prompts_mod
+from jaxinfer.api import serving
+from jaxinfer.api.errors import APIError, from_exception
+from jaxinfer.api.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
+                                   CompletionResponse, DetokenizeRequest, DetokenizeResponse, ErrorResponse,
+                                   ModelCard, ModelList, TokenizeRequest, TokenizeResponse)
+from jaxinfer.api.serving import ServingContext
+from jaxinfer.async_engine import EngineState
+from jaxinfer.errors import RequestError
+
+_bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <--api-key>` (only when set).")
+
+_ERRORS = {status: {"model": ErrorResponse, "description": why} for status, why in {
+    400: "Invalid request (OpenAI error envelope, `param` names the field).",
+    401: "Missing or wrong API key.",
+    404: "Unknown model.",
+    429: "Overloaded: waiting queue full or queue wait expired (`Retry-After`).",
+    503: "Warming up, draining or engine down (`Retry-After`).",
+    504: "The request passed its deadline (`request_timeout`).",
+}.items()}
+
+
+def get_ctx(request: Request) -> ServingContext:
+    return request.app.state.ctx
+
+
+def require_api_key(request: Request, creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
+    """401 unless the bearer token equals the server's API key (no key configured: open)."""
+    key = get_ctx(request).config.api_key
+    if key is None:
+        return
+    if creds is None or not secrets.compare_digest(creds.credentials.encode(), key.encode()):
+        raise APIError(401, "invalid or missing API key (Authorization: Bearer <key>)", code="invalid_api_key",
+                       headers={"WWW-Authenticate": "Bearer"})
+
+
+v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses=_ERRORS)
+debug = APIRouter(dependencies=[Depends(require_api_key)], responses=_ERRORS, tags=["debug"])
+ops = APIRouter(tags=["operations"])
+
+
+@v1.post("/completions", response_model=CompletionResponse,
+         responses={200: {"content": {"text/event-stream": {}},
+                          "description": "JSON, or with `stream: true` server-sent `text_completion` chunks."}})
+async def completions(body: CompletionRequest, raw: Request, ctx: ServingContext = Depends(get_ctx)):
+    """OpenAI completions (text, texts, token ids or lists of token ids)."""
+    return await serving.create_completion(body, raw, ctx)
+
+
+@v1.post("/chat/completions", response_model=ChatCompletionResponse,
+         responses={200: {"content": {"text/event-stream": {}},
+                          "description": "JSON, or with `stream: true` server-sent `chat.completion.chunk`s."}})
+async def chat_completions(body: ChatCompletionRequest, raw: Request, ctx: ServingContext = Depends(get_ctx)):
+    """OpenAI chat completions (the model's chat template renders the messages)."""
+    return await serving.create_chat_completion(body, raw, ctx)
+
+
+@v1.get("/models", response_model=ModelList)
+async def models(ctx: ServingContext = Depends(get_ctx)):
+    """The served model."""
+    engine = ctx.async_engine.engine
+    card = ModelCard(id=ctx.config.served_model_name, created=ctx.started,
+                     max_model_len=engine.config.scheduler.max_model_len if engine is not None else None)
+    return ModelList(data=[card])
+
+
+@debug.post("/tokenize", response_model=TokenizeResponse)
+async def tokenize(body: TokenizeRequest, ctx: ServingContext = Depends(get_ctx)):
+    """The prompt token ids the engine would see for `prompt` (text or ids) or chat `messages`
+    (no truncation applied)."""
+    engine = ctx.engine()
+    ctx.check_model(body.model)
+    try:
+        if (body.prompt is None) == (body.messages is None):
+            raise RequestError("give exactly one of prompt or messages", param="prompt")
+        if body.messages is not None:
+            ids = prompts_mod.chat_prompt(body.messages, engine.tokenizer,
+                                          add_generation_prompt=body.add_generation_prompt is not False,
+                                          continue_final_message=bool(body.continue_final_message)).token_ids
+        elif isinstance(body.prompt, str):
+            if engine.tokenizer is None:
+                raise RequestError("this model has no tokenizer", param="prompt")
+            ids = engine.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens is not False)
+        else:
+            ids = list(body.prompt)
+    except RequestError as exc:
+        raise from_exception(exc) from exc
+    return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=engine.config.scheduler.max_model_len)
+
+
+@debug.post("/detokenize", response_model=DetokenizeResponse)
+async def detokenize(body: DetokenizeRequest, ctx: ServingContext = Depends(get_ctx)):
+    """The text of token ids (special tokens kept)."""
+    engine = ctx.engine()
+    ctx.check_model(body.model)
+    V = engine.model_config.vocab_size
+    if engine.tokenizer is None:
+        raise APIError(400, "this model has no tokenizer", param="tokens")
+    if any(not 0 <= t < min(V, engine.tokenizer.vocab_size) for t in body.tokens):
+        raise APIError(400, f"token ids must be in [0, {V})", param="tokens")
+    return DetokenizeResponse(prompt=engine.tokenizer.decode(body.tokens, skip_special_tokens=False))
+
+
+@ops.get("/live")
+async def live():
+    """Liveness: 200 whenever the HTTP server runs."""
+    return {"status": "alive"}
+
+
+@ops.get("/health", responses={503: {"model": ErrorResponse, "description": "Not ready (`Retry-After`)."}})
+async def health(ctx: ServingContext = Depends(get_ctx)):
+    """Readiness: 200 once weights are loaded and every bucket compiled, while serving."""
+    ae = ctx.async_engine
+    if ae.is_healthy:
+        return {"status": "ready"}
+    state = ae.state.value if ae.state != EngineState.READY else "dead"
+    retry = 5 if ae.state == EngineState.STARTING else 10
+    return JSONResponse(APIError(503, f"not ready: {state}" + (f" ({ae.error})" if ae.error else ""),
+                                 code=state).body(), status_code=503, headers={"Retry-After": str(retry)})
+
+
+@ops.get("/metrics")
+async def metrics(ctx: ServingContext = Depends(get_ctx)):
+    """Prometheus text format."""
+    body, content_type = ctx.metrics.render()
+    return Response(body, media_type=content_type)

@@ -1,0 +1,304 @@
+"""One generation request end to end: prompts -> engine requests -> JSON or SSE.
+
+Owns the request lifecycle on the asyncio side:
+  1. Readiness and model name checks (503 / 404), prompt preparation and truncation,
+     `SamplingParams` (400 on any invalid field, before any engine work).
+  2. Fan-out: ``n`` choices per prompt become independent engine requests (seeds
+     ``seed + i``), added as one group (all admitted or none: 400 / 429).
+  3. While the client waits, a watcher blocks on the ASGI ``receive`` channel; a
+     disconnect aborts every unfinished request of the group before the engine's next step
+     (non-streaming and streaming alike, SC-14 / SC-17).
+  4. Non-streaming: wait for all choices; ``timeout`` -> 504, ``rejected`` -> 429.
+     Streaming: the HTTP status is decided when the first output arrives (so a 429 / 504
+     while queued is a status, not an in-stream error); then one ``data:`` event per
+     choice delta, each choice's finish chunk, an optional usage chunk, ``data: [DONE]``.
+     A deadline or engine failure mid-stream sends one error event, then ``[DONE]``.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import json
+import logging
+import time
+import uuid
+from typing import AsyncIterator, Callable
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from jaxinfer.api import params as params_mod
+from jaxinfer.api import prompts as prompts_mod
+from jaxinfer.api.config import ServerConfig
+from jaxinfer.api.errors import APIError, from_exception, queue_wait_error, timeout_error
+from jaxinfer.api.metrics import Metrics
+from jaxinfer.api.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
+from jaxinfer.api.responses import ChatFormat, ChoiceCursor, CompletionFormat, usage
+from jaxinfer.async_engine import AsyncEngine, EngineNotReadyError, OutputStream, RequestSpec
+from jaxinfer.errors import QueueFullError
+from jaxinfer.outputs import RequestOutput
+from jaxinfer.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclasses.dataclass
+class ServingContext:
+    """What the handlers share (one per app)."""
+
+    async_engine: AsyncEngine
+    config: ServerConfig
+    metrics: Metrics
+    started: int = dataclasses.field(default_factory=lambda: int(time.time()))  # unix seconds
+
+    def engine(self):
+        """The engine, once ready.
+
+        Raises:
+          EngineNotReadyError / EngineDeadError: warming up, draining, dead (503).
+        """
+        try:
+            self.async_engine.check_accepting()
+        except EngineNotReadyError:
+            self.metrics.rejected.labels("not_ready").inc()
+            raise
+        return self.async_engine.engine
+
+    def check_model(self, model: str | None) -> None:
+        """404 unless ``model`` is absent or the served name."""
+        if model is not None and model != self.config.served_model_name:
+            raise APIError(404, f"the model {model!r} does not exist; this server serves "
+                                f"{self.config.served_model_name!r}", param="model", code="model_not_found")
+
+
+@dataclasses.dataclass
+class _Job:
+    """One HTTP generation request after preparation."""
+
+    request: _GenerationRequest
+    prompts: list[prompts_mod.Prompt]
+    params: SamplingParams
+    fmt: CompletionFormat | ChatFormat
+    aliases: dict[str, str]
+    default_max_tokens: int | None  # when the request gives none (completions: 16)
+    max_model_len: int
+
+
+async def create_completion(req: CompletionRequest, raw: Request, ctx: ServingContext):
+    """``POST /v1/completions``."""
+    engine = ctx.engine()
+    ctx.check_model(req.model)
+    aliases = params_mod.COMPLETION_ALIASES
+    default = params_mod.COMPLETIONS_DEFAULT_MAX_TOKENS
+    with _as_api_error(aliases):
+        params = params_mod.completion_params(req)
+        prompts = [_truncate(p, req, params.max_tokens or default, engine, ctx.config)
+                   for p in prompts_mod.completion_prompts(req, engine.tokenizer)]
+    fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", ctx.config.served_model_name, int(time.time()),
+                           params.logprobs, engine.tokenizer)
+    return await _run(_Job(req, prompts, params, fmt, aliases, default, _max_model_len(engine)), raw, ctx)
+
+
+async def create_chat_completion(req: ChatCompletionRequest, raw: Request, ctx: ServingContext):
+    """``POST /v1/chat/completions``."""
+    engine = ctx.engine()
+    ctx.check_model(req.model)
+    aliases = params_mod.chat_aliases(req)
+    with _as_api_error(aliases):
+        params = params_mod.chat_params(req)
+        prompt = prompts_mod.chat_prompt(req, engine.tokenizer, add_generation_prompt=req.add_generation_prompt
+                                         is not False, continue_final_message=bool(req.continue_final_message))
+        prompts = [_truncate(prompt, req, params.max_tokens, engine, ctx.config)]
+    fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", ctx.config.served_model_name, int(time.time()),
+                     params.logprobs, engine.tokenizer)
+    return await _run(_Job(req, prompts, params, fmt, aliases, None, _max_model_len(engine)), raw, ctx)
+
+
+def _max_model_len(engine) -> int:
+    return engine.config.scheduler.max_model_len
+
+
+def _truncate(prompt, req: _GenerationRequest, max_tokens: int | None, engine, config: ServerConfig):
+    return prompts_mod.truncate(prompt, keep=req.truncate_prompt_tokens, max_model_len=_max_model_len(engine),
+                                max_tokens=max_tokens, truncate_left=config.truncate_prompt == "left")
+
+
+@contextlib.contextmanager
+def _as_api_error(aliases: dict[str, str]):
+    try:
+        yield
+    except APIError:
+        raise
+    except Exception as exc:  # RequestError and friends
+        raise from_exception(exc, aliases) from exc
+
+
+def _specs(job: _Job, config: ServerConfig) -> list[RequestSpec]:
+    """``n`` engine requests per prompt, in choice order (choice index = position)."""
+    timeout = job.request.request_timeout or config.request_timeout
+    deadline = time.monotonic() + timeout if timeout else None
+    base = job.fmt.id
+    n = job.params.n
+    out = []
+    for i, (p, j) in enumerate(itertools.product(job.prompts, range(n))):
+        max_tokens = params_mod.default_max_tokens(job.params.max_tokens, job.default_max_tokens,
+                                                   len(p.token_ids), job.max_model_len)
+        seed = job.params.seed if job.params.seed is None or n == 1 else job.params.seed + j
+        params = dataclasses.replace(job.params, n=1, seed=seed, max_tokens=max_tokens)
+        out.append(RequestSpec(f"{base}-{i}", p.token_ids, params, prompt=p.text, deadline=deadline,
+                               max_queue_wait=config.max_queue_wait))
+    return out
+
+
+async def _run(job: _Job, raw: Request, ctx: ServingContext):
+    specs = _specs(job, ctx.config)
+    try:
+        stream = await ctx.async_engine.add(specs)
+    except QueueFullError as exc:
+        ctx.metrics.rejected.labels("queue_full").inc()
+        exc.retry_after = max(exc.retry_after, ctx.config.retry_after)
+        raise from_exception(exc) from exc
+    except Exception as exc:
+        raise from_exception(exc, job.aliases) from exc
+    index = {s.request_id: i for i, s in enumerate(specs)}
+    abort = lambda: ctx.async_engine.abort(sorted(stream.unfinished))  # noqa: E731
+    try:
+        async with abort_on_disconnect(raw, abort):
+            if not job.request.stream:
+                outputs = await _collect(stream, ctx)
+                return JSONResponse(job.fmt.response([outputs[s.request_id] for s in specs], _lengths(job)))
+            first = await _first_outputs(stream, ctx, job)
+    except BaseException:
+        abort()
+        raise
+    return StreamingResponse(_sse(job, stream, first, index, raw, ctx), media_type="text/event-stream",
+                             headers=SSE_HEADERS)
+
+
+def _lengths(job: _Job) -> list[int]:
+    return [len(p.token_ids) for p in job.prompts]
+
+
+async def _collect(stream: OutputStream, ctx: ServingContext) -> dict[str, RequestOutput]:
+    """Wait until every request of the group ended; raise the HTTP error if one failed."""
+    final: dict[str, RequestOutput] = {}
+    while not stream.finished:
+        try:
+            batch = await stream.next_batch()
+        except Exception as exc:
+            raise from_exception(exc) from exc
+        for out in batch:
+            if out.finished:
+                _check_failure(out, ctx, stream)
+                ctx.metrics.observe_finished(out)
+                final[out.request_id] = out
+    return final
+
+
+async def _first_outputs(stream: OutputStream, ctx: ServingContext, job: _Job) -> list[RequestOutput]:
+    """The first batch of a stream; raises (so the status is 429 / 504) if it is a failure."""
+    try:
+        batch = await stream.next_batch()
+    except Exception as exc:
+        raise from_exception(exc) from exc
+    for out in batch:
+        if out.finished:
+            _check_failure(out, ctx, stream)
+    return batch
+
+
+def _check_failure(out: RequestOutput, ctx: ServingContext, stream: OutputStream) -> None:
+    reason = out.outputs[0].finish_reason
+    if reason in ("stop", "length"):
+        return
+    ctx.async_engine.abort(sorted(stream.unfinished))
+    raise _failure_error(reason, ctx)
+
+
+def _failure_error(reason: str, ctx: ServingContext) -> APIError:
+    if reason == "timeout":
+        return timeout_error(None)
+    if reason == "rejected":
+        ctx.metrics.rejected.labels("queue_wait_expired").inc()
+        return queue_wait_error(ctx.config.max_queue_wait, ctx.config.retry_after)
+    return APIError(503, "the request was aborted (client disconnected or server shutting down)",
+                    code="aborted", retry_after=ctx.config.retry_after)
+
+
+async def _sse(job: _Job, stream: OutputStream, first: list[RequestOutput], index: dict[str, int], raw: Request,
+               ctx: ServingContext) -> AsyncIterator[str]:
+    """The event stream: deltas per choice, finish chunks, usage, ``[DONE]``."""
+    abort = lambda: ctx.async_engine.abort(sorted(stream.unfinished))  # noqa: E731
+    cursors = [ChoiceCursor() for _ in index]
+    final: dict[str, RequestOutput] = {}
+    try:
+        async with abort_on_disconnect(raw, abort):
+            for chunk in job.fmt.first_chunks(len(index)):
+                yield _event(chunk)
+            batch = first
+            while True:
+                for out in batch:
+                    error = _stream_failure(out, ctx)
+                    if error is not None:
+                        abort()
+                        yield _event(json.dumps(error.body()))
+                        yield _event("[DONE]")
+                        return
+                    chunk = job.fmt.delta_chunk(index[out.request_id], out, cursors[index[out.request_id]])
+                    if chunk is not None:
+                        yield _event(chunk)
+                    if out.finished:
+                        ctx.metrics.observe_finished(out)
+                        final[out.request_id] = out
+                if stream.finished:
+                    break
+                try:
+                    batch = await stream.next_batch()
+                except Exception as exc:
+                    yield _event(json.dumps(from_exception(exc).body()))
+                    yield _event("[DONE]")
+                    return
+            if job.request.include_usage:
+                outs = [final[rid] for rid in sorted(final, key=index.get)]
+                yield _event(job.fmt.usage_chunk(usage(_lengths(job), outs)))
+            yield _event("[DONE]")
+    finally:
+        if not stream.finished:
+            abort()
+
+
+def _stream_failure(out: RequestOutput, ctx: ServingContext) -> APIError | None:
+    reason = out.outputs[0].finish_reason
+    if reason is None or reason in ("stop", "length"):
+        return None
+    return _failure_error(reason, ctx)
+
+
+def _event(data: str) -> str:
+    return f"data: {data}\n\n"
+
+
+@contextlib.asynccontextmanager
+async def abort_on_disconnect(raw: Request, abort: Callable[[], None]):
+    """While the body runs, a task blocks on the ASGI ``receive`` channel (the request body
+    has been read, so the next message is ``http.disconnect``) and calls ``abort`` when the
+    client goes away. No polling."""
+
+    async def watch() -> None:
+        while True:
+            message = await raw.receive()
+            if message["type"] == "http.disconnect":
+                abort()
+                return
+
+    task = asyncio.create_task(watch())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task

@@ -1,0 +1,383 @@
+"""`AsyncEngine`: runs the single-threaded `LLMEngine` in one dedicated thread for asyncio callers.
+
+Where it sits: HTTP handlers (asyncio) -> `AsyncEngine` -> engine thread -> `LLMEngine.step`.
+
+Threading contract:
+  * One thread owns the engine. It first builds it (loading weights and compiling every
+    bucket may take minutes: the HTTP server is already listening), then loops:
+    apply every queued command (add / abort / stop), run one ``step``, hand the outputs
+    back. With nothing to do it blocks on the command queue: no busy-wait, no polling.
+  * Commands arrive through a thread-safe `queue.SimpleQueue`, applied at the start of each
+    loop iteration, so an abort takes effect before the next step (a queued request whose
+    client left is never prefilled).
+  * Outputs travel back with ``loop.call_soon_threadsafe`` into one `asyncio.Queue` per
+    group of requests (`OutputStream`: one HTTP request, its ``n`` choices); the first item
+    is the verdict on admission (accepted, or the `RequestError` / `QueueFullError` raised).
+  * If the engine raises, the thread marks itself dead, fails every live stream with
+    `EngineDeadError` and refuses new work; `is_healthy` turns False at once.
+  * `start_draining` (SIGTERM) refuses new requests while in-flight ones finish;
+    `shutdown` aborts what is left and joins the thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import logging
+import queue
+import threading
+import time
+import traceback
+from typing import AsyncIterator, Callable, Sequence
+
+from jaxinfer.engine import LLMEngine
+from jaxinfer.errors import QueueFullError, RequestError
+from jaxinfer.outputs import RequestOutput
+from jaxinfer.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineState(str, enum.Enum):
+    STARTING = "starting"  # loading weights / compiling: not ready
+    READY = "ready"
+    DRAINING = "draining"  # shutting down: in-flight requests finish, new ones are refused
+    STOPPED = "stopped"
+    DEAD = "dead"  # the engine raised; the process should be restarted
+
+
+class EngineNotReadyError(RuntimeError):
+    """The engine cannot take requests now (warming up or draining): HTTP 503 + Retry-After."""
+
+    def __init__(self, message: str, retry_after: float = 5.0):
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread died; requests in flight fail with this (HTTP 500 / 503)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+@dataclasses.dataclass
+class RequestSpec:
+    """One engine request to add (an HTTP request fans out into several for ``n > 1``).
+
+    Attributes:
+      request_id: unique id.
+      prompt_token_ids: the prompt ids (already truncated if asked).
+      params: sampling options with ``n == 1``.
+      prompt: the prompt text, if any (for outputs).
+      deadline: absolute ``time.monotonic()`` seconds after which it times out, or None.
+      max_queue_wait: seconds it may wait unadmitted before being rejected, or None.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    prompt: str | None = None
+    deadline: float | None = None
+    max_queue_wait: float | None = None
+
+
+_ACCEPTED = object()  # first item of a stream when the engine took its requests
+
+
+class OutputStream:
+    """The asyncio side of a group of engine requests (one HTTP request, ``n`` choices).
+
+    The engine thread puts ``_ACCEPTED`` or an exception first (consumed by
+    `AsyncEngine.add`), then cumulative `RequestOutput`s of the group's requests, in order,
+    or an exception if the engine dies.
+    """
+
+    def __init__(self, request_ids: list[str], loop: asyncio.AbstractEventLoop):
+        self.request_ids = list(request_ids)
+        self.loop = loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.unfinished = set(request_ids)
+        self.failed = False
+
+    @property
+    def finished(self) -> bool:
+        """True when every request of the group has ended (or the stream failed)."""
+        return not self.unfinished or self.failed
+
+    def put_batch(self, items: list) -> None:  # runs on the event loop
+        for item in items:
+            self.queue.put_nowait(item)
+
+    async def next_batch(self) -> list[RequestOutput]:
+        """Wait for news, then take all that is queued: the newest output per request,
+        in first-seen order (outputs are cumulative, so nothing is lost).
+
+        Raises:
+          EngineDeadError: the engine died.
+        """
+        items = [await self.queue.get()]
+        while not self.queue.empty():
+            items.append(self.queue.get_nowait())
+        latest: dict[str, RequestOutput] = {}
+        for item in items:
+            if isinstance(item, BaseException):
+                self.failed = True
+                raise item
+            if item is _ACCEPTED:
+                continue
+            latest[item.request_id] = item
+            if item.finished:
+                self.unfinished.discard(item.request_id)
+        return list(latest.values())
+
+
+class AsyncEngine:
+    """Owns the engine thread and the command queue.
+
+    Args:
+      engine_or_builder: an `LLMEngine`, or a zero-argument callable returning one (called
+        in the engine thread, so loading and warm-up do not block the event loop).
+    """
+
+    def __init__(self, engine_or_builder: LLMEngine | Callable[[], LLMEngine]):
+        if isinstance(engine_or_builder, LLMEngine) or not callable(engine_or_builder):
+            self._builder = lambda e=engine_or_builder: e
+        else:
+            self._builder = engine_or_builder
+        self._ready_callbacks: list[Callable[[LLMEngine], None]] | None = []  # None once run
+        self.engine: LLMEngine | None = None
+        self.state = EngineState.STARTING
+        self.error: str | None = None
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, OutputStream] = {}  # request id -> its group's stream (engine thread)
+        self._lock = threading.Lock()  # orders "dead" against new commands
+        self._thread = threading.Thread(target=self._run, name="jaxinfer-engine", daemon=True)
+        self.ready_event = threading.Event()
+
+    # ----- lifecycle ----------------------------------------------------------------------
+    def start(self) -> "AsyncEngine":
+        """Start the engine thread (build, warm up, then serve); no-op if started. Returns self."""
+        with self._lock:
+            if self._thread.ident is None:
+                self._thread.start()
+        return self
+
+    def add_ready_callback(self, fn: Callable[[LLMEngine], None]) -> None:
+        """Run ``fn(engine)`` in the engine thread once it is built (now, if it already is)."""
+        with self._lock:
+            if self._ready_callbacks is not None:
+                self._ready_callbacks.append(fn)
+                return
+        if self.engine is not None:
+            fn(self.engine)
+
+    @property
+    def is_healthy(self) -> bool:
+        """True when ready to serve: warmed up, not draining, thread alive."""
+        return self.state == EngineState.READY and self._thread.is_alive()
+
+    def start_draining(self) -> None:
+        """Refuse new requests from now on (HTTP 503); in-flight ones go on."""
+        with self._lock:
+            if self.state in (EngineState.READY, EngineState.STARTING):
+                self.state = EngineState.DRAINING
+
+    def num_in_flight(self) -> int:
+        """Engine requests added and not yet finished (approximate; read across threads)."""
+        return len(self._streams)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Abort whatever is still running, stop the thread and wait for it (seconds)."""
+        self.start_draining()
+        self._inbox.put(("stop", None))
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # ----- requests (called on the event loop) --------------------------------------------
+    async def add(self, specs: Sequence[RequestSpec]) -> OutputStream:
+        """Add a group of engine requests atomically: all are admitted or none.
+
+        Returns:
+          the group's `OutputStream`.
+        Raises:
+          EngineNotReadyError: warming up or draining.
+          EngineDeadError: the engine thread died.
+          RequestError: a spec failed validation (no request was added).
+          QueueFullError: the waiting queue has no room for the group (none was added).
+        """
+        stream = OutputStream([s.request_id for s in specs], asyncio.get_running_loop())
+        with self._lock:
+            self.check_accepting()
+            self._inbox.put(("add", (list(specs), stream)))
+        try:
+            verdict = await stream.queue.get()
+        except asyncio.CancelledError:
+            self.abort(stream.request_ids)
+            raise
+        if isinstance(verdict, BaseException):
+            stream.failed = True
+            raise verdict
+        return stream
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """Abort requests (client gone); applied before the engine's next step. Thread-safe."""
+        if request_ids:
+            self._inbox.put(("abort", list(request_ids)))
+
+    async def generate(self, spec: RequestSpec) -> AsyncIterator[RequestOutput]:
+        """Add one request and yield its cumulative outputs until it finishes.
+
+        Aborts the request when the consumer stops early (cancellation, ``aclose``).
+        """
+        stream = await self.add([spec])
+        try:
+            while not stream.finished:
+                for out in await stream.next_batch():
+                    yield out
+        finally:
+            if not stream.finished:
+                self.abort([spec.request_id])
+
+    def check_accepting(self) -> None:
+        """Raise unless new requests can be taken now.
+
+        Raises:
+          EngineDeadError: the engine thread died (or exited).
+          EngineNotReadyError: still loading / compiling, or draining.
+        """
+        if self.state == EngineState.DEAD or (self.state == EngineState.READY and not self._thread.is_alive()):
+            raise EngineDeadError(f"the engine is not running: {self.error or 'thread exited'}")
+        if self.state == EngineState.STARTING:
+            raise EngineNotReadyError("the model is loading and compiling; retry later", retry_after=5.0)
+        if self.state != EngineState.READY:
+            raise EngineNotReadyError("the server is shutting down", retry_after=10.0)
+
+    # ----- the engine thread --------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            engine = self._builder()
+            with self._lock:
+                self.engine = engine
+                callbacks, self._ready_callbacks = self._ready_callbacks, None
+            for fn in callbacks:
+                fn(engine)
+            with self._lock:
+                if self.state == EngineState.STARTING:
+                    self.state = EngineState.READY
+            self.ready_event.set()
+            logger.info("engine ready")
+            self._loop()
+            self.state = EngineState.STOPPED
+        except BaseException as exc:  # noqa: BLE001 - any failure kills the engine; report it
+            self._die(exc)
+
+    def _loop(self) -> None:
+        """Serve until a stop command: commands, one step, outputs; block when idle."""
+        engine = self.engine
+        while True:
+            if not engine.has_unfinished_requests() and self._apply(self._inbox.get()):
+                return  # idle: blocked until there was work
+            while True:
+                try:
+                    cmd = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if self._apply(cmd):
+                    return
+            steps = engine.stats.num_steps
+            outputs = engine.step()
+            self._deliver(outputs)
+            if not outputs and engine.stats.num_steps == steps and engine.has_unfinished_requests():
+                if self._wait_for_deadline():  # nothing could run: wait for a command or a deadline
+                    return
+
+    def _apply(self, cmd) -> bool:
+        """Apply one command in the engine thread. Returns True on stop."""
+        kind, arg = cmd
+        if kind == "add":
+            self._add_group(arg)
+        elif kind == "abort":
+            for rid in arg:
+                self.engine.abort_request(rid)
+        elif kind == "stop":
+            for rid in list(self._streams):
+                self.engine.abort_request(rid)
+            self._deliver(self.engine.step() if self.engine.has_unfinished_requests() else [])
+            return True
+        return False
+
+    def _add_group(self, group: tuple[list[RequestSpec], OutputStream]) -> None:
+        """Validate every spec, check queue room for all, then add them (all or none)."""
+        specs, stream = group
+        engine = self.engine
+        try:
+            for spec in specs:
+                engine._validate(spec.prompt_token_ids, spec.params)
+            max_queue_len = engine.config.scheduler.max_queue_len
+            if engine.num_waiting + len(specs) > max_queue_len:
+                raise QueueFullError(f"waiting queue is full ({max_queue_len} requests)")
+        except (RequestError, QueueFullError) as exc:
+            self._post([(stream, exc)])
+            return
+        for spec in specs:
+            engine.add_request(spec.request_id, spec.prompt_token_ids, spec.params, prompt=spec.prompt,
+                               deadline=spec.deadline, max_queue_wait=spec.max_queue_wait)
+            self._streams[spec.request_id] = stream
+        self._post([(stream, _ACCEPTED)])
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        items = []
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue
+            if out.finished:
+                del self._streams[out.request_id]
+            items.append((stream, out))
+        self._post(items)
+
+    def _post(self, items: list[tuple[OutputStream, object]]) -> None:
+        """Hand items to their event loops: one ``call_soon_threadsafe`` per stream and batch."""
+        by_stream: dict[int, tuple[OutputStream, list]] = {}
+        for stream, item in items:
+            by_stream.setdefault(id(stream), (stream, []))[1].append(item)
+        for stream, batch in by_stream.values():
+            try:
+                stream.loop.call_soon_threadsafe(stream.put_batch, batch)
+            except RuntimeError:  # its event loop is closed: nobody is listening
+                for rid in stream.request_ids:
+                    if self._streams.pop(rid, None) is not None:
+                        self.engine.abort_request(rid)
+
+    def _wait_for_deadline(self) -> bool:
+        """Block until a command arrives or the earliest request deadline passes. True on stop."""
+        now = time.monotonic()
+        times = [t for r in self.engine.requests.values() for t in (r.deadline, r.max_queue_wait_deadline)
+                 if t is not None]
+        try:
+            cmd = self._inbox.get(timeout=max(0.0, min(times) - now) if times else None)
+        except queue.Empty:
+            return False
+        return self._apply(cmd)
+
+    def _die(self, exc: BaseException) -> None:
+        logger.error("engine thread died:\n%s", "".join(traceback.format_exception(exc)))
+        with self._lock:
+            self.state = EngineState.DEAD
+            self.error = f"{type(exc).__name__}: {exc}"
+        dead = EngineDeadError(f"the engine failed: {self.error}")
+        pending = [(s, dead) for s in {id(s): s for s in self._streams.values()}.values()]
+        self._streams.clear()
+        while True:  # answer adds that were queued before the state changed
+            try:
+                kind, arg = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "add":
+                pending.append((arg[1], dead))
+        self._post(pending)
+        self.ready_event.set()
+
