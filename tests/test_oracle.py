@@ -115,3 +115,15 @@ def test_bfloat16_within_near_ties(llm, smollm2_dir, oracle):
             if a != b:
                 assert vals[0] - vals[1] < 0.1 and a in ids, (rec["index"], i, vals[:2])
                 break
+
+
+@pytest.mark.skipif(BACKEND == "pallas", reason="the whole module already runs on the Pallas backend")
+def test_pallas_backend_matches_oracle(smollm2_dir, oracle):
+    """--attention-backend pallas (interpret mode on CPU) gives the oracle's greedy tokens."""
+    recs = records(oracle)
+    llm = LLM(str(smollm2_dir), max_model_len=256, max_num_seqs=16, max_num_batched_tokens=128, num_blocks=160,
+              warmup=False, attention_backend="pallas")
+    outs = llm.generate([r["prompt_ids"] for r in recs], GREEDY, use_tqdm=False)
+    for rec, o in zip(recs, outs):
+        assert o.outputs[0].token_ids == rec["generated_ids"], rec["index"]
+    check_idle(llm.engine)
