@@ -357,6 +357,9 @@ class AsyncEngine:
         now = time.monotonic()
         times = [t for r in self.engine.requests.values() for t in (r.deadline, r.max_queue_wait_deadline)
                  if t is not None]
+        batch_due = getattr(self.engine.scheduler, "batch_deadline", None)  # static batching's batch timeout
+        if batch_due is not None:
+            times.append(batch_due)
         try:
             cmd = self._inbox.get(timeout=max(0.0, min(times) - now) if times else None)
         except queue.Empty:

@@ -116,6 +116,7 @@ class CacheConfig:
       kv_cache_memory: budget in bytes for K and V of all layers (None: use
         ``kv_cache_memory_fraction`` of device memory, or 1 GiB on CPU).
       watermark: fraction of blocks kept free when admitting new prefills (0.15).
+      enable_prefix_caching: reuse KV blocks of shared prompt prefixes (on by default).
     """
 
     block_size: int = BLOCK_SIZE
@@ -123,6 +124,7 @@ class CacheConfig:
     kv_cache_memory: int | None = None
     kv_cache_memory_fraction: float = 0.5
     watermark: float = 0.15
+    enable_prefix_caching: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,12 +136,20 @@ class SchedulerConfig:
       max_num_batched_tokens: per-step token budget (prefill chunks + decodes).
       max_model_len: prompt + output limit in tokens.
       max_queue_len: bound on the waiting queue (server answers 429 past it).
+      scheduler: "continuous" (`Scheduler`) or "static" (`StaticScheduler`, the baseline).
+      batch_timeout_s: static only: seconds the oldest queued request waits for a full batch.
     """
 
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
     max_model_len: int = 4096
     max_queue_len: int = 256
+    scheduler: str = "continuous"
+    batch_timeout_s: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.scheduler not in ("continuous", "static"):
+            raise ValueError(f"scheduler must be 'continuous' or 'static', got {self.scheduler!r}")
 
 
 @dataclasses.dataclass(frozen=True)

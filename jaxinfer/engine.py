@@ -30,6 +30,7 @@ from jaxinfer.outputs import CompletionOutput, Logprob, RequestMetrics, RequestO
 from jaxinfer.request import FinishReason, Request
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.scheduler import Scheduler, SchedulerOutput
+from jaxinfer.static_scheduler import StaticScheduler
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +68,9 @@ class LLMEngine:
         self.runner = runner
         self.tokenizer = tokenizer
         sc, cc = config.scheduler, config.cache
-        self.block_manager = BlockManager(num_blocks, cc.block_size)
-        self.scheduler = Scheduler(sc, cc, self.block_manager)
+        self.block_manager = BlockManager(num_blocks, cc.block_size, cc.enable_prefix_caching)
+        self.scheduler = (StaticScheduler if sc.scheduler == "static" else Scheduler)(
+            sc, cc, self.block_manager, cache_salt=config.model_path.encode())
         backend = getattr(runner, "backend", "xla")
         self.layout = batch_mod.BatchLayout(
             ladders=BucketLadders(sc.max_num_batched_tokens, sc.max_num_seqs, math.ceil(sc.max_model_len / cc.block_size)),
@@ -226,9 +228,10 @@ class LLMEngine:
     def _sample_fragmentation(self) -> None:
         """KV fragmentation = (reserved slots - slots holding tokens) / reserved slots."""
         bs = self.block_manager.block_size
-        reserved = sum(len(r.block_ids) for r in self.scheduler.running) * bs
+        holders = self.scheduler.kv_holders
+        reserved = sum(len(r.block_ids) for r in holders) * bs
         if reserved:
-            held = sum(min(r.num_tokens, len(r.block_ids) * bs) for r in self.scheduler.running)
+            held = sum(min(r.num_tokens, len(r.block_ids) * bs) for r in holders)
             self.stats.fragmentation_sum += (reserved - held) / reserved
             self.stats.fragmentation_samples += 1
 
@@ -251,8 +254,8 @@ class LLMEngine:
             logits=list(req.logits) if self.config.return_logits else None)
         metrics = RequestMetrics(req.arrival_time, req.first_scheduled_time, req.first_token_time, req.finished_time,
                                  req.num_preemptions)
-        return RequestOutput(req.request_id, getattr(req, "prompt", None), req.prompt_token_ids, [comp],
-                             req.is_finished, metrics)
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, [comp], req.is_finished, metrics,
+                             num_cached_tokens=req.num_cached_tokens)
 
     # ----- introspection ------------------------------------------------------------------
     @property

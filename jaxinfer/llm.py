@@ -30,6 +30,7 @@ class LLM:
       max_num_seqs, max_num_batched_tokens: scheduler limits.
       kv_cache_memory: KV budget in bytes; num_blocks: explicit pool size (overrides).
       watermark: fraction of blocks kept free at admission.
+      enable_prefix_caching: reuse KV blocks of shared prompt prefixes.
       attention_backend: "xla" or "pallas" (default: pallas on GPU, xla otherwise).
       warmup: compile every bucket at start-up.
       load_format: "auto" or "dummy" (random weights).
@@ -40,7 +41,8 @@ class LLM:
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 512, kv_cache_memory: int | None = None,
                  num_blocks: int | None = None, watermark: float = 0.15, attention_backend: str | None = None,
                  seed: int = 0, warmup: bool = True, return_logits: bool = False, load_format: str = "auto",
-                 weights_dir: str = "weights", max_queue_len: int = 1 << 30, **engine_kwargs):
+                 weights_dir: str = "weights", max_queue_len: int = 1 << 30, enable_prefix_caching: bool = True,
+                 **engine_kwargs):
         from jaxinfer.builder import load_model
 
         probe = EngineConfig(model_path=str(model), dtype=dtype)
@@ -52,7 +54,8 @@ class LLM:
             max_model_len = min(4096, mc.max_position_embeddings)
         config = EngineConfig(
             model_path=str(model), dtype=dtype,
-            cache=CacheConfig(num_blocks=num_blocks, kv_cache_memory=kv_cache_memory, watermark=watermark),
+            cache=CacheConfig(num_blocks=num_blocks, kv_cache_memory=kv_cache_memory, watermark=watermark,
+                              enable_prefix_caching=enable_prefix_caching),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                       max_model_len=max_model_len, max_queue_len=max_queue_len),
             attention_backend=attention_backend, seed=seed, warmup=warmup, return_logits=return_logits)
@@ -138,4 +141,5 @@ class LLM:
             c = o.outputs[0]
             c.index = j
             comps.append(c)
-        return RequestOutput(first.request_id, item[0], first.prompt_token_ids, comps, True, first.metrics)
+        return RequestOutput(first.request_id, item[0], first.prompt_token_ids, comps, True, first.metrics,
+                             num_cached_tokens=first.num_cached_tokens)

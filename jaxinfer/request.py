@@ -29,6 +29,7 @@ class FinishReason(str, enum.Enum):
     ABORT = "abort"        # client went away / caller aborted
     TIMEOUT = "timeout"    # per-request deadline passed (HTTP 504)
     REJECTED = "rejected"  # waited past the maximum queue wait (HTTP 429)
+    ERROR = "error"        # static batching: the KV pool could not hold its reservation (HTTP 503)
 
 
 @dataclasses.dataclass
@@ -65,6 +66,9 @@ class Request:
     stop_reason: int | str | None = None
     num_preemptions: int = 0
     prompt: str | None = None
+    block_hashes: list = dataclasses.field(default_factory=list)  # chained hashes of full token blocks
+    num_registered_blocks: int = 0  # leading blocks registered in the prefix cache
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     logprobs: list = dataclasses.field(default_factory=list)  # per output token {id: Logprob}
     logits: list = dataclasses.field(default_factory=list)  # per output token raw logits (debug)
     first_scheduled_time: float | None = None

@@ -15,6 +15,9 @@ Per step (`schedule`):
      running, so a lone request always progresses). A preempted request is re-admitted
      only when its whole context plus one token fits above the watermark (no thrash).
      FIFO order means a long prompt is never overtaken (no starvation, SC-19).
+     With prefix caching, the leading full blocks already in the cache are taken as
+     computed (``num_computed_tokens`` starts past the hit, always leaving at least one
+     token to compute so there are logits to sample).
 `update` then applies the sampled tokens and frees finished requests' blocks in the
 same step. Plain Python; no JAX import.
 """
@@ -25,7 +28,7 @@ import dataclasses
 import math
 import time
 
-from jaxinfer.block_manager import BlockManager
+from jaxinfer.block_manager import BlockManager, chain_hashes
 from jaxinfer.config import CacheConfig, SchedulerConfig
 from jaxinfer.request import FinishReason, Request, RequestStatus
 
@@ -60,8 +63,12 @@ class Scheduler:
       block_manager: the KV block allocator.
     """
 
-    def __init__(self, config: SchedulerConfig, cache_config: CacheConfig, block_manager: BlockManager):
+    def __init__(self, config: SchedulerConfig, cache_config: CacheConfig, block_manager: BlockManager,
+                 cache_salt: bytes = b""):
         self.config = config
+        self.cache_salt = cache_salt
+        self.prefix_queries = 0  # tokens looked up in the prefix cache
+        self.prefix_hits = 0  # tokens found there
         self.block_manager = block_manager
         self.watermark_blocks = math.ceil(cache_config.watermark * block_manager.num_usable_blocks)
         self.waiting: collections.deque[Request] = collections.deque()
@@ -94,6 +101,11 @@ class Scheduler:
     @property
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
+
+    @property
+    def kv_holders(self) -> list[Request]:
+        """Requests holding KV blocks (for the fragmentation statistic)."""
+        return self.running
 
     # ----- one step ---------------------------------------------------------------------
     def schedule(self, now: float | None = None) -> SchedulerOutput:
@@ -149,6 +161,7 @@ class Scheduler:
         self.block_manager.free(req.block_ids)
         req.block_ids = []
         req.num_computed_tokens = 0
+        req.num_registered_blocks = 0
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -158,22 +171,49 @@ class Scheduler:
         bm = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
-            n = min(req.num_tokens, budget)
-            need = bm.blocks_needed(n)
+            hits = self._prefix_hits(req)
+            num_cached = len(hits) * bm.block_size
+            n = min(req.num_tokens - num_cached, budget)
+            need = bm.blocks_needed(num_cached + n) - len(hits)
+            taken_from_pool = bm.num_evictable_in(hits)  # hits sitting in the free (evictable) pool
             # A preempted request comes back only when its whole context (+1) fits.
-            reserve = bm.blocks_needed(req.num_tokens + 1) if req.num_preemptions else need
+            total = bm.blocks_needed(req.num_tokens + 1) - len(hits) if req.num_preemptions else need
             headroom = self.watermark_blocks if self.running else 0
-            if bm.num_free_blocks - reserve < headroom:
+            if bm.num_free_blocks - total - taken_from_pool < headroom:
                 break
             self.waiting.popleft()
-            req.block_ids = bm.allocate(need)
-            req.status = RequestStatus.RUNNING
+            bm.touch(hits)
+            req.block_ids = hits + bm.allocate(need)
+            req.num_computed_tokens = num_cached
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
+                req.num_cached_tokens = num_cached
+                self.prefix_queries += req.num_prompt_tokens
+                self.prefix_hits += num_cached
+            req.status = RequestStatus.RUNNING
             self.running.append(req)
             scheduled.append((req, n))
             budget -= n
         return budget
+
+    def _prefix_hits(self, req: Request) -> list[int]:
+        """Cached blocks for the request's leading full blocks, leaving >= 1 token to compute."""
+        bm = self.block_manager
+        if not bm.enable_prefix_caching:
+            return []
+        req.block_hashes = chain_hashes(req.all_token_ids, bm.block_size, self.cache_salt, req.block_hashes)
+        return bm.lookup(req.block_hashes[:(req.num_tokens - 1) // bm.block_size])
+
+    def _register_full_blocks(self, req: Request) -> None:
+        """Put the request's newly completed full blocks into the prefix cache."""
+        bm = self.block_manager
+        full = req.num_computed_tokens // bm.block_size
+        if not bm.enable_prefix_caching or full <= req.num_registered_blocks:
+            return
+        req.block_hashes = chain_hashes(req.all_token_ids, bm.block_size, self.cache_salt, req.block_hashes)
+        for i in range(req.num_registered_blocks, full):
+            bm.register(req.block_ids[i], req.block_hashes[i])
+        req.num_registered_blocks = full
 
     def update(self, out: SchedulerOutput, sampled: list[int]) -> list[Request]:
         """Apply one step's sampled tokens (one per scheduled row, in order).
@@ -191,6 +231,7 @@ class Scheduler:
             if req.is_finished:  # aborted between schedule and update
                 continue
             req.num_computed_tokens += n
+            self._register_full_blocks(req)
             if req.num_computed_tokens < req.num_tokens:
                 continue
             req.output_token_ids.append(int(tok))

@@ -14,7 +14,7 @@ def make(num_blocks=11, budget=64, max_seqs=4, watermark=0.0, max_len=256):
 
 
 def req(rid, n_prompt, max_tokens=8, **kw):
-    return Request(str(rid), list(range(3, 3 + n_prompt)), SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+    return Request(str(rid), list(range(1000 * rid, 1000 * rid + n_prompt)), SamplingParams(max_tokens=max_tokens, ignore_eos=True),
                    seed=0, max_tokens=max_tokens, **kw)
 
 

@@ -1,0 +1,186 @@
+"""Static-batching baseline scheduler (``SchedulerConfig.scheduler = "static"``), host side.
+
+The naive way to serve, kept as a baseline for benchmarks (issue 5). Same interface as
+`jaxinfer.scheduler.Scheduler` (``add_request``, ``finish``, ``schedule``, ``update``,
+``waiting``, ``running``, ``num_preemptions``, ``num_unfinished``), same KV block pool,
+same model and attention code; only the policy differs:
+
+  1. Dynamic batcher: while no batch is in flight, requests queue until ``max_num_seqs``
+     of them wait or the oldest has waited ``batch_timeout_s`` (Triton-style
+     ``max_queue_delay``). Then up to ``max_num_seqs`` are taken FIFO as one batch.
+  2. Each member reserves blocks for the full ``max_model_len`` up front. A member the
+     pool cannot hold fails at once with ``FinishReason.ERROR`` (no queueing behind the
+     batch, no watermark, no preemption).
+  3. The batch first prefills every member (chunked by the per-step token budget), then
+     decodes all live members in lockstep until its longest member finishes. A finished
+     member keeps its reservation until the whole batch ends: that idle memory is the KV
+     fragmentation continuous batching avoids. Only then does the next batch form.
+Plain Python; no JAX import.
+"""
+from __future__ import annotations
+
+import collections
+import time
+
+from jaxinfer.block_manager import BlockManager
+from jaxinfer.config import CacheConfig, SchedulerConfig
+from jaxinfer.request import FinishReason, Request, RequestStatus
+from jaxinfer.scheduler import SchedulerOutput
+
+
+class StaticScheduler:
+    """One fixed batch at a time, full-length KV reservations (see the module docstring).
+
+    Args:
+      config: ``max_num_seqs`` (batch size), ``max_num_batched_tokens`` (per-step token
+        budget), ``max_model_len`` (reservation per member), ``batch_timeout_s``.
+      cache_config: unused (no watermark); accepted for interface parity.
+      block_manager: the KV block allocator (the same pool continuous batching uses).
+      cache_salt: unused (static batching shares no blocks); accepted for interface parity.
+    """
+
+    def __init__(self, config: SchedulerConfig, cache_config: CacheConfig, block_manager: BlockManager,
+                 cache_salt: bytes = b""):
+        self.config = config
+        self.block_manager = block_manager
+        self.reserve_blocks = block_manager.blocks_needed(config.max_model_len)
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running: list[Request] = []  # live members of the batch in flight
+        self.batch: list[Request] = []  # every member of that batch, finished ones included
+        self.num_preemptions = 0  # always 0: static batching never preempts
+        self.num_batches = 0
+        self.num_failed = 0  # requests that got no reservation (FinishReason.ERROR)
+
+    # ----- queue management -------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    def finish(self, request: Request, reason: FinishReason) -> None:
+        """End a request now. A batch member's blocks stay reserved until the batch ends."""
+        if request.is_finished:
+            return
+        if request in self.running:
+            self.running.remove(request)
+        else:
+            try:
+                self.waiting.remove(request)
+            except ValueError:
+                pass
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.finished_time = time.monotonic()
+        if self.batch and not self.running:
+            self._release_batch()
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    @property
+    def kv_holders(self) -> list[Request]:
+        """Requests holding KV blocks: every member of the batch in flight."""
+        return self.batch
+
+    @property
+    def batch_deadline(self) -> float | None:
+        """Monotonic time (s) at which the queued requests form a batch by timeout, or None
+        (a batch is in flight or nothing waits). The engine thread sleeps until then."""
+        if self.batch or not self.waiting:
+            return None
+        return self.waiting[0].arrival_time + self.config.batch_timeout_s
+
+    # ----- one step ---------------------------------------------------------------------
+    def schedule(self, now: float | None = None) -> SchedulerOutput:
+        """Form a batch if none is in flight and one is due; give its members tokens."""
+        now = time.monotonic() if now is None else now
+        finished = self._expire(now)
+        if not self.batch and self._batch_due(now):
+            finished.extend(self._form_batch(now))
+        scheduled = self._fill(self.config.max_num_batched_tokens)
+        return SchedulerOutput(scheduled, sum(n for _, n in scheduled), [], finished)
+
+    def _expire(self, now: float) -> list[Request]:
+        """Past their deadline: TIMEOUT (a member keeps its blocks until the batch ends);
+        waiting past their queue-wait limit: REJECTED. Same rules as `Scheduler`."""
+        out = []
+        for req in list(self.running) + list(self.waiting):
+            if req.deadline is not None and now >= req.deadline:
+                self.finish(req, FinishReason.TIMEOUT)
+                out.append(req)
+            elif (req.status == RequestStatus.WAITING and req.max_queue_wait_deadline is not None
+                  and now >= req.max_queue_wait_deadline):
+                self.finish(req, FinishReason.REJECTED)
+                out.append(req)
+        return out
+
+    def _batch_due(self, now: float) -> bool:
+        if len(self.waiting) >= self.config.max_num_seqs:
+            return True
+        return bool(self.waiting) and now >= self.waiting[0].arrival_time + self.config.batch_timeout_s
+
+    def _form_batch(self, now: float) -> list[Request]:
+        """Take up to ``max_num_seqs`` waiting requests; reserve ``max_model_len`` for each.
+
+        Returns:
+          The members that failed (the pool could not hold their reservation).
+        """
+        failed = []
+        for _ in range(min(len(self.waiting), self.config.max_num_seqs)):
+            req = self.waiting.popleft()
+            if not self.block_manager.can_allocate(self.reserve_blocks):
+                self.finish(req, FinishReason.ERROR)
+                self.num_failed += 1
+                failed.append(req)
+                continue
+            req.block_ids = self.block_manager.allocate(self.reserve_blocks)
+            req.status = RequestStatus.RUNNING
+            req.first_scheduled_time = now
+            self.running.append(req)
+            self.batch.append(req)
+        self.num_batches += bool(self.batch)
+        return failed
+
+    def _fill(self, budget: int) -> list[tuple[Request, int]]:
+        """Prefill chunks for every member first; decode steps only once all prompts are in."""
+        prefilling = [r for r in self.running if r.num_computed_tokens < r.num_prompt_tokens]
+        scheduled = []
+        for req in prefilling or self.running:
+            if budget == 0:
+                break
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            scheduled.append((req, n))
+            budget -= n
+        return scheduled
+
+    def update(self, out: SchedulerOutput, sampled: list[int]) -> list[Request]:
+        """Apply one step's sampled tokens (one per scheduled row, in order); same stop
+        rules as `Scheduler.update` (a partial prefill chunk's sample is discarded).
+
+        Returns:
+          The requests that received a new token this step.
+        """
+        now = time.monotonic()
+        got_token = []
+        for (req, n), tok in zip(out.scheduled, sampled):
+            if req.is_finished:  # aborted between schedule and update
+                continue
+            req.num_computed_tokens += n
+            if req.num_computed_tokens < req.num_tokens:
+                continue
+            req.output_token_ids.append(int(tok))
+            if req.first_token_time is None:
+                req.first_token_time = now
+            got_token.append(req)
+            reason = req.check_stop_token(int(tok))
+            if reason is None and req.num_tokens >= self.config.max_model_len:
+                reason = FinishReason.LENGTH
+            if reason is not None:
+                self.finish(req, reason)
+        return got_token
+
+    def _release_batch(self) -> None:
+        for req in self.batch:
+            self.block_manager.free(req.block_ids)
+            req.block_ids = []
+        self.batch = []
