@@ -12,7 +12,7 @@ from typing import Sequence
 from tqdm.auto import tqdm
 
 from jaxinfer.builder import build_engine
-from jaxinfer.config import CacheConfig, EngineConfig, SchedulerConfig
+from jaxinfer.config import CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams
 
@@ -34,6 +34,8 @@ class LLM:
       attention_backend: "xla" or "pallas" (default: pallas on GPU, xla otherwise).
       warmup: compile every bucket at start-up.
       load_format: "auto" or "dummy" (random weights).
+      tensor_parallel_size, data_parallel_size: devices per replica and replicas
+        (`ParallelConfig`, `jaxinfer.sharding`); generate works the same with any.
       engine_kwargs: model_config/params/tokenizer to skip loading (tests).
     """
 
@@ -41,11 +43,14 @@ class LLM:
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 512, kv_cache_memory: int | None = None,
                  num_blocks: int | None = None, watermark: float = 0.15, attention_backend: str | None = None,
                  seed: int = 0, warmup: bool = True, return_logits: bool = False, load_format: str = "auto",
-                 weights_dir: str = "weights", max_queue_len: int = 1 << 30, enable_prefix_caching: bool = True,
-                 **engine_kwargs):
+                 weights_dir: str | None = None, max_queue_len: int = 1 << 30, enable_prefix_caching: bool = True,
+                 tensor_parallel_size: int = 1, data_parallel_size: int = 1, **engine_kwargs):
         from jaxinfer.builder import load_model
+        from jaxinfer.weights import default_weights_dir
 
-        probe = EngineConfig(model_path=str(model), dtype=dtype)
+        weights_dir = str(weights_dir or default_weights_dir())
+        parallel = ParallelConfig(tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size)
+        probe = EngineConfig(model_path=str(model), dtype=dtype, parallel=parallel)
         if "model_config" not in engine_kwargs:
             mc, params, tok, _ = load_model(probe, load_format, weights_dir)
             engine_kwargs.update(model_config=mc, params=params, tokenizer=tok)
@@ -58,8 +63,9 @@ class LLM:
                               enable_prefix_caching=enable_prefix_caching),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                       max_model_len=max_model_len, max_queue_len=max_queue_len),
-            attention_backend=attention_backend, seed=seed, warmup=warmup, return_logits=return_logits)
-        self.engine = build_engine(config, load_format=load_format, **engine_kwargs)
+            attention_backend=attention_backend, seed=seed, warmup=warmup, return_logits=return_logits,
+            parallel=parallel)
+        self.engine = build_engine(config, load_format=load_format, weights_dir=weights_dir, **engine_kwargs)
         self._counter = 0
 
     def get_tokenizer(self):

