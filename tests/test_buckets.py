@@ -7,10 +7,12 @@ from jaxinfer.buckets import Bucket, BucketLadders
 def test_ladders_and_round_up():
     lad = BucketLadders(max_num_batched_tokens=512, max_num_seqs=32, max_blocks=256)
     tl = lad.token_ladder
-    assert tl[0] == 8 and tl[-1] == 512 and tl == sorted(set(tl))
+    assert tl[:4] == [1, 2, 4, 8] and tl[-1] == 512 and tl == sorted(set(tl))
     assert all(b / a <= 2.01 for a, b in zip(tl, tl[1:]))
     assert lad.width_ladder == [0, 4, 16, 64, 256]
-    assert lad.round_up(1, 1, 0) == Bucket(8, 8, 0)
+    assert lad.round_up(1, 1, 0) == Bucket(1, 1, 0)
+    assert lad.round_up(3, 3, 1) == Bucket(4, 4, 4)
+    assert lad.round_up(5, 2, 0) == Bucket(8, 8, 0)
     assert lad.round_up(17, 3, 5) == Bucket(24, 24, 16)
     assert lad.round_up(512, 32, 256) == Bucket(512, 32, 256)
     assert lad.round_up(40, 32, 0).num_seqs == 32
