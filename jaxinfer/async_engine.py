@@ -37,6 +37,8 @@ from jaxinfer.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
+UNSCHEDULABLE_RECHECK_S = 0.01  # longest wait while requests exist but none could be scheduled
+
 
 class EngineState(str, enum.Enum):
     STARTING = "starting"  # loading weights / compiling: not ready
@@ -353,15 +355,14 @@ class AsyncEngine:
                         self.engine.abort_request(rid)
 
     def _wait_for_deadline(self) -> bool:
-        """Block until a command arrives or the earliest request deadline passes. True on stop."""
-        now = time.monotonic()
+        """Work exists but nothing was schedulable (e.g. the static scheduler collecting a
+        batch): wait for a command, the earliest request deadline or `UNSCHEDULABLE_RECHECK_S`,
+        whichever comes first. True on stop."""
         times = [t for r in self.engine.requests.values() for t in (r.deadline, r.max_queue_wait_deadline)
                  if t is not None]
-        batch_due = getattr(self.engine.scheduler, "batch_deadline", None)  # static batching's batch timeout
-        if batch_due is not None:
-            times.append(batch_due)
+        timeout = min([UNSCHEDULABLE_RECHECK_S] + [t - time.monotonic() for t in times])
         try:
-            cmd = self._inbox.get(timeout=max(0.0, min(times) - now) if times else None)
+            cmd = self._inbox.get(timeout=max(0.0, timeout))
         except queue.Empty:
             return False
         return self._apply(cmd)

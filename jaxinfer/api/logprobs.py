@@ -80,7 +80,7 @@ def _text(lp: Logprob, token_id: int) -> str:
 @functools.cache
 def _byte_decoder() -> dict[str, int]:
     """Inverse of GPT-2's byte-to-printable-character table (byte-level BPE)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     cs = bs[:]
     n = 0
     for b in range(256):

@@ -12,7 +12,8 @@ Names:
   counters    jaxinfer_preemptions_total, jaxinfer_requests_rejected_total{reason},
               jaxinfer_request_timeouts_total, jaxinfer_requests_aborted_total,
               jaxinfer_prompt_tokens_total, jaxinfer_prefill_tokens_total,
-              jaxinfer_generation_tokens_total, jaxinfer_compilations_total
+              jaxinfer_generation_tokens_total, jaxinfer_compilations_total,
+              jaxinfer_prefix_cache_queries_total, jaxinfer_prefix_cache_hits_total
 """
 from __future__ import annotations
 
@@ -98,6 +99,10 @@ class _EngineCollector:
             yield GaugeMetricFamily(f"jaxinfer_{name}", doc, value=float(value))
         counters = {
             "preemptions": ("Requests preempted (recomputed later).", engine.scheduler.num_preemptions),
+            "prefix_cache_queries": ("Prompt tokens looked up in the prefix cache.",
+                                     getattr(engine.scheduler, "prefix_queries", 0)),
+            "prefix_cache_hits": ("Prompt tokens found in the prefix cache.",
+                                  getattr(engine.scheduler, "prefix_hits", 0)),
             "request_timeouts": ("Requests evicted at their deadline.", st.timeouts),
             "requests_aborted": ("Requests aborted (client gone).", st.aborted),
             "prompt_tokens": ("Prompt tokens of admitted requests.", st.prompt_tokens),

@@ -26,10 +26,19 @@ class ChoiceCursor:
 
 
 def usage(prompt_lengths: list[int], outputs: list[RequestOutput]) -> P.Usage:
-    """Prompt tokens once per prompt (not per choice); completion tokens over all choices (EOS counted)."""
+    """Prompt tokens once per prompt (not per choice); completion tokens over all choices (EOS
+    counted); cached tokens = prefix-cache hits of each prompt's first choice.
+
+    Args:
+      prompt_lengths: token count of each prompt, in order.
+      outputs: final outputs in choice order (``n`` consecutive choices per prompt).
+    """
     prompt = sum(prompt_lengths)
     completion = sum(len(o.outputs[0].token_ids) for o in outputs)
-    return P.Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    n = len(outputs) // max(1, len(prompt_lengths))
+    cached = sum(outputs[i].num_cached_tokens for i in range(0, len(outputs), max(1, n)))
+    return P.Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                   prompt_tokens_details=P.PromptTokensDetails(cached_tokens=cached))
 
 
 class _Format:

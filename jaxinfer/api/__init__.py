@@ -1,0 +1,12 @@
+"""The OpenAI-compatible HTTP layer (FastAPI) over `jaxinfer.async_engine.AsyncEngine`.
+
+Modules, request order: ``protocol`` (pydantic bodies) -> ``routes`` (endpoints) ->
+``serving`` (lifecycle of one generation request) with ``prompts`` (prompt ids),
+``params`` (`SamplingParams`), ``responses`` / ``logprobs`` (JSON and SSE shapes);
+``errors`` (OpenAI error envelope), ``metrics`` (Prometheus), ``config`` (`ServerConfig`),
+``app`` (`create_app`). Contract: docs/api.md.
+"""
+from jaxinfer.api.app import create_app
+from jaxinfer.api.config import ServerConfig
+
+__all__ = ["create_app", "ServerConfig"]

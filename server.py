@@ -1,0 +1,136 @@
+"""Serve a model over an OpenAI-compatible HTTP API: ``python server.py [flags]``.
+
+HTTP listens at once (``GET /live`` is 200); the model loads and every bucket compiles in
+the engine thread meanwhile, and ``/health`` and every POST answer 503 + Retry-After until
+that is done. SIGTERM drains: new requests are refused, in-flight ones get
+``--shutdown-timeout`` seconds to finish, then the process exits (status 0).
+Flags map one-to-one onto `EngineConfig` / `CacheConfig` / `SchedulerConfig` / `ServerConfig`.
+Binds 127.0.0.1 unless ``--host`` says otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import signal
+import sys
+
+logger = logging.getLogger("jaxinfer.server")
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """``"2GiB"``, ``"512M"``, ``"1073741824"`` -> bytes (powers of 1024)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 2GiB, 512MiB, 1073741824)")
+    return int(float(m.group(1)) * 1024 ** " kmgt".index((m.group(2) or " ").lower()))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    model = p.add_argument_group("model")
+    model.add_argument("--model", default=DEFAULT_MODEL, help="name under weights/, a converted folder, a HF "
+                       "checkpoint folder or a .gguf file")
+    model.add_argument("--served-model-name", default=None, help="name clients send as `model` (default: --model)")
+    model.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    model.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    model.add_argument("--attention-backend", default=None, choices=["xla", "pallas"],
+                       help="default: pallas on GPU, xla elsewhere")
+    model.add_argument("--seed", type=int, default=0)
+    model.add_argument("--max-logprobs", type=int, default=20)
+    model.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                       help="compile every bucket before serving")
+    cache = p.add_argument_group("KV cache")
+    cache.add_argument("--kv-cache-memory", type=parse_bytes, default=None, help="KV budget, e.g. 2GiB")
+    cache.add_argument("--num-blocks", type=int, default=None, help="explicit KV pool size (overrides the budget)")
+    cache.add_argument("--watermark", type=float, default=0.15, help="fraction of blocks kept free at admission")
+    sched = p.add_argument_group("scheduler")
+    sched.add_argument("--max-model-len", type=int, default=None, help="default: min(4096, model context)")
+    sched.add_argument("--max-num-seqs", type=int, default=32)
+    sched.add_argument("--max-num-batched-tokens", type=int, default=512)
+    sched.add_argument("--max-queue-len", type=int, default=256, help="waiting requests before 429")
+    server = p.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1")
+    server.add_argument("--port", type=int, default=8000)
+    server.add_argument("--api-key", default=None, help="require `Authorization: Bearer <key>` on /v1")
+    server.add_argument("--max-queue-wait", type=float, default=30.0, help="seconds unadmitted before 429")
+    server.add_argument("--request-timeout", type=float, default=None, help="default per-request deadline (s)")
+    server.add_argument("--truncate-prompt", default="none", choices=["none", "left"],
+                        help="over-long prompts: 400, or keep the last tokens")
+    server.add_argument("--shutdown-timeout", type=float, default=30.0, help="SIGTERM grace period (s)")
+    server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def server_config(args):
+    from jaxinfer.api.config import ServerConfig
+
+    return ServerConfig(host=args.host, port=args.port, served_model_name=args.served_model_name or args.model,
+                        api_key=args.api_key, max_queue_wait=args.max_queue_wait,
+                        request_timeout=args.request_timeout, truncate_prompt=args.truncate_prompt,
+                        shutdown_timeout=args.shutdown_timeout)
+
+
+def engine_config(args, model_config):
+    """The `EngineConfig` of the flags; ``--max-model-len`` defaults to min(4096, the model's context)."""
+    from jaxinfer.config import CacheConfig, EngineConfig, SchedulerConfig
+
+    max_model_len = args.max_model_len or min(4096, model_config.max_position_embeddings)
+    return EngineConfig(
+        model_path=args.model, dtype=args.dtype,
+        cache=CacheConfig(num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory, watermark=args.watermark),
+        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                                  max_model_len=max_model_len, max_queue_len=args.max_queue_len),
+        attention_backend=args.attention_backend, max_logprobs=args.max_logprobs, seed=args.seed, warmup=args.warmup)
+
+
+def engine_builder(args):
+    """A zero-argument callable that loads, builds and warms up the engine (run in the engine thread)."""
+
+    def build():
+        from jaxinfer.builder import build_engine, load_model
+        from jaxinfer.config import EngineConfig
+
+        model_config, params, tokenizer, _ = load_model(EngineConfig(model_path=args.model, dtype=args.dtype),
+                                                        args.load_format)
+        return build_engine(engine_config(args, model_config), load_format=args.load_format,
+                            model_config=model_config, params=params, tokenizer=tokenizer)
+
+    return build
+
+
+def serve(app, async_engine, config) -> None:
+    """Run uvicorn until SIGTERM / SIGINT, draining in-flight requests first."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            async_engine.start_draining()  # /health and new requests: 503 from now on
+            super().handle_exit(sig, frame)
+
+    uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=logging.getLogger().level,
+                               timeout_graceful_shutdown=config.shutdown_timeout, lifespan="on")
+    # uvicorn re-raises the signal after its graceful shutdown: make that a clean exit
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    DrainingServer(uv_config).run()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from jaxinfer.api.app import create_app
+    from jaxinfer.async_engine import AsyncEngine
+
+    config = server_config(args)
+    async_engine = AsyncEngine(engine_builder(args))
+    app = create_app(async_engine, config)
+    logger.info("listening on http://%s:%d (model %s loads in the background)", config.host, config.port, args.model)
+    serve(app, async_engine, config)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""``python tests/fake_server.py PORT``: `server.serve` over a fake-runner engine (SIGTERM drain tests).
+
+Not a test module: a subprocess target, so signals reach a real uvicorn main thread.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+import server  # noqa: E402
+from api_helpers import fake_engine, server_config  # noqa: E402
+from jaxinfer.api.app import create_app  # noqa: E402
+from jaxinfer.async_engine import AsyncEngine  # noqa: E402
+
+
+def main() -> None:
+    port = int(sys.argv[1])
+    async_engine = AsyncEngine(lambda: fake_engine(max_model_len=1024, num_blocks=257, step_delay=0.01))
+    config = server_config(port=port, shutdown_timeout=10)
+    server.serve(create_app(async_engine, config), async_engine, config)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Readiness, engine death and SIGTERM drain (SC-25, issue 3's lifecycle rules).
+
+* Warm-up: ``/live`` is 200 while the engine builds; ``/health`` and POSTs are 503 with
+  Retry-After (no hang); the first POST after ready compiles nothing new.
+* Death: an engine step that raises turns ``/health`` non-200 within 1 s; requests in
+  flight get a 503 envelope or an error event, never a hang.
+* SIGTERM: in-flight streams finish, new connections are refused, exit status 0.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from api_helpers import (REPO, LiveServer, assert_error, expected_ids, fake_engine, free_port, parse_metrics,
+                         server_config, sse_events, tokenizer, wait_until)
+from fakes import FakeRunner
+from jaxinfer.api.app import create_app
+from jaxinfer.async_engine import AsyncEngine
+
+
+def test_sc25_readiness_follows_warmup():
+    release = threading.Event()
+    engine = fake_engine()
+
+    def build():
+        release.wait(30)  # "loading weights and compiling"
+        engine.warmup()
+        return engine
+
+    ae = AsyncEngine(build)
+    with LiveServer(create_app(ae, server_config())) as live, httpx.Client(base_url=live.url, timeout=5) as http:
+        for _ in range(5):  # poll every 100 ms while warming up
+            assert http.get("/live").status_code == 200
+            r = http.get("/health")
+            assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+            t0 = time.monotonic()
+            r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
+            assert_error(r, 503, type_="service_unavailable")
+            assert int(r.headers["retry-after"]) >= 1 and time.monotonic() - t0 < 1.0
+            time.sleep(0.1)
+        assert parse_metrics(http.get("/metrics").text)["jaxinfer_engine_healthy"] == 0
+        release.set()
+        assert wait_until(lambda: http.get("/health").status_code == 200, 5, 0.1)
+        compilations = parse_metrics(http.get("/metrics").text)["jaxinfer_compilations_total"]
+        assert compilations > 0
+        r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
+        assert r.status_code == 200
+        assert parse_metrics(http.get("/metrics").text)["jaxinfer_compilations_total"] == compilations
+        assert parse_metrics(http.get("/metrics").text)['jaxinfer_requests_rejected_total{reason="not_ready"}'] == 5
+
+
+class CrashingRunner(FakeRunner):
+    """A fake runner that raises once ``crash`` is set (the engine loop's test hook)."""
+
+    crash = False
+
+    def execute(self, inputs):
+        if self.crash:
+            raise RuntimeError("device lost (test)")
+        return super().execute(inputs)
+
+
+def test_sc25_engine_death_turns_health_red_and_fails_requests():
+    runner = CrashingRunner(49152, step_delay=0.005)
+    ae = AsyncEngine(fake_engine(runner=runner, max_model_len=1024))
+    with LiveServer(create_app(ae, server_config())) as live, httpx.Client(base_url=live.url, timeout=10) as http:
+        assert http.get("/health").status_code == 200
+        results = {}
+
+        def non_stream():
+            results["plain"] = http.post("/v1/completions", json={"prompt": "a", "max_tokens": 900, "ignore_eos": True})
+
+        def stream():
+            results["stream"] = http.post("/v1/completions", json={"prompt": "a", "max_tokens": 900,
+                                                                   "ignore_eos": True, "stream": True})
+
+        threads = [threading.Thread(target=f) for f in (non_stream, stream)]
+        for t in threads:
+            t.start()
+        assert wait_until(lambda: parse_metrics(http.get("/metrics").text)["jaxinfer_num_requests_running"] == 2, 3)
+        runner.crash = True
+        t0 = time.monotonic()
+        assert wait_until(lambda: http.get("/health").status_code != 200, 1.0)
+        assert time.monotonic() - t0 < 1.0
+        for t in threads:
+            t.join(5)
+            assert not t.is_alive()  # no hang
+        assert_error(results["plain"], 503)
+        events = sse_events(results["stream"].content)
+        assert events[-1] == "[DONE]" and "error" in json.loads(events[-2])
+        assert_error(http.post("/v1/completions", json={"prompt": "a", "max_tokens": 1}), 503)
+        assert parse_metrics(http.get("/metrics").text)["jaxinfer_engine_healthy"] == 0
+        assert http.get("/live").status_code == 200
+
+
+@pytest.fixture
+def fake_server_process():
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "fake_server.py"), str(port)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def healthy():
+            try:
+                return httpx.get(url + "/health", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        assert wait_until(healthy, 60, 0.1), proc.stdout.read1().decode() if proc.poll() is not None else "no health"
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def test_sigterm_drains_in_flight_streams(fake_server_process):
+    proc, url = fake_server_process
+    result = {}
+
+    def stream():
+        with httpx.Client(timeout=30) as c:
+            result["r"] = c.post(url + "/v1/completions", json={"prompt": [1000], "max_tokens": 100, "stream": True,
+                                                                "ignore_eos": True})
+
+    t = threading.Thread(target=stream)
+    t.start()
+    time.sleep(0.3)  # the stream is under way (100 steps of 10 ms)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    try:  # new work is refused: the listener is closed (or, on a kept-alive connection, 503)
+        r = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=2)
+        assert r.status_code == 503
+    except httpx.ConnectError:
+        pass
+    t.join(20)
+    events = sse_events(result["r"].content)
+    assert events[-1] == "[DONE]"
+    text = "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1])
+    assert text == tokenizer().decode(expected_ids([1000], 100))  # finished in full during the drain
+    assert proc.wait(15) == 0

@@ -1,0 +1,58 @@
+"""``server.py`` flags map one-to-one onto the configuration tree; safe defaults (127.0.0.1)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import pytest
+
+from api_helpers import REPO, model_config
+
+sys.path.insert(0, str(REPO))
+import server  # noqa: E402
+
+
+def test_defaults_bind_loopback():
+    args = server.build_parser().parse_args([])
+    cfg = server.server_config(args)
+    assert (cfg.host, cfg.port, cfg.served_model_name, cfg.api_key) == ("127.0.0.1", 8000, server.DEFAULT_MODEL, None)
+    assert cfg.truncate_prompt == "none" and cfg.request_timeout is None
+
+
+def test_flags_map_onto_config_fields():
+    args = server.build_parser().parse_args([
+        "--model", "m", "--served-model-name", "served", "--dtype", "bfloat16", "--host", "0.0.0.0", "--port", "9",
+        "--max-model-len", "1024", "--kv-cache-memory", "2GiB", "--num-blocks", "77", "--watermark", "0.2",
+        "--max-num-seqs", "4", "--max-num-batched-tokens", "256", "--max-queue-len", "5", "--max-queue-wait", "1.5",
+        "--request-timeout", "9", "--api-key", "k", "--attention-backend", "pallas", "--truncate-prompt", "left",
+        "--load-format", "dummy", "--seed", "3", "--no-warmup", "--shutdown-timeout", "4"])
+    s = server.server_config(args)
+    assert (s.host, s.port, s.served_model_name, s.api_key, s.max_queue_wait, s.request_timeout,
+            s.truncate_prompt, s.shutdown_timeout) == ("0.0.0.0", 9, "served", "k", 1.5, 9.0, "left", 4.0)
+    e = server.engine_config(args, model_config())
+    assert (e.model_path, e.dtype, e.attention_backend, e.seed, e.warmup) == ("m", "bfloat16", "pallas", 3, False)
+    assert (e.cache.num_blocks, e.cache.kv_cache_memory, e.cache.watermark) == (77, 2 * 2**30, 0.2)
+    sc = e.scheduler
+    assert (sc.max_model_len, sc.max_num_seqs, sc.max_num_batched_tokens, sc.max_queue_len) == (1024, 4, 256, 5)
+
+
+def test_max_model_len_default_follows_the_model():
+    args = server.build_parser().parse_args([])
+    short = dataclasses.replace(model_config(), max_position_embeddings=2048)
+    long = dataclasses.replace(model_config(), max_position_embeddings=8192)
+    assert server.engine_config(args, short).scheduler.max_model_len == 2048
+    assert server.engine_config(args, long).scheduler.max_model_len == 4096
+
+
+@pytest.mark.parametrize("text,value", [("1073741824", 2**30), ("512MiB", 512 * 2**20), ("2G", 2 * 2**30),
+                                        ("1.5k", 1536)])
+def test_parse_bytes(text, value):
+    assert server.parse_bytes(text) == value
+
+
+def test_bad_flags_are_refused():
+    with pytest.raises(argparse.ArgumentTypeError):
+        server.parse_bytes("lots")
+    with pytest.raises(SystemExit):
+        server.build_parser().parse_args(["--truncate-prompt", "right"])
