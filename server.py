@@ -48,11 +48,17 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--kv-cache-memory", type=parse_bytes, default=None, help="KV budget, e.g. 2GiB")
     cache.add_argument("--num-blocks", type=int, default=None, help="explicit KV pool size (overrides the budget)")
     cache.add_argument("--watermark", type=float, default=0.15, help="fraction of blocks kept free at admission")
+    cache.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                       help="reuse KV blocks of shared prompt prefixes (--no-prefix-caching turns it off)")
     sched = p.add_argument_group("scheduler")
     sched.add_argument("--max-model-len", type=int, default=None, help="default: min(4096, model context)")
     sched.add_argument("--max-num-seqs", type=int, default=32)
     sched.add_argument("--max-num-batched-tokens", type=int, default=512)
     sched.add_argument("--max-queue-len", type=int, default=256, help="waiting requests before 429")
+    sched.add_argument("--scheduler", default="continuous", choices=["continuous", "static"],
+                       help="continuous batching, or the static-batching baseline (benchmarks)")
+    sched.add_argument("--batch-timeout", type=float, default=0.1,
+                       help="static scheduler: seconds the oldest request waits for a full batch")
     server = p.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1")
     server.add_argument("--port", type=int, default=8000)
@@ -82,9 +88,11 @@ def engine_config(args, model_config):
     max_model_len = args.max_model_len or min(4096, model_config.max_position_embeddings)
     return EngineConfig(
         model_path=args.model, dtype=args.dtype,
-        cache=CacheConfig(num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory, watermark=args.watermark),
+        cache=CacheConfig(num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory, watermark=args.watermark,
+                          enable_prefix_caching=args.prefix_caching),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                                  max_model_len=max_model_len, max_queue_len=args.max_queue_len),
+                                  max_model_len=max_model_len, max_queue_len=args.max_queue_len,
+                                  scheduler=args.scheduler, batch_timeout_s=args.batch_timeout),
         attention_backend=args.attention_backend, max_logprobs=args.max_logprobs, seed=args.seed, warmup=args.warmup)
 
 
