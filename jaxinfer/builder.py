@@ -22,18 +22,32 @@ logger = logging.getLogger(__name__)
 CPU_DEFAULT_KV_BYTES = 1 << 30  # 1 GiB when the device reports no memory size
 
 
-def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: str) -> int:
-    """Bytes of K and V for one block over all layers: 2 * L * bs * K * H * itemsize."""
-    return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * cfg.head_dim * jnp.dtype(dtype).itemsize
+def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: str, tensor_parallel_size: int = 1) -> int:
+    """Bytes of K and V for one block over all layers on one device: 2 * L * bs * K_dev * H
+    * itemsize, with K_dev = K / TP when TP divides K, else K (replicated; `jaxinfer.sharding`)."""
+    from jaxinfer.sharding import kv_heads_per_device
+
+    k_dev = kv_heads_per_device(cfg, tensor_parallel_size)
+    return 2 * cfg.num_hidden_layers * block_size * k_dev * cfg.head_dim * jnp.dtype(dtype).itemsize
 
 
-def plan_num_blocks(cfg: ModelConfig, cache: CacheConfig, dtype: str, weight_bytes: int = 0) -> tuple[int, str]:
+def kv_budget_bytes(device_memory: int, memory_fraction: float, weight_bytes: int) -> int:
+    """Per-device KV budget: ``device_memory * memory_fraction - weight_bytes`` (bytes per
+    device; negative when the weights do not fit). Blocks = budget // `kv_bytes_per_block`.
+    Shared by `plan_num_blocks` and ``python -m jaxinfer.plan``."""
+    return int(device_memory * memory_fraction) - weight_bytes
+
+
+def plan_num_blocks(cfg: ModelConfig, cache: CacheConfig, dtype: str, weight_bytes: int = 0,
+                    tensor_parallel_size: int = 1) -> tuple[int, str]:
     """Number of KV blocks (including the null block) and a sentence saying why.
 
-    Precedence: explicit ``num_blocks``; ``kv_cache_memory`` bytes; else
+    Per-device accounting: ``weight_bytes`` is what one device holds, ``kv_cache_memory``
+    is a per-device budget, and a block costs `kv_bytes_per_block` on each device of
+    the TP group. Precedence: explicit ``num_blocks``; ``kv_cache_memory`` bytes; else
     ``kv_cache_memory_fraction`` of the device's memory minus the weights; else 1 GiB.
     """
-    per_block = kv_bytes_per_block(cfg, cache.block_size, dtype)
+    per_block = kv_bytes_per_block(cfg, cache.block_size, dtype, tensor_parallel_size)
     if cache.num_blocks is not None:
         return cache.num_blocks, f"{cache.num_blocks} blocks (set explicitly)"
     if cache.kv_cache_memory is not None:
@@ -42,12 +56,12 @@ def plan_num_blocks(cfg: ModelConfig, cache: CacheConfig, dtype: str, weight_byt
         stats = jax.devices()[0].memory_stats() or {}
         limit = stats.get("bytes_limit")
         if limit:
-            budget = int(limit * cache.kv_cache_memory_fraction) - weight_bytes
+            budget = kv_budget_bytes(limit, cache.kv_cache_memory_fraction, weight_bytes)
             why = f"{cache.kv_cache_memory_fraction:.0%} of device memory minus weights"
         else:
             budget, why = CPU_DEFAULT_KV_BYTES, "default CPU budget"
     n = max(2, budget // per_block)
-    return n, f"{n} blocks x {per_block / 2**20:.2f} MiB = {n * per_block / 2**30:.2f} GiB ({why})"
+    return n, f"{n} blocks x {per_block / 2**20:.2f} MiB per device = {n * per_block / 2**30:.2f} GiB ({why})"
 
 
 def enable_compilation_cache(path: str | None = None) -> None:
@@ -80,7 +94,15 @@ def load_model(config: EngineConfig, load_format: str = "auto", weights_dir: str
         from jaxinfer.tokenizer import Tokenizer
 
         tokenizer = Tokenizer.from_dir(folder)
-    params = None if load_format == "dummy" else load_params(folder / "params", dtype=config.dtype)
+    shardings = None
+    if load_format != "dummy" and (config.parallel.world_size > 1 or jax.process_count() > 1):
+        from jaxinfer import sharding  # restore each array straight into its shards
+
+        par = config.parallel
+        mesh = sharding.make_mesh(par.tensor_parallel_size, par.data_parallel_size)
+        shardings = sharding.param_shardings(model_config, mesh)
+    params = None if load_format == "dummy" else load_params(folder / "params", dtype=config.dtype,
+                                                             shardings=shardings)
     return model_config, params, tokenizer, folder
 
 
@@ -95,6 +117,10 @@ def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir
     enable_compilation_cache()
     if model_config is None:
         model_config, params, tokenizer, _ = load_model(config, load_format, weights_dir)
+    if config.parallel.world_size > 1 or jax.process_count() > 1:  # mesh: TP and/or DP replicas
+        from jaxinfer.dp_router import build_parallel_engine
+
+        return build_parallel_engine(config, model_config, params, tokenizer)
     if params is None:
         from jaxinfer.params import init_params
 

@@ -1,7 +1,7 @@
 """Configuration tree: frozen dataclasses that flow downward from the entry points.
 
 Owns `ModelConfig` (read from a Hugging Face style ``config.json``), `CacheConfig`,
-`SchedulerConfig` and `EngineConfig`. Plain Python: no JAX import, so host-side modules
+`SchedulerConfig`, `ParallelConfig` and `EngineConfig`. Plain Python: no JAX import, so host-side modules
 and tests can use it freely. CLI flags of ``server.py`` map one-to-one onto these fields.
 """
 from __future__ import annotations
@@ -153,6 +153,34 @@ class SchedulerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ParallelConfig:
+    """How one engine spreads over devices and processes (see `jaxinfer.sharding`).
+
+    Attributes:
+      tensor_parallel_size: devices per replica (mesh axis ``model``; Megatron TP).
+      data_parallel_size: replicas, each with its own scheduler and KV pool (axis ``data``).
+      coordinator_address: ``host:port`` of process 0 for multi-host (``jax.distributed``);
+        None: single process, or read from the cluster environment (SLURM, ...).
+      num_processes, process_id: multi-host layout; None: from the environment.
+    """
+
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1 or self.data_parallel_size < 1:
+            raise ValueError("tensor_parallel_size and data_parallel_size must be >= 1")
+
+    @property
+    def world_size(self) -> int:
+        """Devices used: tensor_parallel_size * data_parallel_size."""
+        return self.tensor_parallel_size * self.data_parallel_size
+
+
+@dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs, as one tree."""
 
@@ -166,3 +194,4 @@ class EngineConfig:
     seed: int = 0
     warmup: bool = True
     return_logits: bool = False  # debug/tests: keep each sampled position's raw logits
+    parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)

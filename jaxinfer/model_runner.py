@@ -64,8 +64,8 @@ def _split(arrays: dict) -> tuple[dict, dict]:
     return model, {k: v for k, v in arrays.items() if k not in _MODEL_FIELDS}
 
 
-def _specs(arrays: dict) -> dict:
-    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in arrays.items()}
+def _specs(arrays: dict, sharding=None) -> dict:
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding) for k, v in arrays.items()}
 
 
 def kv_cache_shape(cfg: ModelConfig, num_blocks: int, block_size: int) -> tuple[int, ...]:
@@ -98,6 +98,7 @@ class ModelRunner:
         interpret = backend == "pallas" and jax.default_backend() == "cpu"
         self.model = LlamaForCausalLM(cfg, backend, interpret, self.dtype, self.dtype)
         self._shardings = shardings
+        self._replicated = shardings[2] if shardings else None
         self.params = params
         self.kv_shape = kv_cache_shape(cfg, num_blocks, block_size)
         self.k_cache, self.v_cache = self._alloc_cache()
@@ -105,7 +106,9 @@ class ModelRunner:
         self._samplers: dict[int, object] = {}
         self.num_compilations = 0
         self.compile_seconds = 0.0
-        self._jitted = jax.jit(self._model_step, donate_argnums=(1, 2))
+        # sharded: KV stays in its sharding across steps; logits gathered for the sampler
+        out = {} if shardings is None else {"out_shardings": (shardings[2], shardings[1], shardings[1])}
+        self._jitted = jax.jit(self._model_step, donate_argnums=(1, 2), **out)
 
     def _alloc_cache(self):
         kv_sharding = self._shardings[1] if self._shardings else None
@@ -132,13 +135,17 @@ class ModelRunner:
             params_spec = jax.tree.map(
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), self.params)
             kv_spec = jax.ShapeDtypeStruct(self.kv_shape, self.dtype, sharding=self.k_cache.sharding)
-            self._executables[bucket] = self._jitted.lower(params_spec, kv_spec, kv_spec, _specs(model_a)).compile()
+            self._executables[bucket] = self._jitted.lower(params_spec, kv_spec, kv_spec,
+                                                           _specs(model_a, self._replicated)).compile()
             self.num_compilations += 1
             self.compile_seconds += time.perf_counter() - t0
         if bucket.num_seqs not in self._samplers:
             t0 = time.perf_counter()
-            logits_spec = jax.ShapeDtypeStruct((bucket.num_seqs, self.cfg.vocab_size), jnp.float32)
-            self._samplers[bucket.num_seqs] = jax.jit(self._sample_step).lower(logits_spec, _specs(sample_a)).compile()
+            logits_spec = jax.ShapeDtypeStruct((bucket.num_seqs, self.cfg.vocab_size), jnp.float32,
+                                               sharding=self._replicated)
+            out = {} if self._replicated is None else {"out_shardings": self._replicated}
+            self._samplers[bucket.num_seqs] = jax.jit(self._sample_step, **out).lower(
+                logits_spec, _specs(sample_a, self._replicated)).compile()
             self.num_compilations += 1
             self.compile_seconds += time.perf_counter() - t0
 
@@ -148,8 +155,12 @@ class ModelRunner:
         if bucket not in self._executables or bucket.num_seqs not in self._samplers:
             logger.warning("compiling bucket %s outside warm-up", bucket)
             self.compile(inputs)
-        replicated = self._shardings[2] if self._shardings else None
-        dev = jax.device_put(inputs.arrays, replicated) if replicated is not None else jax.device_put(inputs.arrays)
+        if self._replicated is not None:
+            from jaxinfer.sharding import put_replicated
+
+            dev = put_replicated(inputs.arrays, self._replicated)
+        else:
+            dev = jax.device_put(inputs.arrays)
         model_a, sample_a = _split(dev)
         logits, self.k_cache, self.v_cache = self._executables[bucket](self.params, self.k_cache, self.v_cache, model_a)
         return jax.device_get(self._samplers[bucket.num_seqs](logits, sample_a))

@@ -1,0 +1,219 @@
+"""Data-parallel replicas and the router in front of them; building sharded engines.
+
+Owns `build_parallel_engine` (the mesh path of `jaxinfer.builder.build_engine`): one
+``(data, model)`` mesh (`jaxinfer.sharding.make_mesh`), parameters placed once on it
+(sharded over ``model``, replicated over ``data``: restored from orbax straight into
+their shards, or created sharded for ``--load-format dummy``), then per row of the mesh
+one `LLMEngine` (own scheduler, block manager, KV pool and compiled steps) on that
+row's devices, viewing the same parameter buffers (`sharding.split_replicas`, no copy).
+
+With ``data_parallel_size == 1`` the single engine is returned as is (tensor
+parallelism only). With more, a `DataParallelRouter` stands in for the engine: it has
+the engine's interface (``add_request``, ``step``, ``abort_request``, counters), sends
+each new request to the least-loaded replica and steps the busy replicas concurrently
+(one thread each: a replica's step blocks on its device read-back, and the devices of
+different replicas work at the same time).
+"""
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import jax
+
+from jaxinfer import sharding
+from jaxinfer.config import EngineConfig, ModelConfig
+from jaxinfer.engine import EngineStats, LLMEngine
+from jaxinfer.errors import RequestError
+from jaxinfer.outputs import RequestOutput
+from jaxinfer.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+def build_parallel_engine(config: EngineConfig, model_config: ModelConfig, params, tokenizer=None):
+    """Build the engine(s) for ``config.parallel`` on a ``(data, model)`` mesh.
+
+    Args:
+      config: engine configuration; ``config.parallel`` gives TP and DP sizes.
+      model_config: model hyperparameters.
+      params: None (random init created directly in its shards), a tree of numpy arrays
+        (each device receives only its slice), or ``jax.Array``s already placed with
+        `sharding.param_shardings` on the same mesh (orbax restore; kept, no copy).
+      tokenizer: optional tokenizer shared by the replicas.
+    Returns:
+      An `LLMEngine` (DP 1) or a `DataParallelRouter` (DP > 1). In a multi-process run
+      the engine's runner also takes part in the SPMD step protocol of
+      `jaxinfer.distributed`.
+    Raises:
+      ValueError: not enough devices; multi-process with DP > 1 or with a mesh that
+        does not cover every device.
+    """
+    par = config.parallel
+    tp, dp = par.tensor_parallel_size, par.data_parallel_size
+    if jax.process_count() > 1:
+        if dp != 1 or tp != jax.device_count():
+            raise ValueError(f"multi-process serving needs data_parallel_size 1 and tensor_parallel_size = all "
+                             f"{jax.device_count()} devices (got TP {tp}, DP {dp}); run one server per replica "
+                             "behind a load balancer for data parallelism across hosts")
+    mesh = sharding.make_mesh(tp, dp)
+    shardings = sharding.param_shardings(model_config, mesh)
+    if params is None:
+        params = sharding.init_params_sharded(model_config, config.dtype, config.seed, shardings)
+    else:
+        params = sharding.place_params(params, shardings)
+    fallback = sharding.replicated_axes(model_config, tp)
+    if fallback:
+        logger.warning("TP %d does not divide %s: those axes are replicated on every device of a replica "
+                       "(see jaxinfer.sharding)", tp, ", ".join(fallback))
+    replica_params = sharding.split_replicas(params, mesh) if dp > 1 else [params]
+    engines = [build_replica(config, model_config, p, tokenizer, sub)
+               for p, sub in zip(replica_params, sharding.replica_meshes(mesh))]
+    if jax.process_count() > 1:
+        from jaxinfer import distributed
+
+        distributed.attach(engines[0])
+    return engines[0] if dp == 1 else DataParallelRouter(engines)
+
+
+def build_replica(config: EngineConfig, model_config: ModelConfig, params, tokenizer, mesh) -> LLMEngine:
+    """One engine on a ``(data=1, model=tp)`` mesh: KV pool sized per device, runner
+    with param / KV / replicated shardings, warm-up if configured."""
+    from jaxinfer.builder import default_backend, plan_num_blocks
+    from jaxinfer.model_runner import ModelRunner
+
+    tp = mesh.shape["model"]
+    weight_bytes = sharding.per_device_bytes(params)
+    num_blocks, why = plan_num_blocks(model_config, config.cache, config.dtype, weight_bytes, tp)
+    logger.info("replica on devices %s: weights %.2f GiB per device; KV cache: %s",
+                [d.id for d in mesh.devices.flat], weight_bytes / 2**30, why)
+    shardings = (jax.tree.map(lambda x: x.sharding, params), sharding.kv_cache_sharding(model_config, mesh),
+                 sharding.replicated(mesh))
+    backend = config.attention_backend or ("xla" if tp > 1 else default_backend())
+    if backend == "pallas" and tp > 1 and jax.default_backend() != "cpu":
+        # the compiled kernel is an opaque custom call: XLA would gather its operands (the whole KV cache)
+        raise ValueError("the Pallas attention kernel is not partitioned for tensor parallelism yet; "
+                         "use attention_backend='xla' with tensor_parallel_size > 1")
+    runner = ModelRunner(model_config, params, num_blocks, config.cache.block_size, config.dtype, backend,
+                         config.max_logprobs, config.return_logits, shardings=shardings)
+    engine = LLMEngine(config, model_config, runner, num_blocks, tokenizer)
+    engine.kv_cache_description = why
+    engine.mesh = mesh
+    if config.warmup:
+        engine.warmup()
+    return engine
+
+
+def least_loaded(engines: list[LLMEngine]) -> int:
+    """Index of the replica to take a new request: fewest running + waiting requests,
+    then most free KV blocks, then lowest index."""
+    return min(range(len(engines)),
+               key=lambda i: (engines[i].num_running + engines[i].num_waiting, -engines[i].num_free_blocks, i))
+
+
+class DataParallelRouter:
+    """Several `LLMEngine` replicas behind the engine's own interface.
+
+    Request ids are unique across replicas; each request lives on one replica for its
+    whole life (its KV blocks are there). Not thread-safe, like `LLMEngine`: one thread
+    calls it (the router's own worker threads only run replica steps).
+
+    Args:
+      engines: replicas with the same config and model (from `build_parallel_engine`).
+    """
+
+    def __init__(self, engines: list[LLMEngine]):
+        if not engines:
+            raise ValueError("DataParallelRouter needs at least one engine")
+        self.engines = engines
+        self.config = engines[0].config
+        self.model_config = engines[0].model_config
+        self.tokenizer = engines[0].tokenizer
+        self.kv_cache_description = f"{len(engines)} replicas x " + getattr(engines[0], "kv_cache_description", "")
+        self._owner: dict[str, int] = {}
+        self._pool = ThreadPoolExecutor(max_workers=len(engines), thread_name_prefix="dp-replica")
+
+    # ----- requests -----------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, **kwargs) -> None:
+        """Queue a request on the least-loaded replica (`least_loaded`); same arguments and
+        errors as `LLMEngine.add_request`."""
+        if request_id in self._owner:
+            raise RequestError(f"duplicate request id {request_id!r}", param="request_id")
+        i = least_loaded(self.engines)
+        self.engines[i].add_request(request_id, prompt_token_ids, params, **kwargs)
+        self._owner[request_id] = i
+
+    def _validate(self, ids: list[int], params: SamplingParams) -> int:
+        return self.engines[0]._validate(ids, params)
+
+    def abort_request(self, request_id: str) -> None:
+        """Abort on the owning replica; unknown ids are ignored."""
+        i = self._owner.get(request_id)
+        if i is not None:
+            self.engines[i].abort_request(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return any(e.has_unfinished_requests() for e in self.engines)
+
+    # ----- the step -----------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One step of every replica that has work, run concurrently; outputs concatenated
+        in replica order."""
+        busy = [e for e in self.engines if e.has_unfinished_requests()]
+        if len(busy) == 1:
+            results = [busy[0].step()]
+        else:
+            results = list(self._pool.map(lambda e: e.step(), busy))
+        outputs = [o for r in results for o in r]
+        for o in outputs:
+            if o.finished:
+                self._owner.pop(o.request_id, None)
+        return outputs
+
+    def warmup(self) -> float:
+        return sum(e.warmup() for e in self.engines)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    # ----- introspection (sums over replicas) ---------------------------------------------
+    @property
+    def requests(self) -> dict:
+        return {k: v for e in self.engines for k, v in e.requests.items()}
+
+    @property
+    def num_free_blocks(self) -> int:
+        return sum(e.num_free_blocks for e in self.engines)
+
+    @property
+    def num_total_blocks(self) -> int:
+        return sum(e.num_total_blocks for e in self.engines)
+
+    @property
+    def num_running(self) -> int:
+        return sum(e.num_running for e in self.engines)
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(e.num_waiting for e in self.engines)
+
+    @property
+    def stats(self) -> EngineStats:
+        total = EngineStats()
+        for e in self.engines:
+            for k, v in vars(e.stats).items():
+                if isinstance(v, (int, float)):
+                    setattr(total, k, getattr(total, k, 0) + v)
+        return total
+
+    @property
+    def scheduler(self) -> SimpleNamespace:
+        """Summed scheduler counters (``num_preemptions``) for the metrics endpoint."""
+        return SimpleNamespace(num_preemptions=sum(e.scheduler.num_preemptions for e in self.engines))
+
+    @property
+    def runner(self) -> SimpleNamespace:
+        """Summed runner counters (``num_compilations``) and the attention backend."""
+        return SimpleNamespace(num_compilations=sum(e.runner.num_compilations for e in self.engines),
+                               backend=self.engines[0].runner.backend)

@@ -1,0 +1,160 @@
+"""Memory planner: will a model fit, and how many sequences can it serve at once?
+
+``python -m jaxinfer.plan --model configs/llama-3-70b.json --devices 8 --device-memory 80GB
+--tensor-parallel-size 8 --dtype bfloat16 --max-model-len 4096``
+
+Works from shapes only (``jax.eval_shape`` of the parameter init, `jaxinfer.sharding`'s
+partition specs): nothing is allocated and no accelerator is needed. Per device of a
+TP group it reports the weight bytes, the KV bytes per block, the KV blocks that fit
+after the reserve, and the largest number of concurrent full-length sequences. The
+arithmetic is `jaxinfer.builder`'s (``kv_bytes_per_block``, ``kv_budget_bytes``), the
+same that sizes the KV pool of a running engine:
+
+  weights/device = sum over params of prod(per-device shard shape) * itemsize
+  KV/block/device = 2 * L * block_size * K_dev * H * itemsize  (K_dev = K/TP, or K)
+  blocks = floor((memory * (1 - reserve) - weights/device) / (KV/block/device))
+  sequences/replica = floor((blocks - 1) / ceil(max_model_len / block_size))
+  (block 0 is the null block). ``--kv-reserve-fraction`` is ``1 - kv_cache_memory_fraction``
+  of the engine (default 0.5: room for activations, compiler scratch and the runtime).
+Memory sizes: ``80GB`` = 80e9 bytes, ``80GiB`` = 80 * 2**30, or a plain byte count.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+from jaxinfer.config import BLOCK_SIZE, CacheConfig, ModelConfig
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+DEFAULT_RESERVE = 1.0 - CacheConfig().kv_cache_memory_fraction
+
+
+def parse_bytes(text: str) -> int:
+    """``"80GB"`` -> 80_000_000_000, ``"80GiB"`` -> 85_899_345_920, ``"1024"`` -> 1024.
+
+    Raises:
+      ValueError: not a number with one of the units kB, MB, GB, TB, KiB, MiB, GiB, TiB.
+    """
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot read a memory size from {text!r} (e.g. 80GB, 80GiB, 1024)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Per-device memory of one configuration (bytes; blocks include the null block)."""
+
+    tensor_parallel_size: int
+    data_parallel_size: int
+    dtype: str
+    device_memory: int
+    kv_reserve_fraction: float
+    total_param_bytes: int
+    weight_bytes_per_device: int
+    replicated_axes: tuple[str, ...]
+    kv_bytes_per_block_per_device: int
+    kv_budget_bytes_per_device: int
+    num_blocks: int  # per replica, null block included; 0 when the weights do not fit
+    block_size: int
+    max_model_len: int
+    blocks_per_sequence: int
+    max_concurrent_sequences: int  # per replica, each at max_model_len tokens
+
+    @property
+    def fits(self) -> bool:
+        return self.max_concurrent_sequences >= 1
+
+
+def plan_memory(cfg: ModelConfig, *, dtype: str = "bfloat16", tensor_parallel_size: int = 1,
+                data_parallel_size: int = 1, device_memory: int, kv_reserve_fraction: float = DEFAULT_RESERVE,
+                block_size: int = BLOCK_SIZE, max_model_len: int | None = None) -> MemoryPlan:
+    """Plan memory for ``cfg`` on devices of ``device_memory`` bytes (module docstring).
+
+    Raises:
+      ValueError: reserve fraction outside [0, 1).
+    """
+    from jaxinfer.builder import kv_budget_bytes, kv_bytes_per_block
+    from jaxinfer.params import abstract_params
+    from jaxinfer.sharding import per_device_param_bytes, replicated_axes
+
+    if not 0.0 <= kv_reserve_fraction < 1.0:
+        raise ValueError(f"kv_reserve_fraction must be in [0, 1), got {kv_reserve_fraction}")
+    tp = tensor_parallel_size
+    max_model_len = max_model_len or min(4096, cfg.max_position_embeddings)
+    import jax
+
+    total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract_params(cfg, dtype)))
+    weights = per_device_param_bytes(cfg, dtype, tp)
+    per_block = kv_bytes_per_block(cfg, block_size, dtype, tp)
+    budget = kv_budget_bytes(device_memory, 1.0 - kv_reserve_fraction, weights)
+    blocks = max(0, budget // per_block)
+    per_seq = math.ceil(max_model_len / block_size)
+    return MemoryPlan(tp, data_parallel_size, dtype, device_memory, kv_reserve_fraction, int(total), weights,
+                      tuple(replicated_axes(cfg, tp)), per_block, budget, blocks, block_size, max_model_len, per_seq,
+                      max(0, blocks - 1) // per_seq)
+
+
+def format_plan(p: MemoryPlan, name: str = "") -> str:
+    """Human-readable lines for a plan."""
+    gib = lambda b: f"{b / 2**30:,.2f} GiB"  # noqa: E731
+    lines = [
+        f"model {name}: {p.total_param_bytes:,} parameter bytes ({p.dtype}); "
+        f"TP {p.tensor_parallel_size} x DP {p.data_parallel_size}",
+        f"device memory: {p.device_memory:,} B ({gib(p.device_memory)}), reserve {p.kv_reserve_fraction:.0%}",
+        f"weights per device: {p.weight_bytes_per_device:,} B ({gib(p.weight_bytes_per_device)})",
+        f"replicated (TP does not divide): {', '.join(p.replicated_axes) or 'none'}",
+        f"KV bytes per block per device: {p.kv_bytes_per_block_per_device:,} B (block size {p.block_size})",
+        f"KV budget per device: {p.kv_budget_bytes_per_device:,} B ({gib(max(p.kv_budget_bytes_per_device, 0))})",
+        f"KV blocks per replica (incl. null block): {p.num_blocks:,}",
+        f"max concurrent sequences at {p.max_model_len} tokens ({p.blocks_per_sequence} blocks each): "
+        f"{p.max_concurrent_sequences:,} per replica, {p.max_concurrent_sequences * p.data_parallel_size:,} in all",
+    ]
+    if not p.fits:
+        lines.append("DOES NOT FIT: not even one full-length sequence")
+    return "\n".join(lines)
+
+
+def load_config(path: str) -> ModelConfig:
+    """A HF ``config.json`` file, or a model folder holding one."""
+    p = Path(path)
+    return ModelConfig.from_dir(p) if p.is_dir() else ModelConfig.from_dict(json.loads(p.read_text()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m jaxinfer.plan", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="HF config.json path or model folder")
+    ap.add_argument("--devices", type=int, required=True, help="devices available")
+    ap.add_argument("--device-memory", required=True, help="memory of one device (80GB, 80GiB, bytes)")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1)
+    ap.add_argument("--data-parallel-size", type=int, default=None, help="default: devices // TP")
+    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    ap.add_argument("--max-model-len", type=int, default=None, help="default min(4096, model context)")
+    ap.add_argument("--block-size", type=int, default=BLOCK_SIZE)
+    ap.add_argument("--kv-reserve-fraction", type=float, default=DEFAULT_RESERVE,
+                    help="fraction of device memory kept for activations/runtime (default %(default)s)")
+    ap.add_argument("--json", action="store_true", help="print the plan as JSON")
+    args = ap.parse_args(argv)
+    tp = args.tensor_parallel_size
+    dp = args.data_parallel_size or max(1, args.devices // tp)
+    if tp * dp > args.devices:
+        ap.error(f"TP {tp} x DP {dp} needs {tp * dp} devices; --devices is {args.devices}")
+    plan = plan_memory(load_config(args.model), dtype=args.dtype, tensor_parallel_size=tp, data_parallel_size=dp,
+                       device_memory=parse_bytes(args.device_memory), kv_reserve_fraction=args.kv_reserve_fraction,
+                       block_size=args.block_size, max_model_len=args.max_model_len)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(plan) | {"fits": plan.fits}, indent=2))
+    else:
+        print(format_plan(plan, args.model))
+    return 0 if plan.fits else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

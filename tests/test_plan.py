@@ -1,0 +1,111 @@
+"""The memory planner and the engine's KV-pool sizing against hand calculations."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import flax.linen as nn
+import jax
+import pytest
+from helpers import tiny_config
+
+from jaxinfer import plan, sharding
+from jaxinfer.builder import kv_bytes_per_block, plan_num_blocks
+from jaxinfer.config import CacheConfig, ModelConfig
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def llama70b() -> ModelConfig:
+    return plan.load_config(str(CONFIGS / "llama-3-70b.json"))
+
+
+def test_llama3_configs_have_the_published_shapes():
+    c8 = plan.load_config(str(CONFIGS / "llama-3-8b.json"))
+    c70 = llama70b()
+    got = lambda c: (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,  # noqa: E731
+                     c.intermediate_size, c.vocab_size, c.rope_theta, c.head_dim, c.tie_word_embeddings)
+    assert got(c8) == (4096, 32, 32, 8, 14336, 128256, 500000.0, 128, False)
+    assert got(c70) == (8192, 80, 64, 8, 28672, 128256, 500000.0, 128, False)
+
+
+# Llama-3-70B by hand: V 128256, D 8192, L 80, N 64, K 8, H 128, F 28672, untied.
+V, D, L, N, K, H, F = 128256, 8192, 80, 64, 8, 128, 28672
+PARAMS = (2 * V * D  # embedding + LM head
+          + L * (D * N * H + 2 * D * K * H + N * H * D)  # q, k, v, o
+          + L * 3 * D * F  # gate, up, down
+          + 2 * L * D + D)  # norms
+NORMS = 2 * L * D + D
+PER_DEVICE_TP8 = (PARAMS - NORMS) // 8 + NORMS  # everything but the norms splits 8 ways
+assert PARAMS == 70_553_706_496 and PER_DEVICE_TP8 == 8_820_367_360
+
+
+def test_planner_llama3_70b_on_8x80gb_bf16_tp8_by_hand(capsys):
+    p = plan.plan_memory(llama70b(), dtype="bfloat16", tensor_parallel_size=8, device_memory=80 * 10**9,
+                         kv_reserve_fraction=0.1, max_model_len=4096)
+    weights = PER_DEVICE_TP8 * 2  # bf16
+    per_block = 2 * L * 16 * (K // 8) * H * 2  # K and V, one KV head per device
+    blocks = (int(80e9 * 0.9) - weights) // per_block
+    assert p.total_param_bytes == PARAMS * 2
+    assert p.weight_bytes_per_device == weights == 17_640_734_720
+    assert p.kv_bytes_per_block_per_device == per_block == 655_360
+    assert p.num_blocks == blocks == 82_945
+    assert p.blocks_per_sequence == 4096 // 16 == 256
+    assert p.max_concurrent_sequences == (blocks - 1) // 256 == 324
+    assert p.replicated_axes == ()
+    # the CLI prints the same numbers (default reserve 0.5 = 1 - the engine's kv_cache_memory_fraction)
+    assert plan.main(["--model", str(CONFIGS / "llama-3-70b.json"), "--devices", "8", "--device-memory", "80GB",
+                      "--tensor-parallel-size", "8", "--dtype", "bfloat16", "--max-model-len", "4096", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    half_blocks = (40_000_000_000 - weights) // per_block
+    assert (out["weight_bytes_per_device"], out["kv_bytes_per_block_per_device"], out["num_blocks"],
+            out["max_concurrent_sequences"]) == (weights, per_block, half_blocks, (half_blocks - 1) // 256)
+    assert (half_blocks, (half_blocks - 1) // 256) == (34_117, 133)
+
+
+def test_planner_says_when_it_does_not_fit(capsys):
+    assert plan.main(["--model", str(CONFIGS / "llama-3-70b.json"), "--devices", "1", "--device-memory", "80GiB",
+                      "--tensor-parallel-size", "1"]) == 1
+    assert "DOES NOT FIT" in capsys.readouterr().out
+
+
+def test_parse_bytes():
+    assert plan.parse_bytes("80GB") == 80 * 10**9
+    assert plan.parse_bytes("80GiB") == 80 * 2**30
+    assert plan.parse_bytes("1.5 MiB") == 3 * 2**19
+    assert plan.parse_bytes("4096") == 4096
+    with pytest.raises(ValueError):
+        plan.parse_bytes("80 GQ")
+
+
+def test_replicated_kv_heads_cost_a_full_block_per_device():
+    smol = tiny_config(vocab=49152, hidden=576, layers=30, heads=9, kv_heads=3, inter=1536)
+    full = 2 * 30 * 16 * 3 * 64 * 4
+    assert kv_bytes_per_block(smol, 16, "float32") == full
+    assert kv_bytes_per_block(smol, 16, "float32", 2) == full  # 3 KV heads do not split over 2
+    assert kv_bytes_per_block(smol, 16, "float32", 3) == full // 3
+
+
+def test_engine_pool_sizing_is_per_device():
+    cfg = tiny_config(heads=8, kv_heads=4)  # L 2, H 8
+    per_block_tp4 = 2 * 2 * 16 * 1 * 8 * 4
+    n, why = plan_num_blocks(cfg, CacheConfig(kv_cache_memory=1 << 20), "float32", tensor_parallel_size=4)
+    assert n == (1 << 20) // per_block_tp4 and "per device" in why
+    n1, _ = plan_num_blocks(cfg, CacheConfig(kv_cache_memory=1 << 20), "float32")
+    assert n == 4 * n1
+
+
+def test_dummy_init_of_llama3_70b_is_born_sharded():
+    """The jitted dummy init with out_shardings, compiled (not run) for TP 8: each device
+    outputs exactly the planner's weight bytes, and its scratch stays far below the
+    full model (no device ever holds a full copy)."""
+    cfg = llama70b()
+    mesh = sharding.make_mesh(8, 1)
+    from jaxinfer.params import _boxed_init
+
+    init = jax.jit(lambda: nn.unbox(_boxed_init(cfg, "bfloat16", 0)), out_shardings=sharding.param_shardings(cfg, mesh))
+    mem = init.lower().compile().memory_analysis()
+    planned = sharding.per_device_param_bytes(cfg, "bfloat16", 8)
+    assert planned == PER_DEVICE_TP8 * 2
+    assert abs(mem.output_size_in_bytes - planned) <= 4096  # allocator alignment only
+    assert mem.temp_size_in_bytes < PARAMS * 2 / 8
