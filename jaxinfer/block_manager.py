@@ -165,6 +165,20 @@ class BlockManager:
                 del self._evictable[b]
             self._ref[b] += 1
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (e.g. after the KV memory was written by someone else).
+
+        Only when no block is in use; returns False (and changes nothing) otherwise. The free
+        list is rebuilt in its initial order.
+        """
+        if self.num_used_blocks:
+            return False
+        self._evictable.clear()
+        self._cached.clear()
+        self._hash_of = [None] * self.num_blocks
+        self._free = list(range(self.num_blocks - 1, NULL_BLOCK, -1))
+        return True
+
     def register(self, block: int, block_hash: bytes) -> None:
         """Record that ``block`` holds the full block ``block_hash`` (first holder wins)."""
         if self.enable_prefix_caching and self._hash_of[block] is None and block_hash not in self._cached:

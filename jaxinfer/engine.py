@@ -165,6 +165,13 @@ class LLMEngine:
         self.stats.aborted += 1
         self._pending_outputs.append(self._finish_output(req))
 
+    def reset_prefix_cache(self) -> bool:
+        """Drop all cached prefix blocks (as vLLM's ``reset_prefix_cache``); only when idle.
+
+        Returns False if requests still hold blocks.
+        """
+        return self.block_manager.reset_prefix_cache()
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.num_unfinished > 0 or bool(self._pending_outputs)
 

@@ -1,6 +1,9 @@
 """Shared test helpers: tiny random Llama configs mirrored into transformers."""
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+
 import numpy as np
 
 from jaxinfer.config import ModelConfig
@@ -56,3 +59,20 @@ def hf_logits(model, token_ids) -> np.ndarray:
 
     with torch.no_grad():
         return model(torch.tensor([token_ids])).logits[0].numpy()
+
+
+@contextlib.contextmanager
+def borrowed_runner(engine, num_blocks: int | None = None, **cache_overrides):
+    """A second engine over ``engine``'s compiled runner (and so its KV memory).
+
+    The borrower writes the shared KV memory, so the owner's prefix cache is reset after.
+    """
+    from jaxinfer.engine import LLMEngine
+
+    cache = dataclasses.replace(engine.config.cache, **cache_overrides)
+    other = LLMEngine(dataclasses.replace(engine.config, cache=cache), engine.model_config, engine.runner,
+                      num_blocks or engine.block_manager.num_blocks, engine.tokenizer)
+    try:
+        yield other
+    finally:
+        assert engine.reset_prefix_cache(), "owner engine must be idle while its runner is borrowed"

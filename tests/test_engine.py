@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers import hf_logits, hf_model, tiny_config
+from helpers import borrowed_runner, hf_logits, hf_model, tiny_config
 from jaxinfer import LLM, SamplingParams
-from jaxinfer.engine import LLMEngine
 from jaxinfer.errors import RequestError
 from jaxinfer.model_runner import CompileCounter
 from jaxinfer.params import init_params
@@ -45,8 +44,7 @@ def assert_idle(llm):
 
 def small_pool_engine(llm, num_blocks):
     """An engine over the same compiled runner with a smaller block pool (forces preemption)."""
-    e = llm.engine
-    return LLMEngine(e.config, e.model_config, e.runner, num_blocks, e.tokenizer)
+    return borrowed_runner(llm.engine, num_blocks)
 
 
 def test_logits_match_transformers(setup):
@@ -91,17 +89,17 @@ def test_preemption_keeps_outputs(setup):
     llm, _ = setup
     ps = prompts([40, 50, 60, 45, 55, 35], seed=5)
     ref = [o.outputs[0].token_ids for o in llm.generate(ps, GREEDY, use_tqdm=False)]
-    e = small_pool_engine(llm, num_blocks=12)  # 11 usable blocks: 6 requests need ~30
-    for i, p in enumerate(ps):
-        e.add_request(str(i), p, GREEDY)
-    done = {}
-    while e.has_unfinished_requests():
-        for out in e.step():
-            if out.finished:
-                done[out.request_id] = out.outputs[0].token_ids
-    assert e.scheduler.num_preemptions > 0
-    assert [done[str(i)] for i in range(len(ps))] == ref
-    assert e.num_free_blocks == e.num_total_blocks
+    with small_pool_engine(llm, num_blocks=12) as e:  # 11 usable blocks: 6 requests need ~30
+        for i, p in enumerate(ps):
+            e.add_request(str(i), p, GREEDY)
+        done = {}
+        while e.has_unfinished_requests():
+            for out in e.step():
+                if out.finished:
+                    done[out.request_id] = out.outputs[0].token_ids
+        assert e.scheduler.num_preemptions > 0
+        assert [done[str(i)] for i in range(len(ps))] == ref
+        assert e.num_free_blocks == e.num_total_blocks
 
 
 def test_stop_rules(setup):
@@ -143,9 +141,9 @@ def test_refused_before_device(setup):
         with pytest.raises(RequestError) as ei:
             e.add_request("bad", ids, sp)
         assert ei.value.param == param
-    small = small_pool_engine(llm, num_blocks=8)  # 7 blocks = 112 tokens: never fits
-    with pytest.raises(RequestError, match="never fit"):
-        small.add_request("big", [5] * 100, SamplingParams(max_tokens=20))
+    with small_pool_engine(llm, num_blocks=8) as small:  # 7 blocks = 112 tokens: never fits
+        with pytest.raises(RequestError, match="never fit"):
+            small.add_request("big", [5] * 100, SamplingParams(max_tokens=20))
     assert e.stats.num_steps == steps and not e.requests
     ok = llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False)[0]
     assert len(ok.outputs[0].token_ids) == 24
@@ -178,12 +176,12 @@ def test_no_compilation_after_warmup(setup):
                                       frequency_penalty=0.5, repetition_penalty=1.3, max_tokens=9,
                                       logit_bias={7: 3.0}, logprobs=0)][i % 4])
     llm.generate(ps, params, use_tqdm=False)
-    e = small_pool_engine(llm, num_blocks=10)  # preemption too
-    for i, p in enumerate(ps[:8]):
-        e.add_request(str(i), p, params[i])
-    while e.has_unfinished_requests():
-        e.step()
-    assert e.scheduler.num_preemptions > 0
+    with small_pool_engine(llm, num_blocks=10) as e:  # preemption too
+        for i, p in enumerate(ps[:8]):
+            e.add_request(str(i), p, params[i])
+        while e.has_unfinished_requests():
+            e.step()
+        assert e.scheduler.num_preemptions > 0
     assert (CompileCounter.count, runner.num_compilations) == before
     assert_idle(llm)
 

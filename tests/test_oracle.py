@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from jaxinfer import LLM, SamplingParams
-from jaxinfer.engine import LLMEngine
+from helpers import borrowed_runner
 
 pytestmark = pytest.mark.real_model
 BACKEND = os.environ.get("JAXINFER_TEST_BACKEND", "xla")
@@ -59,18 +59,18 @@ def test_greedy_all_in_one_call_and_text(llm, oracle):
 def test_greedy_under_preemption(llm, oracle):
     recs = records(oracle)
     e = llm.engine
-    small = LLMEngine(e.config, e.model_config, e.runner, num_blocks=14, tokenizer=e.tokenizer)
-    for r in recs:
-        small.add_request(str(r["index"]), r["prompt_ids"], GREEDY)
-    done = {}
-    while small.has_unfinished_requests():
-        for out in small.step():
-            if out.finished:
-                done[out.request_id] = out.outputs[0].token_ids
-    assert small.scheduler.num_preemptions > 0
-    for r in recs:
-        assert done[str(r["index"])] == r["generated_ids"], r["index"]
-    check_idle(small)
+    with borrowed_runner(e, num_blocks=14) as small:
+        for r in recs:
+            small.add_request(str(r["index"]), r["prompt_ids"], GREEDY)
+        done = {}
+        while small.has_unfinished_requests():
+            for out in small.step():
+                if out.finished:
+                    done[out.request_id] = out.outputs[0].token_ids
+        assert small.scheduler.num_preemptions > 0
+        for r in recs:
+            assert done[str(r["index"])] == r["generated_ids"], r["index"]
+        check_idle(small)
 
 
 def test_last_prompt_logits(llm, oracle, smollm2_dir):

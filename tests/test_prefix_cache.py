@@ -80,6 +80,8 @@ def llm():
 
 
 def engine(llm, caching: bool, num_blocks: int = 96) -> LLMEngine:
+    """A fresh engine over the shared runner. Engines created here run one after another,
+    never interleaved: they share one KV memory."""
     e = llm.engine
     cfg = dataclasses.replace(e.config, cache=dataclasses.replace(e.config.cache, enable_prefix_caching=caching))
     return LLMEngine(cfg, e.model_config, e.runner, num_blocks, e.tokenizer)
@@ -138,16 +140,19 @@ def test_prefix_evicted_and_recomputed(llm):
 
 
 def test_multi_turn_chat_extends_last_turn(llm):
-    e_on, e_off = engine(llm, True), engine(llm, False)
-    conv, computed_before = rand(30, 5), 0
+    e_off = engine(llm, False)  # caching off first: the whole conversation, turn by turn
+    convs, outs = [rand(30, 5)], []
     for turn in range(4):
+        (off,), _ = run(e_off, [([convs[-1]], None)])
+        outs.append(off)
+        convs.append(convs[-1] + off + rand(7, 100 + turn))  # the next user turn extends the history
+    e_on, computed_before = engine(llm, True), 0
+    for conv, off in zip(convs, outs):
         (on,), (c,) = run(e_on, [([conv], None)])
-        (off,), _ = run(e_off, [([conv], None)])
         assert on == off
         # Every full block the previous turn computed (its last sampled token never was) is a hit.
         assert c == 16 * min(computed_before // 16, (len(conv) - 1) // 16)
         computed_before = len(conv) + len(on) - 1
-        conv = conv + on + rand(7, 100 + turn)  # the next user turn extends the whole history
 
 
 def test_preemption_with_caching(llm):
@@ -156,3 +161,14 @@ def test_preemption_with_caching(llm):
     e = engine(llm, True, num_blocks=14)
     got, _ = run(e, [(prompts, None)])
     assert e.scheduler.num_preemptions > 0 and got == ref
+
+
+def test_reset_prefix_cache_only_when_idle():
+    bm = BlockManager(4, BS)
+    h = chain_hashes(list(range(16)), BS)
+    b = bm.allocate(1)
+    bm.register(b[0], h[0])
+    assert not bm.reset_prefix_cache() and bm.lookup(h) == b  # in use: refused, unchanged
+    bm.free(b)
+    assert bm.reset_prefix_cache()
+    assert bm.lookup(h) == [] and bm.num_free_blocks == 3 and bm.allocate(3) == [1, 2, 3]
