@@ -59,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continuous batching, or the static-batching baseline (benchmarks)")
     sched.add_argument("--batch-timeout", type=float, default=0.1,
                        help="static scheduler: seconds the oldest request waits for a full batch")
+    par = p.add_argument_group("parallelism (docs/distributed.md)")
+    par.add_argument("--tensor-parallel-size", type=int, default=1, help="devices per replica (Megatron TP)")
+    par.add_argument("--data-parallel-size", type=int, default=1, help="replicas, each with its own KV pool")
+    par.add_argument("--coordinator-address", default=None, help="HOST:PORT of process 0 (multi-host)")
+    par.add_argument("--num-processes", type=int, default=None, help="processes in a multi-host run")
+    par.add_argument("--process-id", type=int, default=None, help="this process's rank (0 serves HTTP)")
     server = p.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1")
     server.add_argument("--port", type=int, default=8000)
@@ -93,7 +99,16 @@ def engine_config(args, model_config):
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_model_len=max_model_len, max_queue_len=args.max_queue_len,
                                   scheduler=args.scheduler, batch_timeout_s=args.batch_timeout),
-        attention_backend=args.attention_backend, max_logprobs=args.max_logprobs, seed=args.seed, warmup=args.warmup)
+        attention_backend=args.attention_backend, max_logprobs=args.max_logprobs, seed=args.seed, warmup=args.warmup,
+        parallel=parallel_config(args))
+
+
+def parallel_config(args):
+    from jaxinfer.config import ParallelConfig
+
+    return ParallelConfig(tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
+                          coordinator_address=args.coordinator_address, num_processes=args.num_processes,
+                          process_id=args.process_id)
 
 
 def engine_builder(args):
@@ -103,8 +118,8 @@ def engine_builder(args):
         from jaxinfer.builder import build_engine, load_model
         from jaxinfer.config import EngineConfig
 
-        model_config, params, tokenizer, _ = load_model(EngineConfig(model_path=args.model, dtype=args.dtype),
-                                                        args.load_format)
+        probe = EngineConfig(model_path=args.model, dtype=args.dtype, parallel=parallel_config(args))
+        model_config, params, tokenizer, _ = load_model(probe, args.load_format)
         return build_engine(engine_config(args, model_config), load_format=args.load_format,
                             model_config=model_config, params=params, tokenizer=tokenizer)
 
@@ -133,11 +148,29 @@ def main(argv: list[str] | None = None) -> None:
     from jaxinfer.api.app import create_app
     from jaxinfer.async_engine import AsyncEngine
 
+    from jaxinfer import distributed
+
+    distributed.initialize(parallel_config(args))  # before any other JAX call; no-op on one process
+    if not distributed.is_leader():  # followers run the leader's steps and serve no HTTP
+        engine = engine_builder(args)()
+        distributed.serve_follower(engine)
+        distributed.shutdown(engine)
+        return
     config = server_config(args)
     async_engine = AsyncEngine(engine_builder(args))
     app = create_app(async_engine, config)
     logger.info("listening on http://%s:%d (model %s loads in the background)", config.host, config.port, args.model)
-    serve(app, async_engine, config)
+    try:
+        serve(app, async_engine, config)
+    finally:
+        if jax_multiprocess():
+            distributed.shutdown(getattr(async_engine, "engine", None))  # stop the followers
+
+
+def jax_multiprocess() -> bool:
+    import jax
+
+    return jax.process_count() > 1
 
 
 if __name__ == "__main__":

@@ -95,3 +95,51 @@ def test_two_processes_serve_a_request_end_to_end(tmp_path):
     assert leader["tokens"] == [o.outputs[0].token_ids for o in outs]
     for got, o in zip(leader["logits"], outs):
         assert np.abs(np.array(got, np.float32) - np.array(o.outputs[0].logits)).max() <= 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_two_process_http_server_end_to_end(smollm2_dir, oracle):
+    """`python server.py --coordinator-address ... --num-processes 2 --process-id I`: process 0
+    serves HTTP, both run the TP-2 steps; greedy output equals the oracle; SIGTERM ends both."""
+    import signal
+    import time
+
+    import httpx
+
+    coord, http = free_port(), free_port()
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "PYTHONUNBUFFERED": "1"}
+    common = [sys.executable, str(ROOT / "server.py"), "--model", str(smollm2_dir), "--no-warmup",
+              "--tensor-parallel-size", "2", "--max-model-len", "128", "--max-num-seqs", "4",
+              "--max-num-batched-tokens", "32", "--num-blocks", "64", "--coordinator-address", f"127.0.0.1:{coord}",
+              "--num-processes", "2", "--port", str(http)]
+    procs = [subprocess.Popen(common + ["--process-id", str(i)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT) for i in (0, 1)]
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        url = f"http://127.0.0.1:{http}"
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert all(p.poll() is None for p in procs), "a server process exited during start-up"
+            time.sleep(0.5)
+        rec = oracle["results"][0]
+        r = httpx.post(url + "/v1/completions", timeout=120,
+                       json={"model": str(smollm2_dir), "prompt": rec["prompt_ids"], "max_tokens": 8, "temperature": 0})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == rec["generated_text"][:len(r.json()["choices"][0]["text"])]
+        assert len(r.json()["choices"][0]["text"]) > 0
+        procs[0].send_signal(signal.SIGTERM)
+        for p in procs:
+            assert p.wait(timeout=60) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for p in procs:
+            out = p.communicate(timeout=10)[0].decode(errors="replace") if p.stdout else ""
+            if p.returncode not in (0, None):
+                print(out[-3000:])
