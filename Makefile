@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 WEIGHTS := weights/smollm2-135m-instruct/.complete
 PYTEST_ARGS ?=
 
-.PHONY: setup serve test test-fast bench offline-bench weights clean
+.PHONY: setup serve test test-fast bench bench-quick roofline offline-bench weights clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,15 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not real_model and not slow" $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) benchmarks/compare.py $(ARGS)
+
+bench-quick: setup
+	$(PY) benchmarks/compare.py --quick $(ARGS)
+
+roofline: setup
+	$(PY) benchmarks/roofline.py $(ARGS)
 
 offline-bench: setup
 	$(PY) benchmarks/offline_throughput.py

@@ -225,6 +225,9 @@ def _failure_error(reason: str, ctx: ServingContext) -> APIError:
     if reason == "rejected":
         ctx.metrics.rejected.labels("queue_wait_expired").inc()
         return queue_wait_error(ctx.config.max_queue_wait, ctx.config.retry_after)
+    if reason == "error":  # the static-batching baseline could not reserve max_model_len of KV
+        return APIError(503, "the KV cache cannot hold this request's max_model_len reservation (static batching)",
+                        code="kv_cache_exhausted", retry_after=ctx.config.retry_after)
     return APIError(503, "the request was aborted (client disconnected or server shutting down)",
                     code="aborted", retry_after=ctx.config.retry_after)
 

@@ -1,0 +1,255 @@
+"""Load generator (`jaxinfer.bench`) against a stub server with hand-computable timings.
+
+The stub answers ``/v1/completions`` with an SSE stream: the first token after
+``TTFT_S`` seconds, then one token every ``GAP_S`` seconds, ``max_tokens`` tokens in all,
+then a usage chunk and ``[DONE]``. The prompt's first token id picks a failure instead:
+429 (with Retry-After), 400, 500, a mid-stream error event, or a hang (client timeout).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from jaxinfer.bench import load, report, stats, workloads
+from jaxinfer.bench.client import RequestResult
+from jaxinfer.bench.workloads import BenchRequest, WorkloadConfig
+
+TTFT_S, GAP_S = 0.30, 0.10
+CODE_429, CODE_400, CODE_500, CODE_STREAM_ERR, CODE_HANG = 429, 400, 500, 7, 8
+
+
+class Stub:
+    """The stub's counters (read by tests after the run)."""
+
+    def __init__(self):
+        self.received = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+
+def make_app(stub: Stub):
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    async def completions(request):
+        body = await request.json()
+        stub.received += 1
+        code, n = body["prompt"][0], body["max_tokens"]
+        if code == CODE_429:
+            return JSONResponse({"error": {"message": "overloaded"}}, status_code=429, headers={"Retry-After": "3"})
+        if code in (CODE_400, CODE_500):
+            return JSONResponse({"error": {"message": "no"}}, status_code=code)
+
+        async def events():
+            stub.in_flight += 1
+            stub.max_in_flight = max(stub.max_in_flight, stub.in_flight)
+            try:
+                if code == CODE_HANG:
+                    await asyncio.sleep(30)
+                await asyncio.sleep(TTFT_S)
+                for i in range(n):
+                    if i:
+                        await asyncio.sleep(GAP_S)
+                    if code == CODE_STREAM_ERR and i == 2:
+                        yield f"data: {json.dumps({'error': {'message': 'boom', 'code': 'x'}})}\n\n"
+                        break
+                    yield f"data: {json.dumps({'choices': [{'index': 0, 'text': f't{i}'}]})}\n\n"
+                usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": n}
+                yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
+                yield "data: [DONE]\n\n"
+            finally:
+                stub.in_flight -= 1
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+
+
+@pytest.fixture()
+def stub_server():
+    import uvicorn
+
+    stub = Stub()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(make_app(stub), log_level="error", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}", stub
+    server.should_exit = True
+    thread.join(5)
+    sock.close()
+
+
+def reqs(codes, n_out=5):
+    return [BenchRequest([c, 11, 12], 3, n_out) for c in codes]
+
+
+def run(url, requests, warmup=(), **kw):
+    cfg = load.LoadConfig(url, "stub", progress=False, **kw)
+    return asyncio.run(load.run(cfg, requests, warmup))
+
+
+# ----- timings from the stream ---------------------------------------------------------------
+def test_ttft_tpot_itl_e2e_from_stream(stub_server):
+    url, _ = stub_server
+    (r,), duration = run(url, reqs([100], n_out=5))
+    assert r.outcome == "ok" and r.status == 200 and r.output_tokens == 5 and r.prompt_tokens == 3
+    tol = 0.08  # sleeps never end early, but may end late on a busy shared machine
+    assert TTFT_S <= r.ttft < TTFT_S + tol, r
+    assert len(r.itl) == 4 and sum(r.itl) == pytest.approx(r.e2el - r.ttft, abs=tol), r
+    assert TTFT_S + 4 * GAP_S <= r.e2el < TTFT_S + 4 * GAP_S + 2 * tol, r
+    assert r.tpot == pytest.approx((r.e2el - r.ttft) / 4)  # excludes the first token
+    assert abs(r.tpot - GAP_S) < tol / 2, r
+    assert duration >= r.e2el
+
+
+def test_status_counting_and_retry_after(stub_server):
+    url, _ = stub_server
+    codes = [100, CODE_429, CODE_400, CODE_500, CODE_STREAM_ERR, CODE_HANG, 101]
+    results, _ = run(url, reqs(codes), concurrency=len(codes), timeout_s=1.0)
+    assert [r.outcome for r in results] == ["ok", "http_429", "http_4xx", "http_5xx", "stream_error", "timeout", "ok"]
+    assert results[1].retry_after == 3.0 and results[1].status == 429
+    counts = stats.count_outcomes(results)
+    assert counts == {"ok": 2, "http_429": 1, "http_4xx": 1, "http_5xx": 1, "timeout": 1, "client_error": 0,
+                      "stream_error": 1, "http_200": 4, "total": 7}
+
+
+def test_connection_refused_is_a_client_error():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there now
+    (r,), _ = run(f"http://127.0.0.1:{port}", reqs([100]), timeout_s=5.0)
+    assert r.outcome == "client_error" and r.status is None and r.ttft is None
+
+
+def test_closed_loop_concurrency_and_warmup_excluded(stub_server):
+    url, stub = stub_server
+    results, duration = run(url, reqs([100] * 9), warmup=reqs([100] * 2), concurrency=3)
+    assert len(results) == 9 and stub.received == 11 and all(r.outcome == "ok" for r in results)
+    assert stub.max_in_flight == 3
+    one = TTFT_S + 4 * GAP_S
+    assert 3 * one <= duration < 3 * one + 1.5  # three rounds of three (nine in a row would take 9 * one)
+
+
+def test_open_loop_all_at_once(stub_server):
+    url, stub = stub_server
+    results, duration = run(url, reqs([100] * 6), concurrency=None, request_rate=float("inf"))
+    assert stub.max_in_flight == 6 and all(r.outcome == "ok" for r in results)
+    assert duration < 2 * (TTFT_S + 4 * GAP_S) + 0.6  # in parallel (one after another: 6x)
+
+
+def test_arrival_gaps_mean_and_burstiness():
+    g = load.arrival_gaps(4.0, 1.0, 40000, seed=1)
+    assert g.mean() == pytest.approx(0.25, rel=0.02)
+    assert g.std() / g.mean() == pytest.approx(1.0, rel=0.03)  # exponential: CV 1
+    bursty = load.arrival_gaps(4.0, 0.25, 40000, seed=1)
+    assert bursty.mean() == pytest.approx(0.25, rel=0.04)
+    assert bursty.std() / bursty.mean() == pytest.approx(2.0, rel=0.05)  # gamma: CV = 1 / sqrt(shape)
+    assert not load.arrival_gaps(float("inf"), 1.0, 5).any()
+
+
+# ----- aggregation ---------------------------------------------------------------------------
+def test_percentiles_by_hand():
+    s = stats.summarize_ms([k / 1000 for k in range(1, 101)])  # 1..100 ms
+    assert s["count"] == 100 and s["mean"] == pytest.approx(50.5) and s["median"] == pytest.approx(50.5)
+    # linear interpolation: rank q/100 * (n - 1)
+    assert s["p90"] == pytest.approx(90.1) and s["p95"] == pytest.approx(95.05) and s["p99"] == pytest.approx(99.01)
+    assert stats.summarize_ms([])["p99"] is None
+
+
+def ok(ttft, e2el, n_out, prompt=10):
+    return RequestResult("ok", 200, prompt, n_out, 0.0, prompt_tokens=prompt, output_tokens=n_out, ttft=ttft,
+                         e2el=e2el, itl=[(e2el - ttft) / (n_out - 1)] * (n_out - 1))
+
+
+def test_aggregate_throughput_and_goodput_by_hand():
+    rs = [ok(0.1, 1.1, 11), ok(0.5, 1.5, 11), ok(0.1, 3.1, 11),  # TPOT 100, 100, 300 ms
+          RequestResult("http_429", 429, 10, 11, 0.0)]
+    s = stats.aggregate(rs, duration_s=4.0, slo_ttft_ms=200, slo_tpot_ms=150)
+    assert s["completed"] == 3 and s["output_tokens"] == 33 and s["input_tokens"] == 30
+    assert s["output_throughput_tok_s"] == pytest.approx(33 / 4)
+    assert s["total_token_throughput_tok_s"] == pytest.approx(63 / 4)
+    assert s["request_throughput_req_s"] == pytest.approx(3 / 4)
+    assert s["slo"]["requests_meeting"] == 1 and s["goodput_req_s"] == pytest.approx(1 / 4)  # only the first
+    assert s["tpot_ms"]["median"] == pytest.approx(100) and s["ttft_ms"]["mean"] == pytest.approx(700 / 3)
+    assert s["counts"]["http_429"] == 1 and s["itl_ms"]["count"] == 30
+
+
+def test_report_files(tmp_path):
+    rs = [ok(0.1, 1.1, 11), ok(0.2, 1.0, 5)]
+    s = stats.aggregate(rs, 2.0)
+    s["kv_fragmentation"] = 0.125
+    md = report.markdown_table([("a", s), ("b", s)])
+    lines = md.strip().splitlines()
+    assert len(lines) == 4 and lines[2].startswith("| a | 2/2 | 8.0 |") and "0.125" in lines[2]
+    assert len({ln.count("|") for ln in lines}) == 1  # every row has every column
+    png = report.plot_cdfs(tmp_path / "x_cdf.png", [("a", rs)])
+    sweep = report.plot_sweep(tmp_path / "sweep.png", {"a": [(1, s), (4, s)]})
+    assert png.read_bytes()[:4] == b"\x89PNG" and sweep.stat().st_size > 1000
+    out = report.write_json(tmp_path / "x.json", report.result_dict("a", {}, s, rs))
+    back = json.loads(out.read_text())
+    assert back["requests"][0]["tpot"] == pytest.approx(0.1) and back["summary"]["completed"] == 2
+
+
+# ----- workloads -----------------------------------------------------------------------------
+def lengths(name, n=20000, **kw):
+    ins, outs = workloads.sample_lengths(WorkloadConfig(name=name, **kw), n, np.random.default_rng(0))
+    return ins, outs
+
+
+def test_fixed_and_uniform_and_normal_lengths():
+    ins, outs = lengths("fixed", n=10, input_len=512, output_len=256)
+    assert set(ins) == {512} and set(outs) == {256}
+    ins, outs = lengths("uniform", input_len=100, output_len=40, range_ratio=0.5)
+    assert ins.min() == 50 and ins.max() == 150 and ins.mean() == pytest.approx(100, rel=0.01)
+    assert outs.min() == 20 and outs.max() == 60
+    ins, _ = lengths("normal", input_len=400, std_ratio=0.25)
+    assert ins.mean() == pytest.approx(400, rel=0.01) and ins.std() == pytest.approx(100, rel=0.03)
+
+
+def test_sharegpt_lengths_match_published_means():
+    ins, outs = lengths("sharegpt", n=100000, max_input_len=10**9, max_output_len=10**9)
+    assert ins.mean() == pytest.approx(workloads.SHAREGPT_MEAN_INPUT, rel=0.03)
+    assert outs.mean() == pytest.approx(workloads.SHAREGPT_MEAN_OUTPUT, rel=0.03)
+    # lognormal: median = mean * exp(-sigma^2 / 2)
+    assert np.median(ins) == pytest.approx(161.31 * np.exp(-0.5), rel=0.03)
+    clipped, _ = lengths("sharegpt", max_input_len=300)
+    assert clipped.max() == 300 and clipped.min() >= 4
+
+
+def test_shared_prefix_prompts():
+    cfg = WorkloadConfig(name="shared-prefix", num_requests=6, input_len=10, prefix_len=32, num_prefixes=2)
+    rs = workloads.build_requests(cfg)
+    assert all(len(r.prompt) == r.prompt_len == 42 for r in rs)
+    assert rs[0].prompt[:32] == rs[2].prompt[:32] == rs[4].prompt[:32] != rs[1].prompt[:32]
+    assert rs[0].prompt[32:] != rs[2].prompt[32:]
+    again = workloads.build_requests(cfg)
+    assert [r.prompt for r in again] == [r.prompt for r in rs]  # seeded
+    lo, hi = cfg.token_id_range
+    assert all(lo <= t < hi for r in rs for t in r.prompt)
+
+
+def test_unknown_workload_rejected():
+    with pytest.raises(ValueError, match="unknown workload"):
+        WorkloadConfig(name="zipf")
+
+
+def test_client_imports_no_jax():
+    import subprocess
+    import sys
+
+    code = "import sys, jaxinfer.bench.serve; print('jax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"  # the load generator must not load JAX next to the server it measures
