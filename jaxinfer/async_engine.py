@@ -37,7 +37,7 @@ from jaxinfer.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-UNSCHEDULABLE_RECHECK_S = 0.01  # longest wait while requests exist but none could be scheduled
+UNSCHEDULABLE_RECHECK_S = 1.0  # safety net: longest wait while work exists but nothing was schedulable
 
 
 class EngineState(str, enum.Enum):
@@ -355,11 +355,14 @@ class AsyncEngine:
                         self.engine.abort_request(rid)
 
     def _wait_for_deadline(self) -> bool:
-        """Work exists but nothing was schedulable (e.g. the static scheduler collecting a
-        batch): wait for a command, the earliest request deadline or `UNSCHEDULABLE_RECHECK_S`,
-        whichever comes first. True on stop."""
+        """Work exists but nothing was schedulable (the static scheduler collecting a batch):
+        sleep until a command arrives, the batch is due, or the earliest request deadline,
+        capped by `UNSCHEDULABLE_RECHECK_S`. True on stop."""
         times = [t for r in self.engine.requests.values() for t in (r.deadline, r.max_queue_wait_deadline)
                  if t is not None]
+        batch_due = getattr(self.engine.scheduler, "batch_deadline", None)
+        if batch_due is not None:
+            times.append(batch_due)
         timeout = min([UNSCHEDULABLE_RECHECK_S] + [t - time.monotonic() for t in times])
         try:
             cmd = self._inbox.get(timeout=max(0.0, timeout))
