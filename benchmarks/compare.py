@@ -6,6 +6,8 @@ Scenarios (closed loop; prompts are random token ids; ``ignore_eos`` so lengths 
   2. ``sharegpt``: same concurrency, ShareGPT-like lognormal lengths (see
      `jaxinfer.bench.workloads`), prompts <= 512 and outputs <= 511 tokens.
   3. ``overload``: 4x the concurrency the KV pool can hold, scenario 1's lengths.
+Queues: scenarios 1-2 let every client wait (``--timeout-s``); overload keeps a short queue
+(``--overload-queue-len``, ``--max-queue-wait``) so excess clients get 429 at once.
 Both jaxinfer modes get the same KV pool: ``--num-blocks`` = enough blocks for
 ``concurrency`` requests of 512 + 256 tokens (+ the null block), ``max_model_len`` 1024.
 Static batching reserves ``max_model_len`` per member, so fewer members fit: the rest
@@ -58,17 +60,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_command(system: str, port: int, a) -> list[str]:
+def queue_limits(scenario: str, a) -> tuple[int, float]:
+    """(max queue length, max queue wait s). Scenarios 1-2 queue every client (nobody should
+    be turned away at the designed load); overload keeps a short queue so excess clients get
+    429 + Retry-After at once instead of waiting, which keeps admitted requests' TTFT bounded."""
+    if scenario == "overload":
+        return a.overload_queue_len, a.max_queue_wait
+    return a.max_queue_len, a.timeout_s
+
+
+def server_command(system: str, port: int, a, scenario: str = "fixed") -> list[str]:
     """The command line that starts ``system`` on ``port`` (same model and limits for both jaxinfer modes)."""
+    queue_len, queue_wait = queue_limits(scenario, a)
     if system == "hf-transformers":
         return [sys.executable, str(ROOT / "benchmarks" / "hf_server.py"), "--port", str(port),
                 "--max-batch-size", str(a.concurrency), "--batch-timeout-s", str(a.batch_timeout_s),
-                "--served-model-name", a.model, "--max-queue-len", str(a.max_queue_len)] + (
+                "--served-model-name", a.model, "--max-queue-len", str(queue_len)] + (
                     ["--threads", str(a.hf_threads)] if a.hf_threads else [])
     return [sys.executable, str(a.server_script), "--port", str(port), "--model", a.model,
             "--max-num-seqs", str(a.concurrency), "--max-num-batched-tokens", str(a.max_num_batched_tokens),
             "--max-model-len", str(a.max_model_len), "--num-blocks", str(a.num_blocks),
-            "--max-queue-len", str(a.max_queue_len), "--max-queue-wait", str(a.max_queue_wait),
+            "--max-queue-len", str(queue_len), "--max-queue-wait", str(queue_wait),
             "--shutdown-timeout", "5", "--log-level", "warning",
             "--scheduler", "static" if system == "jaxinfer-static" else "continuous"]
 
@@ -176,7 +188,9 @@ def parse_args(argv=None):
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--max-queue-len", type=int, default=256)
-    p.add_argument("--max-queue-wait", type=float, default=30.0, help="jaxinfer: seconds queued before 429")
+    p.add_argument("--max-queue-wait", type=float, default=30.0,
+                   help="jaxinfer, overload scenario: seconds queued before 429 (scenarios 1-2 wait --timeout-s)")
+    p.add_argument("--overload-queue-len", type=int, default=8, help="overload scenario: waiting requests before 429")
     p.add_argument("--batch-timeout-s", type=float, default=0.1, help="hf-transformers: batch formation wait")
     p.add_argument("--hf-threads", type=int, default=None, help="hf-transformers: torch threads (default torch's)")
     p.add_argument("--slo-ttft-ms", type=float, default=10_000.0)
@@ -219,7 +233,7 @@ def main(argv=None) -> dict:
             if system == "hf-transformers" and scen not in a.hf_scenarios:
                 continue
             port = free_port()
-            cmd = server_command(system, port, a)
+            cmd = server_command(system, port, a, scen)
             label = f"{scen}-{system}"
             print(f"== {label}: {conc} clients, {wl.num_requests} requests", flush=True)
             with running_server(cmd, out / "logs" / f"{label}.log", a.startup_timeout_s) as url:
