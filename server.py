@@ -14,10 +14,12 @@ import logging
 import re
 import signal
 import sys
+import threading
 
 logger = logging.getLogger("jaxinfer.server")
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+DRAIN_MARGIN_S = 1.0  # requests still running this long before the grace period ends are aborted
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
 
@@ -132,7 +134,13 @@ def serve(app, async_engine, config) -> None:
 
     class DrainingServer(uvicorn.Server):
         def handle_exit(self, sig, frame):
-            async_engine.start_draining()  # /health and new requests: 503 from now on
+            if not self.should_exit:
+                async_engine.start_draining()  # /health and new requests: 503 from now on
+                # Just before uvicorn would cancel handlers (a bare 500 / a cut stream), abort what
+                # is left so clients get a 503 envelope or an error event + [DONE].
+                timer = threading.Timer(max(0.0, config.shutdown_timeout - DRAIN_MARGIN_S), async_engine.abort_all)
+                timer.daemon = True
+                timer.start()
             super().handle_exit(sig, frame)
 
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=logging.getLogger().level,

@@ -224,6 +224,11 @@ class AsyncEngine:
             raise verdict
         return stream
 
+    def abort_all(self) -> None:
+        """Abort every in-flight request (end of the SIGTERM grace period): their clients get
+        503 / an error event instead of a cut connection. Thread-safe."""
+        self._inbox.put(("abort_all", None))
+
     def abort(self, request_ids: Sequence[str]) -> None:
         """Abort requests (client gone); applied before the engine's next step. Thread-safe."""
         if request_ids:
@@ -304,6 +309,9 @@ class AsyncEngine:
         elif kind == "abort":
             for rid in arg:
                 self.engine.abort_request(rid)
+        elif kind == "abort_all":
+            for rid in list(self._streams):
+                self.engine.abort_request(rid)
         elif kind == "stop":
             for rid in list(self._streams):
                 self.engine.abort_request(rid)
@@ -319,6 +327,9 @@ class AsyncEngine:
             for spec in specs:
                 engine._validate(spec.prompt_token_ids, spec.params)
             max_queue_len = engine.config.scheduler.max_queue_len
+            if len(specs) > max_queue_len:  # could never be queued at once: not "retry later"
+                raise RequestError(f"this request asks for {len(specs)} sequences (prompts x n); the server queues "
+                                   f"at most {max_queue_len} (--max-queue-len)", param="n")
             if engine.num_waiting + len(specs) > max_queue_len:
                 raise QueueFullError(f"waiting queue is full ({max_queue_len} requests)")
         except (RequestError, QueueFullError) as exc:

@@ -3,7 +3,8 @@
 A step is padded to a `Bucket` = (num_tokens T, num_seqs R, context width W):
   * T, tokens per step: 1, 2, 4 (a lone decoding stream runs matmuls with one row,
     ~2x faster on CPU than padding to 8), then from 8 up to the per-step token budget
-    growing by about 1.5x (8, 16, 24, 32, 48, 64, 96, ...), so padding wastes <= ~1/3.
+    growing by about 1.5x in multiples of 8 (8, 16, 24, 40, 64, 96, 144, ...), so padding
+    wastes at most ~1/3.
   * R, sequence rows: tied to T as ``min(T, max_num_seqs)`` (a step never has more
     sequences than tokens). Padding rows only cost a row of the LM head each.
   * W, block-table width in blocks for the *cached context* (tokens computed in earlier

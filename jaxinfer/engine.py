@@ -82,6 +82,10 @@ class LLMEngine:
         self._rng = np.random.default_rng(config.seed)
         self.stats = EngineStats()
         self.eos_token_ids = frozenset(model_config.eos_token_ids)
+        pool_tokens = self.block_manager.num_usable_blocks * cc.block_size
+        if pool_tokens < sc.max_model_len:
+            logger.warning("the KV pool holds %d tokens, less than max_model_len %d: longer requests get 400",
+                           pool_tokens, sc.max_model_len)
 
     # ----- warm-up ------------------------------------------------------------------------
     def warmup(self) -> float:
@@ -141,7 +145,14 @@ class LLMEngine:
         if len(ids) >= limit:
             raise RequestError(f"prompt has {len(ids)} tokens; the limit is {limit - 1} "
                                f"(max_model_len {limit}, at least one token must be generated)", param="prompt")
-        max_tokens = params.max_tokens if params.max_tokens is not None else limit - len(ids)
+        pool_tokens = self.block_manager.num_usable_blocks * self.block_manager.block_size
+        if params.max_tokens is None:  # unset: as much as the context and the whole pool allow
+            max_tokens = min(limit, pool_tokens) - len(ids)
+            if max_tokens < 1:
+                raise RequestError(f"prompt has {len(ids)} tokens; the KV pool holds {pool_tokens} tokens in all, "
+                                   "leaving no room to generate", param="prompt")
+        else:
+            max_tokens = params.max_tokens
         if len(ids) + max_tokens > limit:
             raise RequestError(f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = {len(ids) + max_tokens} "
                                f"exceeds max_model_len ({limit})", param="max_tokens")

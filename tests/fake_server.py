@@ -1,4 +1,4 @@
-"""``python tests/fake_server.py PORT``: `server.serve` over a fake-runner engine (SIGTERM drain tests).
+"""``python tests/fake_server.py PORT [GRACE_S]``: `server.serve` over a fake-runner engine (SIGTERM drain tests).
 
 Not a test module: a subprocess target, so signals reach a real uvicorn main thread.
 """
@@ -18,8 +18,9 @@ from jaxinfer.async_engine import AsyncEngine  # noqa: E402
 
 def main() -> None:
     port = int(sys.argv[1])
-    async_engine = AsyncEngine(lambda: fake_engine(max_model_len=1024, num_blocks=257, step_delay=0.01))
-    config = server_config(port=port, shutdown_timeout=10)
+    grace = float(sys.argv[2]) if len(sys.argv) > 2 else 10.0
+    async_engine = AsyncEngine(lambda: fake_engine(max_model_len=2048, num_blocks=257, step_delay=0.01))
+    config = server_config(port=port, shutdown_timeout=grace)
     server.serve(create_app(async_engine, config), async_engine, config)
 
 

@@ -100,11 +100,16 @@ def test_sc25_engine_death_turns_health_red_and_fails_requests():
         assert http.get("/live").status_code == 200
 
 
-@pytest.fixture
-def fake_server_process():
+def start_fake_server(grace_s: float = 10.0):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "fake_server.py"), str(port)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "fake_server.py"), str(port), str(grace_s)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return proc, port
+
+
+@pytest.fixture
+def fake_server_process(request):
+    proc, port = start_fake_server(getattr(request, "param", 10.0))
     try:
         url = f"http://127.0.0.1:{port}"
 
@@ -147,3 +152,31 @@ def test_sigterm_drains_in_flight_streams(fake_server_process):
     text = "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1])
     assert text == tokenizer().decode(expected_ids([1000], 100))  # finished in full during the drain
     assert proc.wait(15) == 0
+
+
+@pytest.mark.parametrize("fake_server_process", [2.0], indirect=True)
+def test_sigterm_past_grace_period_answers_503_and_error_events(fake_server_process):
+    """Requests still running when the grace period ends get a 503 envelope (non-streaming)
+    or an error event then [DONE] (streaming), never a bare 500 or a cut connection."""
+    proc, url = fake_server_process
+    body = {"prompt": [1000], "max_tokens": 1500, "ignore_eos": True}  # 15 s of 10 ms steps
+    result = {}
+
+    def call(key, stream):
+        with httpx.Client(timeout=30) as c:
+            result[key] = c.post(url + "/v1/completions", json={**body, "stream": stream})
+
+    threads = [threading.Thread(target=call, args=(k, k == "stream")) for k in ("stream", "plain")]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(25)
+    plain = result["plain"]
+    assert plain.status_code == 503 and plain.json()["error"]["code"] == "aborted", plain.text
+    events = sse_events(result["stream"].content)
+    assert events[-1] == "[DONE]" and "error" in json.loads(events[-2])
+    assert proc.wait(15) == 0
+    log = proc.stdout.read().decode(errors="replace")
+    assert "Traceback" not in log and "CancelledError" not in log, log[-2000:]

@@ -290,3 +290,31 @@ def test_openapi_documents_the_api(api):
     props = spec["components"]["schemas"]["CompletionRequest"]["properties"]
     assert props["max_tokens"]["anyOf"][0]["minimum"] == 1
     assert "top_k" in props and "request_timeout" in props
+
+
+def test_more_sequences_than_the_queue_is_400_not_429(api):
+    """prompts x n above --max-queue-len can never be queued at once: 400 (not a 429 to retry forever)."""
+    qlen = api.engine.config.scheduler.max_queue_len
+    r = completion(api, prompt=["hi"] * 5, n=qlen // 4, max_tokens=1)
+    assert_error(r, 400, "n")
+    assert completion(api, prompt=["hi"] * 4, n=qlen // 4, max_tokens=1).status_code == 200
+    assert_alive(api.http, api.ref, api.f0)
+
+
+def test_unset_max_tokens_fits_a_pool_smaller_than_the_context():
+    """A pool smaller than max_model_len: a chat without max_tokens generates up to what the
+    pool holds instead of failing on a max_tokens the client never sent."""
+    engine = fake_engine(max_model_len=2048, num_blocks=64)  # 63 blocks = 1008 tokens < 2048
+    with running_app(engine) as (app, ae):
+        http = TestClient(app, raise_server_exceptions=False)
+        r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                                    "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        u = r.json()["usage"]
+        assert u["prompt_tokens"] + u["completion_tokens"] == 63 * 16
+
+
+def test_model_retrieve(api):
+    r = api.http.get(f"/v1/models/{MODEL}")
+    assert r.status_code == 200 and r.json()["id"] == MODEL and r.json()["object"] == "model"
+    assert_error(api.http.get("/v1/models/other"), 404, "model")

@@ -70,13 +70,23 @@ async def chat_completions(body: ChatCompletionRequest, raw: Request, ctx: Servi
     return await serving.create_chat_completion(body, raw, ctx)
 
 
+def _model_card(ctx: ServingContext) -> ModelCard:
+    engine = ctx.async_engine.engine
+    return ModelCard(id=ctx.config.served_model_name, created=ctx.started,
+                     max_model_len=engine.config.scheduler.max_model_len if engine is not None else None)
+
+
 @v1.get("/models", response_model=ModelList)
 async def models(ctx: ServingContext = Depends(get_ctx)):
     """The served model."""
-    engine = ctx.async_engine.engine
-    card = ModelCard(id=ctx.config.served_model_name, created=ctx.started,
-                     max_model_len=engine.config.scheduler.max_model_len if engine is not None else None)
-    return ModelList(data=[card])
+    return ModelList(data=[_model_card(ctx)])
+
+
+@v1.get("/models/{model_id:path}", response_model=ModelCard)
+async def model(model_id: str, ctx: ServingContext = Depends(get_ctx)):
+    """One model (``client.models.retrieve``); 404 for any other name."""
+    ctx.check_model(model_id)
+    return _model_card(ctx)
 
 
 @debug.post("/tokenize", response_model=TokenizeResponse)
