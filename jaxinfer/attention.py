@@ -9,7 +9,8 @@ null block that padding tokens write into.
 XLA path (CPU default): attention of a token = softmax over
   A. the new keys of its own sequence in this step (causal, from the fresh K/V), and
   B. its sequence's *cached context* (positions < ctx_len, gathered from the pages):
-     B1 for single-token rows (decodes), each row's context gathered once;
+     B1 for single-token rows (decodes): an online-softmax loop over each row's block
+        table, a few blocks per iteration, only as far as the longest context reaches;
      B2 for multi-token rows with context (a continuing prefill chunk, or a prefix-cache
         hit): a loop over work items of up to ``Q_CHUNK`` queries of one row, each
         gathering that row's context once (no per-token gather),
@@ -105,17 +106,45 @@ def _merge(parts):
     return acc / denom[..., None]
 
 
+BLOCKS_PER_ITER = 8  # B1 reads this many blocks per row per loop iteration
+
+
 def _row_context(qg, k_cache, v_cache, layer, meta):
-    """B1: each row's last token against the row's context, scattered back to [T]."""
-    T = qg.shape[0]
-    last = jnp.minimum(meta.row_last, T - 1)
-    kc = k_cache[layer, meta.block_tables].reshape(last.shape[0], -1, *k_cache.shape[3:])  # [R, S, K, H]
-    vc = v_cache[layer, meta.block_tables].reshape(last.shape[0], -1, *v_cache.shape[3:])
-    m, l, a = _partial_softmax(_masked_scores(qg[last], kc, meta.row_ctx_len), vc)
+    """B1: each row's last token against the row's context, scattered back to [T].
+
+    Walks the block tables ``BLOCKS_PER_ITER`` blocks at a time with an online softmax
+    (FlashAttention-style running max/sum), for only as many iterations as the longest
+    context needs: each iteration gathers a small cache-resident slab instead of
+    materialising the whole [R, W*bs, K, H] context, and padding width costs nothing.
+    """
+    T, K, G, H = qg.shape
+    R, W = meta.block_tables.shape
+    bs = k_cache.shape[2]
+    c = min(BLOCKS_PER_ITER, W)
+    tables = jnp.pad(meta.block_tables, ((0, 0), (0, -W % c)))  # null-block padding to a multiple of c
+    q = qg[jnp.minimum(meta.row_last, T - 1)]  # [R, K, G, H]
+    span = c * bs
+
+    def body(j, carry):
+        m, l, acc = carry
+        blocks = jax.lax.dynamic_slice_in_dim(tables, j * c, c, axis=1)  # [R, c]
+        k = k_cache[layer, blocks].reshape(R, span, K, H)
+        v = v_cache[layer, blocks].reshape(R, span, K, H)
+        s = jnp.einsum("rkgh,rskh->rkgs", q, k.astype(jnp.float32))
+        pos = j * span + jnp.arange(span)
+        s = jnp.where((pos[None, :] < meta.row_ctx_len[:, None])[:, None, None, :], s, -jnp.inf)
+        m_new = jnp.maximum(m, s.max(-1))
+        safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+        p = jnp.exp(s - safe[..., None])
+        scale = jnp.where(jnp.isfinite(m), jnp.exp(m - safe), 0.0)
+        return (m_new, l * scale + p.sum(-1),
+                acc * scale[..., None] + jnp.einsum("rkgs,rskh->rkgh", p, v.astype(jnp.float32)))
+
+    iters = (jnp.max(meta.row_ctx_len) + span - 1) // span
+    init = (jnp.full((R, K, G), -jnp.inf), jnp.zeros((R, K, G)), jnp.zeros((R, K, G, H)))
+    m, l, a = jax.lax.fori_loop(0, iters, body, init)
     to = lambda init, x: init.at[meta.row_last].set(x, mode="drop")  # noqa: E731
-    K, G = qg.shape[1:3]
-    return (to(jnp.full((T, K, G), -jnp.inf), m), to(jnp.zeros((T, K, G)), l),
-            to(jnp.zeros((T, K, G, qg.shape[3])), a))
+    return (to(jnp.full((T, K, G), -jnp.inf), m), to(jnp.zeros((T, K, G)), l), to(jnp.zeros((T, K, G, H)), a))
 
 
 def _chunk_context(qg, k_cache, v_cache, layer, meta, q_chunk: int):
