@@ -101,6 +101,16 @@ class Request:
         p = len(self.prompt_token_ids)
         return self.prompt_token_ids[position] if position < p else self.output_token_ids[position - p]
 
+    def append_output(self, token_id: int, now: float, max_model_len: int) -> FinishReason | None:
+        """Record a sampled token; returns why the request must finish now, if it must."""
+        self.output_token_ids.append(int(token_id))
+        if self.first_token_time is None:
+            self.first_token_time = now
+        reason = self.check_stop_token(int(token_id))
+        if reason is None and self.num_tokens >= max_model_len:
+            reason = FinishReason.LENGTH
+        return reason
+
     def check_stop_token(self, token_id: int) -> FinishReason | None:
         """Stop rules that depend only on the newest token and lengths (host side).
 

@@ -168,13 +168,8 @@ class StaticScheduler:
             req.num_computed_tokens += n
             if req.num_computed_tokens < req.num_tokens:
                 continue
-            req.output_token_ids.append(int(tok))
-            if req.first_token_time is None:
-                req.first_token_time = now
             got_token.append(req)
-            reason = req.check_stop_token(int(tok))
-            if reason is None and req.num_tokens >= self.config.max_model_len:
-                reason = FinishReason.LENGTH
+            reason = req.append_output(tok, now, self.config.max_model_len)
             if reason is not None:
                 self.finish(req, reason)
         return got_token
