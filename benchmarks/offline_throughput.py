@@ -17,22 +17,16 @@ import argparse
 import datetime
 import json
 import platform
-import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 
 from jaxinfer import LLM, SamplingParams
+from jaxinfer.bench.metadata import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 
-
-def commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
-    except Exception:
-        return "unknown"
 
 
 def timed_generate(llm: LLM, prompts, sp) -> dict:
@@ -95,7 +89,7 @@ def main() -> None:
 
     result = {
         "benchmark": "offline_throughput", "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "commit": commit(), "model": args.model, "dtype": args.dtype, "device": str(jax.devices()[0]),
+        "commit": git_commit()["commit"], "model": args.model, "dtype": args.dtype, "device": str(jax.devices()[0]),
         "backend": llm.engine.runner.backend, "jax": jax.__version__, "machine": platform.processor() or platform.machine(),
         "cpu_count": __import__("os").cpu_count(), "startup_s": startup,
         "warmup_compilations": llm.engine.runner.num_compilations,

@@ -17,19 +17,13 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from jaxinfer.bench.metadata import git_commit
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
-    except Exception:
-        return "unknown"
 
 
 def run_setting(args, tp: int, dp: int, prompts) -> dict:
@@ -86,7 +80,7 @@ def main() -> None:
     for r in results:
         r.pop("tokens")
     out = {"benchmark": "offline_tp", "date": datetime.datetime.now().isoformat(timespec="seconds"),
-           "commit": commit(), "jax": jax.__version__, "platform": jax.default_backend(),
+           "commit": git_commit()["commit"], "jax": jax.__version__, "platform": jax.default_backend(),
            "devices": [str(d) for d in jax.devices()], "host": platform.processor() or platform.machine(),
            "fake_devices": args.fake_devices, "model": args.model, "dtype": args.dtype,
            "num_prompts": args.num_prompts, "max_tokens": args.max_tokens, "results": results}

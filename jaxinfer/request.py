@@ -101,6 +101,20 @@ class Request:
         p = len(self.prompt_token_ids)
         return self.prompt_token_ids[position] if position < p else self.output_token_ids[position - p]
 
+    def expiry_reason(self, now: float) -> FinishReason | None:
+        """TIMEOUT past the deadline; REJECTED if still waiting past the queue-wait limit."""
+        if self.deadline is not None and now >= self.deadline:
+            return FinishReason.TIMEOUT
+        if (self.status == RequestStatus.WAITING and self.max_queue_wait_deadline is not None
+                and now >= self.max_queue_wait_deadline):
+            return FinishReason.REJECTED
+        return None
+
+    def mark_finished(self, reason: FinishReason) -> None:
+        self.status = RequestStatus.FINISHED
+        self.finish_reason = reason
+        self.finished_time = time.monotonic()
+
     def append_output(self, token_id: int, now: float, max_model_len: int) -> FinishReason | None:
         """Record a sampled token; returns why the request must finish now, if it must."""
         self.output_token_ids.append(int(token_id))

@@ -94,9 +94,7 @@ class Scheduler:
                 self.waiting.remove(request)
             except ValueError:
                 pass
-        request.status = RequestStatus.FINISHED
-        request.finish_reason = reason
-        request.finished_time = time.monotonic()
+        request.mark_finished(reason)
 
     @property
     def num_unfinished(self) -> int:
@@ -131,12 +129,9 @@ class Scheduler:
     def _expire(self, now: float) -> list[Request]:
         out = []
         for req in list(self.running) + list(self.waiting):
-            if req.deadline is not None and now >= req.deadline:
-                self.finish(req, FinishReason.TIMEOUT)
-                out.append(req)
-            elif (req.status == RequestStatus.WAITING and req.max_queue_wait_deadline is not None
-                  and now >= req.max_queue_wait_deadline):
-                self.finish(req, FinishReason.REJECTED)
+            reason = req.expiry_reason(now)
+            if reason is not None:
+                self.finish(req, reason)
                 out.append(req)
         return out
 

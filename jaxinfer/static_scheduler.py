@@ -67,9 +67,7 @@ class StaticScheduler:
                 self.waiting.remove(request)
             except ValueError:
                 pass
-        request.status = RequestStatus.FINISHED
-        request.finish_reason = reason
-        request.finished_time = time.monotonic()
+        request.mark_finished(reason)
         if self.batch and not self.running:
             self._release_batch()
 
@@ -105,12 +103,9 @@ class StaticScheduler:
         waiting past their queue-wait limit: REJECTED. Same rules as `Scheduler`."""
         out = []
         for req in list(self.running) + list(self.waiting):
-            if req.deadline is not None and now >= req.deadline:
-                self.finish(req, FinishReason.TIMEOUT)
-                out.append(req)
-            elif (req.status == RequestStatus.WAITING and req.max_queue_wait_deadline is not None
-                  and now >= req.max_queue_wait_deadline):
-                self.finish(req, FinishReason.REJECTED)
+            reason = req.expiry_reason(now)
+            if reason is not None:
+                self.finish(req, reason)
                 out.append(req)
         return out
 
