@@ -216,8 +216,10 @@ def paged_attention(backend: str, q, k_new, v_new, k_cache, v_cache, layer, meta
     elif backend == "pallas":
         from pallas_kernels import ragged_paged_attention
 
-        out = ragged_paged_attention(q, k_cache, v_cache, meta.kv_lens, meta.block_tables, meta.query_start_loc,
-                                     meta.num_seqs, sm_scale=sm_scale, layer=layer, interpret=interpret)
+        # The kernel takes q in the cache dtype (bfloat16 models keep q in float32 up to here).
+        out = ragged_paged_attention(q.astype(k_cache.dtype), k_cache, v_cache, meta.kv_lens, meta.block_tables,
+                                     meta.query_start_loc, meta.num_seqs, sm_scale=sm_scale, layer=layer,
+                                     interpret=interpret).astype(q.dtype)
     else:
         raise ValueError(f"unknown attention backend {backend!r} (expected 'xla' or 'pallas')")
     return out, k_cache, v_cache

@@ -1,0 +1,56 @@
+"""benchmarks/backend_check.py (the GPU machine's stand-in for the oracle tests) on a tiny
+model: the pallas backend (interpret mode) equals the xla backend in float32 and
+bfloat16, prompts mixing fresh prefills, continuing chunks and decodes.
+
+bfloat16 + pallas once failed at trace time (q stayed float32 against a bfloat16 cache);
+this is its regression test.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 16, "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-5, "max_position_embeddings": 512, "tie_word_embeddings": False,
+        "bos_token_id": 1, "eos_token_id": 2}
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("backend_check", ROOT / "benchmarks" / "backend_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_pallas_equals_xla_in_the_engine(tmp_path):
+    cfg = tmp_path / "tiny.json"
+    cfg.write_text(json.dumps(TINY))
+    script = load_script()
+    rc = script.main(["--config", str(cfg), "--max-model-len", "200", "--max-tokens", "8",
+                      "--decode-batch", "0", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "backend_check.json").read_text())
+    assert rc == 0, report
+    by_dtype = {r["dtype"]: r for r in report["results"]}
+    assert set(by_dtype) == {"float32", "bfloat16"}
+    f32 = by_dtype["float32"]["prompts"]
+    assert all(p["same_tokens"] == p["of"] == 8 for p in f32)
+    assert max(p["max_logit_diff"] for p in f32) < 1e-4
+    # The long prompt is prefilled in two chunks of at most 128 tokens.
+    assert by_dtype["float32"]["prompt_lengths"][-1] == 200 - 8 - 1
+
+
+def test_compare_flags_a_split_that_is_not_a_near_tie():
+    import numpy as np
+
+    script = load_script()
+    logits = [np.array([5.0, 1.0, 0.0]), np.array([3.0, 2.5, 0.0])]
+    ref = script.BackendRun([[0, 0]], [logits], 0.0)
+    tie_split = script.BackendRun([[0, 1]], [logits], 0.0)  # gap 0.5 at the split
+    assert script.compare(ref, ref, "float32", tie_gap=0.1)["ok"]
+    assert not script.compare(ref, tie_split, "float32", tie_gap=0.1)["ok"]
+    assert script.compare(ref, tie_split, "float32", tie_gap=1.0)["ok"]
