@@ -15,6 +15,7 @@ import re
 import signal
 import sys
 import threading
+import types
 
 logger = logging.getLogger("jaxinfer.server")
 
@@ -147,11 +148,39 @@ def serve(app, async_engine, config) -> None:
                                timeout_graceful_shutdown=config.shutdown_timeout, lifespan="on")
     # uvicorn re-raises the signal after its graceful shutdown: make that a clean exit
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    DrainingServer(uv_config).run()
+    server = DrainingServer(uv_config)
+    threading.Thread(target=exit_if_never_ready, args=(async_engine, server), daemon=True).start()
+    server.run()
+    if getattr(server, "engine_failed_at_start", False):
+        sys.exit(1)  # the engine failed while loading or warming up (logged above)
+
+
+def exit_if_never_ready(async_engine, server) -> None:
+    """Stop serving when the engine fails before it was ever ready (bad weights, out of memory):
+    such a server could never answer, so it exits 1 instead of staying up unready. An engine
+    that dies later leaves the server up with /health red (serving case SC-25)."""
+    from jaxinfer.async_engine import EngineState
+
+    async_engine.ready_event.wait()
+    if async_engine.state == EngineState.DEAD:
+        server.engine_failed_at_start = True
+        server.should_exit = True
+
+
+def check_flags(parser: argparse.ArgumentParser, args) -> None:
+    """Refuse flag values the configuration rejects (exit 2 with the reason) before anything loads."""
+    probe = types.SimpleNamespace(max_position_embeddings=4096)  # the real model is not loaded yet
+    try:
+        server_config(args)
+        engine_config(args, probe)
+    except ValueError as e:
+        parser.error(str(e))
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_flags(parser, args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from jaxinfer.api.app import create_app
     from jaxinfer.async_engine import AsyncEngine

@@ -126,6 +126,12 @@ class CacheConfig:
     watermark: float = 0.15
     enable_prefix_caching: bool = True
 
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        if self.num_blocks is not None and self.num_blocks < 2:  # block 0 is the null block
+            raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {self.num_blocks}")
+
 
 @dataclasses.dataclass(frozen=True)
 class SchedulerConfig:
@@ -150,6 +156,13 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.scheduler not in ("continuous", "static"):
             raise ValueError(f"scheduler must be 'continuous' or 'static', got {self.scheduler!r}")
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:  # 0 would never schedule anything
+            raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got "
+                             f"{self.max_num_seqs} and {self.max_num_batched_tokens}")
+        if self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2 (one prompt and one output token), got {self.max_model_len}")
+        if self.max_queue_len < 0 or self.batch_timeout_s < 0:
+            raise ValueError("max_queue_len and batch_timeout_s must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True)

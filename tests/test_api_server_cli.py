@@ -56,3 +56,25 @@ def test_bad_flags_are_refused():
         server.parse_bytes("lots")
     with pytest.raises(SystemExit):
         server.build_parser().parse_args(["--truncate-prompt", "right"])
+
+
+@pytest.mark.parametrize("flags", [["--max-num-seqs", "0"], ["--max-num-batched-tokens", "0"], ["--watermark", "1"],
+                                   ["--num-blocks", "1"], ["--max-model-len", "1"], ["--max-queue-len", "-1"]])
+def test_flags_the_config_rejects_exit_2_before_loading(flags, capsys):
+    parser = server.build_parser()
+    with pytest.raises(SystemExit) as exc:
+        server.check_flags(parser, parser.parse_args(flags))
+    assert exc.value.code == 2
+    assert "must be" in capsys.readouterr().err
+
+
+def test_engine_failing_at_start_up_exits_1(tmp_path):
+    """A server whose engine can never come up (here: no such model) exits 1, not unready forever."""
+    import subprocess
+
+    from api_helpers import free_port
+
+    proc = subprocess.run([sys.executable, str(REPO / "server.py"), "--model", str(tmp_path / "missing"),
+                           "--port", str(free_port())], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "unknown model" in proc.stderr

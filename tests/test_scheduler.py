@@ -1,4 +1,6 @@
 """Scheduler: budgets, chunked prefill, watermark, preemption, deadlines (pure Python)."""
+import pytest
+
 from jaxinfer.block_manager import BlockManager
 from jaxinfer.config import CacheConfig, SchedulerConfig
 from jaxinfer.request import FinishReason, Request, RequestStatus
@@ -139,3 +141,16 @@ def test_deadline_and_queue_wait():
     a.deadline = 0.5  # a running request past its deadline is evicted and its blocks freed
     out = s.schedule(now=1.0)
     assert out.finished == [a] and a.finish_reason == FinishReason.TIMEOUT and bm.num_free_blocks == 4
+
+
+@pytest.mark.parametrize("kwargs", [dict(max_num_seqs=0), dict(max_num_batched_tokens=0), dict(max_model_len=1),
+                                    dict(max_queue_len=-1), dict(batch_timeout_s=-1.0), dict(scheduler="fifo")])
+def test_scheduler_config_rejects_limits_that_never_schedule(kwargs):
+    with pytest.raises(ValueError):
+        SchedulerConfig(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [dict(watermark=1.0), dict(watermark=-0.1), dict(num_blocks=1)])
+def test_cache_config_rejects_impossible_pools(kwargs):
+    with pytest.raises(ValueError):
+        CacheConfig(**kwargs)
