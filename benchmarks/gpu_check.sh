@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # GPU check of pallas_kernels, prepared for one H200 call (< 8 minutes, installs nothing).
 #
-# Assumes the GPU machine's python3 with jax 0.11.x + CUDA. Runs, each under its own
-# time limit, from the repository root:
+# Assumes the GPU machine's python3 with jax 0.11.x + CUDA (its image has jax, flax, orbax,
+# transformers; jaxinfer's server-only packages such as fastapi are not needed here).
+# Runs, each under its own time limit, from the repository root:
 #   1. nvidia-smi and jax.devices()                                     -> env.txt
 #   2. kernel tests compiled (JAXINFER_PALLAS_COMPILED=1)              -> tests.log
 #   3. kernel benchmark, full sizes (pallas vs reference, copy BW)     -> bench.log, kernels_*.json
-#   4. tests/test_oracle.py with JAXINFER_TEST_BACKEND=pallas, if present -> oracle.log
-#      (extra pytest args in ORACLE_ARGS). It needs the converted SmolLM2 in weights/
-#      and the oracle in shared/ or ../shared/: neither travels with the working tree
-#      by default (the converted model is ~336 MB, over the 64 MiB carry limit), so
-#      expect it to skip or fail at set-up unless they are provided on the machine.
+#   4. engine check: pallas vs xla backend on random SmolLM2-shaped weights, float32 and
+#      bfloat16, plus a decode-throughput probe per backend           -> engine.log, backend_check.json
+#      (the oracle tests need the converted SmolLM2, ~336 MB, over the 64 MiB carry limit,
+#      and the GPU machine has no network; this is their stand-in)
+#   5. tests/test_oracle.py with JAXINFER_TEST_BACKEND=pallas, only if weights/ holds the
+#      converted model and the oracle is in shared/ or ../shared/      -> oracle.log
 # and writes summary.txt (exit code of each step). Everything lands flat in
-# ${OUT:-benchmarks/results/gpu/$(date +%F)} (at most 6 files, as the device tool
-# brings back 8). Usage: bash benchmarks/gpu_check.sh
+# ${OUT:-benchmarks/results/gpu/$(date +%F)} (at most 8 files, as the device tool brings
+# back 8). Usage: bash benchmarks/gpu_check.sh
 set -u
 cd "$(dirname "$0")/.."
 OUT_DIR="${OUT:-benchmarks/results/gpu/$(date +%F)}"
@@ -40,20 +42,23 @@ step() {  # step NAME LIMIT_SECONDS LOG COMMAND...
 } >"$OUT_DIR/env.txt" 2>&1
 cat "$OUT_DIR/env.txt"
 
-step "kernel tests, compiled" 170 "$OUT_DIR/tests.log" \
+step "kernel tests, compiled" 150 "$OUT_DIR/tests.log" \
   env JAXINFER_PALLAS_COMPILED=1 "$PY" -m pytest -p no:cacheprovider -q -rA \
   --durations=10 tests/test_pallas_kernels.py
 
-step "kernel benchmark" 210 "$OUT_DIR/bench.log" \
+step "kernel benchmark" 190 "$OUT_DIR/bench.log" \
   "$PY" benchmarks/kernels.py --out "$OUT_DIR"
 
-if [ -f tests/test_oracle.py ]; then
+step "engine check, pallas vs xla" 110 "$OUT_DIR/engine.log" \
+  "$PY" benchmarks/backend_check.py --out "$OUT_DIR"
+
+if [ -f weights/smollm2-135m-instruct/config.json ] && [ -f tests/test_oracle.py ]; then
   # shellcheck disable=SC2086  # ORACLE_ARGS is a list of words
   step "oracle tests, pallas backend" 80 "$OUT_DIR/oracle.log" \
     env JAXINFER_TEST_BACKEND=pallas "$PY" -m pytest -p no:cacheprovider -q -rA \
     tests/test_oracle.py ${ORACLE_ARGS:-}
 else
-  echo "oracle tests: skipped (tests/test_oracle.py absent)" | tee -a "$SUMMARY"
+  echo "oracle tests: skipped (no converted model in weights/; step 4 stands in)" | tee -a "$SUMMARY"
 fi
 
 echo "=== summary ($OUT_DIR)"
