@@ -191,6 +191,9 @@ def parse_args(argv=None):
     p.add_argument("--max-queue-wait", type=float, default=30.0,
                    help="jaxinfer, overload scenario: seconds queued before 429 (scenarios 1-2 wait --timeout-s)")
     p.add_argument("--overload-queue-len", type=int, default=8, help="overload scenario: waiting requests before 429")
+    p.add_argument("--overload-max-retries", type=int, default=0,
+                   help="overload scenario: clients resend a 429 after its Retry-After up to this many times "
+                        "(0, the default of the committed results: a 429 is final)")
     p.add_argument("--batch-timeout-s", type=float, default=0.1, help="hf-transformers: batch formation wait")
     p.add_argument("--hf-threads", type=int, default=None, help="hf-transformers: torch threads (default torch's)")
     p.add_argument("--slo-ttft-ms", type=float, default=10_000.0)
@@ -237,7 +240,9 @@ def main(argv=None) -> dict:
             label = f"{scen}-{system}"
             print(f"== {label}: {conc} clients, {wl.num_requests} requests", flush=True)
             with running_server(cmd, out / "logs" / f"{label}.log", a.startup_timeout_s) as url:
-                cfg = load.LoadConfig(url, a.model, concurrency=conc, timeout_s=a.timeout_s, seed=a.seed)
+                retries = a.overload_max_retries if scen == "overload" else 0
+                cfg = load.LoadConfig(url, a.model, concurrency=conc, timeout_s=a.timeout_s, seed=a.seed,
+                                      max_retries=retries)
                 info = system_info(system, cmd)
                 run = run_benchmark(cfg, wl, label=label, out_dir=out / "runs", warmup_requests=a.warmup_requests,
                                     slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms, server_info=info)

@@ -22,6 +22,7 @@ from jaxinfer.bench.workloads import BenchRequest, WorkloadConfig
 
 TTFT_S, GAP_S = 0.30, 0.10
 CODE_429, CODE_400, CODE_500, CODE_STREAM_ERR, CODE_HANG = 429, 400, 500, 7, 8
+CODE_429_ONCE = 9  # 429 with Retry-After 0.2 s the first time a prompt arrives, then served
 
 
 class Stub:
@@ -31,6 +32,7 @@ class Stub:
         self.received = 0
         self.in_flight = 0
         self.max_in_flight = 0
+        self.seen: dict[tuple, int] = {}
 
 
 def make_app(stub: Stub):
@@ -42,6 +44,10 @@ def make_app(stub: Stub):
         body = await request.json()
         stub.received += 1
         code, n = body["prompt"][0], body["max_tokens"]
+        key = tuple(body["prompt"])
+        stub.seen[key] = stub.seen.get(key, 0) + 1
+        if code == CODE_429_ONCE and stub.seen[key] == 1:
+            return JSONResponse({"error": {"message": "busy"}}, status_code=429, headers={"Retry-After": "0.2"})
         if code == CODE_429:
             return JSONResponse({"error": {"message": "overloaded"}}, status_code=429, headers={"Retry-After": "3"})
         if code in (CODE_400, CODE_500):
@@ -123,6 +129,27 @@ def test_status_counting_and_retry_after(stub_server):
     counts = stats.count_outcomes(results)
     assert counts == {"ok": 2, "http_429": 1, "http_4xx": 1, "http_5xx": 1, "timeout": 1, "client_error": 0,
                       "stream_error": 1, "http_200": 4, "total": 7}
+
+
+def test_retries_honour_retry_after(stub_server):
+    url, stub = stub_server
+    results, _ = run(url, reqs([CODE_429_ONCE, CODE_429, 100]), concurrency=3, max_retries=2, max_retry_after_s=0.5)
+    once, always, plain = results
+    assert once.outcome == "ok" and once.attempts == 2
+    assert 0.2 <= once.retry_wait < 0.2 + 0.5  # waited Retry-After before resending
+    assert always.outcome == "http_429" and always.attempts == 3  # Retry-After 3 s capped at 0.5 s
+    assert 1.0 <= always.retry_wait < 2.0
+    assert plain.attempts == 1 and plain.retry_wait == 0.0
+    summary = stats.aggregate(results, 1.0)
+    assert summary["retries"] == 1 + 2
+    assert summary["ttft_with_retries_ms"]["count"] == 2
+    assert stub.received == 2 + 3 + 1
+
+
+def test_without_retries_a_429_is_final(stub_server):
+    url, stub = stub_server
+    (r,), _ = run(url, reqs([CODE_429_ONCE]))
+    assert r.outcome == "http_429" and r.attempts == 1 and stub.received == 1
 
 
 def test_connection_refused_is_a_client_error():

@@ -40,6 +40,10 @@ class RequestResult:
       itl: gaps between text events (s).
       retry_after: the ``Retry-After`` header of a 429 / 503 (s).
       error: a short description of a failure.
+      attempts: sends it took (> 1 when the load generator retried a 429 / 503).
+      retry_wait: seconds from the first send to the last one (0 without retries);
+        ``ttft`` and ``e2el`` count from the last send, ``ttft + retry_wait`` is what the
+        user waited for the first token.
     """
 
     outcome: str
@@ -54,6 +58,13 @@ class RequestResult:
     itl: list[float] = dataclasses.field(default_factory=list)
     retry_after: float | None = None
     error: str = ""
+    attempts: int = 1
+    retry_wait: float = 0.0
+
+    @property
+    def retryable(self) -> bool:
+        """A 429 or 503 that told the client when to come back (``Retry-After``)."""
+        return self.status in (429, 503) and self.retry_after is not None
 
     @property
     def tpot(self) -> float | None:

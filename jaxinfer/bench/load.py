@@ -8,6 +8,11 @@
     knob). ``concurrency`` then optionally caps requests in flight.
 Warm-up requests run first (closed loop, at most ``concurrency`` at once) and are
 discarded. A tqdm bar counts finished measured requests.
+
+With ``max_retries > 0`` a client answered 429 / 503 with ``Retry-After`` waits that long
+(capped at ``max_retry_after_s``) and sends again, as a well-behaved OpenAI client does;
+otherwise a 429 is final. A closed-loop client that retries at once would turn overload
+into a flood of fast rejections.
 """
 from __future__ import annotations
 
@@ -39,6 +44,8 @@ class LoadConfig:
       seed: seed of the arrival times.
       extra_body: fields merged into every request body.
       progress: show a tqdm bar.
+      max_retries: resends of a request answered 429 / 503 with ``Retry-After`` (0: none).
+      max_retry_after_s: cap on one wait, seconds.
     """
 
     base_url: str
@@ -50,12 +57,16 @@ class LoadConfig:
     seed: int = 0
     extra_body: dict | None = None
     progress: bool = True
+    max_retries: int = 0
+    max_retry_after_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.request_rate is None and not self.concurrency:
             raise ValueError("give a concurrency (closed loop) or a request rate (open loop)")
         if self.burstiness <= 0:
             raise ValueError("burstiness must be > 0")
+        if self.max_retries < 0 or self.max_retry_after_s < 0:
+            raise ValueError("max_retries and max_retry_after_s must be >= 0")
 
     @property
     def url(self) -> str:
@@ -91,13 +102,27 @@ async def run(cfg: LoadConfig, requests: Sequence[BenchRequest],
             return results, time.perf_counter() - t0
 
 
+async def send_with_retries(client: httpx.AsyncClient, cfg: LoadConfig, req: BenchRequest) -> RequestResult:
+    """`send_request`, resent after ``Retry-After`` up to ``cfg.max_retries`` times; the
+    last attempt's result, with ``attempts`` and ``retry_wait`` filled in."""
+    first = None
+    for attempt in range(1, cfg.max_retries + 2):
+        res = await send_request(client, cfg.url, cfg.model, req, cfg.timeout_s, cfg.extra_body)
+        first = res.start if first is None else first
+        res.attempts, res.retry_wait = attempt, res.start - first
+        if attempt > cfg.max_retries or not res.retryable:
+            return res
+        await asyncio.sleep(min(res.retry_after, cfg.max_retry_after_s))
+    return res
+
+
 async def _closed_loop(client, cfg: LoadConfig, requests, concurrency: int, bar) -> list[RequestResult]:
     results: list[RequestResult | None] = [None] * len(requests)
     queue = iter(range(len(requests)))
 
     async def worker() -> None:
         for i in queue:  # the shared iterator hands each index to exactly one worker
-            results[i] = await send_request(client, cfg.url, cfg.model, requests[i], cfg.timeout_s, cfg.extra_body)
+            results[i] = await send_with_retries(client, cfg, requests[i])
             if bar is not None:
                 bar.update(1)
 
@@ -111,10 +136,10 @@ async def _open_loop(client, cfg: LoadConfig, requests, bar) -> list[RequestResu
 
     async def one(req: BenchRequest) -> RequestResult:
         if cap is None:
-            res = await send_request(client, cfg.url, cfg.model, req, cfg.timeout_s, cfg.extra_body)
+            res = await send_with_retries(client, cfg, req)
         else:
             async with cap:
-                res = await send_request(client, cfg.url, cfg.model, req, cfg.timeout_s, cfg.extra_body)
+                res = await send_with_retries(client, cfg, req)
         bar.update(1)
         return res
 

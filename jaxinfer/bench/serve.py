@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo-ttft-ms", type=float, default=None)
     p.add_argument("--slo-tpot-ms", type=float, default=None)
     p.add_argument("--timeout-s", type=float, default=600.0, help="client-side limit per request")
+    p.add_argument("--max-retries", type=int, default=0,
+                   help="resend a 429/503 after its Retry-After, up to this many times (0: a 429 is final)")
+    p.add_argument("--max-retry-after", type=float, default=30.0, help="cap on one Retry-After wait (s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-info", action="append", default=[], metavar="KEY=VALUE",
                    help="facts about the server for the metadata (backend, dtype, device, ...)")
@@ -108,7 +111,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for conc in levels:
         cfg = load.LoadConfig(args.base_url, args.model, concurrency=conc, request_rate=rate,
                               burstiness=args.burstiness, timeout_s=args.timeout_s, seed=args.seed,
-                              progress=not args.no_progress)
+                              progress=not args.no_progress, max_retries=args.max_retries,
+                              max_retry_after_s=args.max_retry_after)
         label = args.label if len(levels) == 1 else f"{args.label}-c{conc}"
         run = run_benchmark(cfg, wl, label=label, out_dir=Path(args.out), warmup_requests=args.warmup_requests,
                             slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms, server_info=info,

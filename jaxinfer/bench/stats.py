@@ -9,7 +9,8 @@ to last completion, warm-up excluded):
   * goodput: successful requests / s that met both SLOs, TTFT <= ``slo_ttft_ms`` and
     TPOT <= ``slo_tpot_ms`` (DistServe's definition, Zhong et al. 2024).
 TTFT / TPOT / E2E are over successful requests; ITL pools every gap of every successful
-request.
+request. With client retries (``LoadConfig.max_retries``) TTFT counts from the last send;
+``ttft_with_retries_ms`` counts from the first, and ``retries`` sums the resends.
 """
 from __future__ import annotations
 
@@ -85,7 +86,9 @@ def aggregate(results: Sequence[RequestResult], duration_s: float, slo_ttft_ms: 
         "goodput_req_s": per_s(good),
         "slo": {"ttft_ms": slo_ttft_ms, "tpot_ms": slo_tpot_ms, "requests_meeting": good,
                 "fraction_meeting": good / len(results) if results else 0.0},
+        "retries": sum(r.attempts - 1 for r in results),
         "ttft_ms": summarize_ms(r.ttft for r in ok),
+        "ttft_with_retries_ms": summarize_ms(r.ttft + r.retry_wait for r in ok),
         "tpot_ms": summarize_ms(r.tpot for r in ok),
         "itl_ms": summarize_ms(g for r in ok for g in r.itl),
         "e2el_ms": summarize_ms(r.e2el for r in ok),
