@@ -293,3 +293,10 @@ def test_detokenize_roundtrip(api):
     ids = tokenize(api, prompt=text)
     assert api.http.post("/detokenize", json={"tokens": ids}).json()["prompt"] == text
     assert_error(api.http.post("/detokenize", json={"tokens": [V]}), 400, "tokens")
+
+
+def test_tokenize_refuses_ids_generation_would_refuse(api):
+    for bad in ([V], [-1], [5, V + 7]):
+        assert_error(api.http.post("/tokenize", json={"prompt": bad}), 400, "prompt")
+        assert_error(api.http.post("/v1/completions", json={"prompt": bad, "max_tokens": 1}), 400, "prompt")
+    assert tokenize(api, prompt=[V - 1]) == [V - 1]

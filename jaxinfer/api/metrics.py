@@ -103,7 +103,7 @@ class _EngineCollector:
                                      getattr(engine.scheduler, "prefix_queries", 0)),
             "prefix_cache_hits": ("Prompt tokens found in the prefix cache.",
                                   getattr(engine.scheduler, "prefix_hits", 0)),
-            "request_timeouts": ("Requests evicted at their deadline.", st.timeouts),
+            "request_timeouts": ("Sequences evicted at their deadline (a request with n > 1 counts n).", st.timeouts),
             "requests_aborted": ("Requests aborted (client gone).", st.aborted),
             "prompt_tokens": ("Prompt tokens of admitted requests.", st.prompt_tokens),
             "prefill_tokens": ("Prompt tokens computed (recomputation included).", st.prefill_tokens),

@@ -108,6 +108,9 @@ async def tokenize(body: TokenizeRequest, ctx: ServingContext = Depends(get_ctx)
             ids = engine.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens is not False)
         else:
             ids = list(body.prompt)
+            vocab = engine.model_config.vocab_size
+            if any(not 0 <= t < vocab for t in ids):  # the same rule generation applies
+                raise RequestError(f"token ids must be in [0, {vocab})", param="prompt")
     except RequestError as exc:
         raise from_exception(exc) from exc
     return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=engine.config.scheduler.max_model_len)
