@@ -18,7 +18,7 @@ merged with one shared max (log-sum-exp). A step of fresh prefills reads no page
 decode token reads exactly its sequence's context once, and a fresh prefill mixed into
 a decode batch costs no extra context reads.
 Pallas path: writes the new K/V first, then calls ``pallas_kernels.ragged_paged_attention``
-over the whole context (``kv_lens``).
+over the whole context (``kv_lens``), under ``shard_map`` over the heads when tensor-parallel.
 Einsum letters: T tokens, K kv heads, G query heads per kv head, H head dim, S context.
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.sharding import Mesh, PartitionSpec as P
 
 from jaxinfer.batch import Q_CHUNK
 
@@ -198,13 +199,50 @@ def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: Attentio
     return _merge(parts).reshape(T, N, H).astype(q.dtype)
 
 
+def pallas_paged_attention(q, k_cache, v_cache, layer, meta: AttentionMetadata, sm_scale: float,
+                           interpret: bool = False, mesh: Mesh | None = None):
+    """``pallas_kernels.ragged_paged_attention`` over the whole context, per TP shard.
+
+    The kernel is an opaque custom call that XLA's SPMD partitioner cannot split (it would
+    gather its operands, the whole KV cache, onto every device). With a ``model`` mesh
+    axis of size > 1 it therefore runs under ``jax.shard_map``: each device attends with
+    its own query heads over its own KV heads (Megatron's head split; no communication).
+    When the KV heads do not divide by the TP degree the cache is replicated
+    (`jaxinfer.sharding`), and so is this computation, as on the XLA path.
+
+    Args:
+      q: [T, N, H]; k_cache, v_cache: [L, NB, bs, K, H]; layer: [] int32.
+      mesh: the replica's ``(data, model)`` mesh, or None on one device.
+    Returns:
+      [T, N, H] in q's dtype.
+    """
+    from pallas_kernels import ragged_paged_attention
+
+    def attend(q, k_cache, v_cache, layer, kv_lens, block_tables, query_start_loc, num_seqs):
+        # The kernel takes q in the cache dtype (bfloat16 models keep q in float32 up to here).
+        return ragged_paged_attention(q.astype(k_cache.dtype), k_cache, v_cache, kv_lens, block_tables,
+                                      query_start_loc, num_seqs, sm_scale=sm_scale, layer=layer,
+                                      interpret=interpret).astype(q.dtype)
+
+    args = (q, k_cache, v_cache, layer, meta.kv_lens, meta.block_tables, meta.query_start_loc, meta.num_seqs)
+    tp = 1 if mesh is None else mesh.shape["model"]
+    if tp == 1:
+        return attend(*args)
+    heads = "model" if k_cache.shape[3] % tp == 0 else None  # the cache's own K split (sharding.kv_cache_spec)
+    q_spec, kv_spec = P(None, heads, None), P(None, None, None, heads, None)
+    sharded = jax.shard_map(attend, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec) + (P(),) * 5,
+                            out_specs=q_spec, check_vma=False)
+    return sharded(*args)
+
+
 def paged_attention(backend: str, q, k_new, v_new, k_cache, v_cache, layer, meta: AttentionMetadata,
-                    sm_scale: float, interpret: bool = False):
+                    sm_scale: float, interpret: bool = False, mesh: Mesh | None = None):
     """Write this step's K/V into the pages and attend: the one switch point.
 
     Args:
       backend: "xla" (pure jnp, above) or "pallas" (``pallas_kernels``).
       interpret: run the Pallas kernel in interpret mode (CPU).
+      mesh: the replica's mesh when tensor-parallel (the Pallas path shard-maps over it).
 
     Returns:
       (out [T, N, H], k_cache, v_cache) with the new K/V written.
@@ -214,12 +252,7 @@ def paged_attention(backend: str, q, k_new, v_new, k_cache, v_cache, layer, meta
     if backend == "xla":
         out = xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta, sm_scale)
     elif backend == "pallas":
-        from pallas_kernels import ragged_paged_attention
-
-        # The kernel takes q in the cache dtype (bfloat16 models keep q in float32 up to here).
-        out = ragged_paged_attention(q.astype(k_cache.dtype), k_cache, v_cache, meta.kv_lens, meta.block_tables,
-                                     meta.query_start_loc, meta.num_seqs, sm_scale=sm_scale, layer=layer,
-                                     interpret=interpret).astype(q.dtype)
+        out = pallas_paged_attention(q, k_cache, v_cache, layer, meta, sm_scale, interpret, mesh)
     else:
         raise ValueError(f"unknown attention backend {backend!r} (expected 'xla' or 'pallas')")
     return out, k_cache, v_cache

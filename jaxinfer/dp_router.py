@@ -90,11 +90,7 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
                 [d.id for d in mesh.devices.flat], weight_bytes / 2**30, why)
     shardings = (jax.tree.map(lambda x: x.sharding, params), sharding.kv_cache_sharding(model_config, mesh),
                  sharding.replicated(mesh))
-    backend = config.attention_backend or ("xla" if tp > 1 else default_backend())
-    if backend == "pallas" and tp > 1 and jax.default_backend() != "cpu":
-        # the compiled kernel is an opaque custom call: XLA would gather its operands (the whole KV cache)
-        raise ValueError("the Pallas attention kernel is not partitioned for tensor parallelism yet; "
-                         "use attention_backend='xla' with tensor_parallel_size > 1")
+    backend = config.attention_backend or default_backend()  # pallas runs per TP shard (attention.py)
     runner = ModelRunner(model_config, params, num_blocks, config.cache.block_size, config.dtype, backend,
                          config.max_logprobs, config.return_logits, shardings=shardings)
     engine = LLMEngine(config, model_config, runner, num_blocks, tokenizer)

@@ -96,7 +96,8 @@ class ModelRunner:
         self.max_logprobs = max_logprobs
         self.return_logits = return_logits
         interpret = backend == "pallas" and jax.default_backend() == "cpu"
-        self.model = LlamaForCausalLM(cfg, backend, interpret, self.dtype, self.dtype)
+        mesh = shardings[1].mesh if shardings else None  # the KV cache's NamedSharding
+        self.model = LlamaForCausalLM(cfg, backend, interpret, self.dtype, self.dtype, mesh)
         self._shardings = shardings
         self._replicated = shardings[2] if shardings else None
         self.params = params

@@ -28,6 +28,7 @@ import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
 from jaxinfer.attention import AttentionMetadata, paged_attention
 from jaxinfer.config import ModelConfig
@@ -78,6 +79,7 @@ class Attention(nn.Module):
     interpret: bool
     dtype: jnp.dtype
     param_dtype: jnp.dtype
+    mesh: Mesh | None = None
 
     @nn.compact
     def __call__(self, x, k_cache, v_cache, layer, meta: AttentionMetadata, cos, sin):
@@ -92,7 +94,7 @@ class Attention(nn.Module):
                   name="v_proj")(x)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out, k_cache, v_cache = paged_attention(self.backend, q, k, v, k_cache, v_cache, layer, meta,
-                                                c.head_dim ** -0.5, self.interpret)
+                                                c.head_dim ** -0.5, self.interpret, self.mesh)
         o = dense(c.hidden_size, axis=(-2, -1), kernel_init=_part(_init, ("heads", "head_dim", "embed")),
                   name="o_proj")(out)
         return o, k_cache, v_cache
@@ -123,6 +125,7 @@ class DecoderLayer(nn.Module):
     interpret: bool
     dtype: jnp.dtype
     param_dtype: jnp.dtype
+    mesh: Mesh | None = None
 
     @nn.compact
     def __call__(self, carry, meta: AttentionMetadata, cos, sin):
@@ -130,7 +133,7 @@ class DecoderLayer(nn.Module):
         norm = functools.partial(RMSNorm, self.cfg.rms_norm_eps, self.dtype, self.param_dtype)
         h = norm(name="input_norm")(x)
         a, k_cache, v_cache = Attention(self.cfg, self.backend, self.interpret, self.dtype, self.param_dtype,
-                                        name="attn")(h, k_cache, v_cache, layer, meta, cos, sin)
+                                        self.mesh, name="attn")(h, k_cache, v_cache, layer, meta, cos, sin)
         x = x + a
         x = x + MLP(self.cfg, self.dtype, self.param_dtype, name="mlp")(norm(name="post_attention_norm")(x))
         return (x, k_cache, v_cache, layer + 1), None
@@ -152,6 +155,7 @@ class LlamaForCausalLM(nn.Module):
     interpret: bool = False
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
+    mesh: Mesh | None = None  # the replica's mesh when tensor-parallel (the Pallas path needs it)
 
     @nn.compact
     def __call__(self, token_ids, meta: AttentionMetadata, k_cache, v_cache, logits_indices):
@@ -165,7 +169,7 @@ class LlamaForCausalLM(nn.Module):
                         metadata_params={nn.PARTITION_NAME: "layers"})
         carry = (x, k_cache, v_cache, jnp.int32(0))
         (x, k_cache, v_cache, _), _ = stack(c, self.backend, self.interpret, self.dtype, self.param_dtype,
-                                            name="layers")(carry, meta, cos, sin)
+                                            self.mesh, name="layers")(carry, meta, cos, sin)
         x = RMSNorm(c.rms_norm_eps, self.dtype, self.param_dtype, name="final_norm")(x[logits_indices])
         if c.tie_word_embeddings:
             table = embed.embedding.astype(self.dtype)
