@@ -174,7 +174,8 @@ def parse_args(argv=None):
     ap.add_argument("--tie-gap", type=float, default=0.1)
     ap.add_argument("--decode-batch", type=int, default=64, help="0 skips the probe")
     ap.add_argument("--decode-tokens", type=int, default=64)
-    ap.add_argument("--out", default=None, help="folder for backend_check.json")
+    ap.add_argument("--out", default=None, help="folder for backend_check[_TAG].json")
+    ap.add_argument("--tag", default="", help="suffix of the JSON file name")
     return ap.parse_args(argv)
 
 
@@ -196,7 +197,8 @@ def main(argv=None) -> int:
     if args.out:
         out = pathlib.Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "backend_check.json").write_text(json.dumps(report, indent=1))
+        name = f"backend_check_{args.tag}.json" if args.tag else "backend_check.json"
+        (out / name).write_text(json.dumps(report, indent=1))
     print("\n".join(summary_lines(results)))
     return 0 if all(r["ok"] for r in results) else 1
 

@@ -9,13 +9,14 @@
 #   3. kernel benchmark, full sizes (pallas vs reference, copy BW)     -> bench.log, kernels_*.json
 #   4. engine check: pallas vs xla backend on random SmolLM2-shaped weights, float32 and
 #      bfloat16, plus a decode-throughput probe per backend           -> engine.log, backend_check.json
+#      and the same on a 2-layer Llama-3-8B layout in bfloat16        -> backend_check_llama3-8b-2l.json
 #      (the oracle tests need the converted SmolLM2, ~336 MB, over the 64 MiB carry limit,
 #      and the GPU machine has no network; this is their stand-in)
 #   5. tests/test_oracle.py with JAXINFER_TEST_BACKEND=pallas, only if weights/ holds the
 #      converted model and the oracle is in shared/ or ../shared/      -> oracle.log
 # and writes summary.txt (exit code of each step). Everything lands flat in
-# ${OUT:-benchmarks/results/gpu/$(date +%F)} (at most 8 files, as the device tool brings
-# back 8). Usage: bash benchmarks/gpu_check.sh
+# ${OUT:-benchmarks/results/gpu/$(date +%F)} (8 files without step 5, the most the device
+# tool brings back). Usage: bash benchmarks/gpu_check.sh
 set -u
 cd "$(dirname "$0")/.."
 OUT_DIR="${OUT:-benchmarks/results/gpu/$(date +%F)}"
@@ -42,15 +43,19 @@ step() {  # step NAME LIMIT_SECONDS LOG COMMAND...
 } >"$OUT_DIR/env.txt" 2>&1
 cat "$OUT_DIR/env.txt"
 
-step "kernel tests, compiled" 150 "$OUT_DIR/tests.log" \
+step "kernel tests, compiled" 140 "$OUT_DIR/tests.log" \
   env JAXINFER_PALLAS_COMPILED=1 "$PY" -m pytest -p no:cacheprovider -q -rA \
   --durations=10 tests/test_pallas_kernels.py
 
-step "kernel benchmark" 190 "$OUT_DIR/bench.log" \
+step "kernel benchmark" 170 "$OUT_DIR/bench.log" \
   "$PY" benchmarks/kernels.py --out "$OUT_DIR"
 
 step "engine check, pallas vs xla" 110 "$OUT_DIR/engine.log" \
   "$PY" benchmarks/backend_check.py --out "$OUT_DIR"
+
+step "engine check, Llama-3-8B layout (2 layers, bf16)" 60 "$OUT_DIR/engine.log" \
+  "$PY" benchmarks/backend_check.py --config configs/llama-3-8b.json --layers 2 \
+  --dtypes bfloat16 --decode-batch 64 --tag llama3-8b-2l --out "$OUT_DIR"
 
 if [ -f weights/smollm2-135m-instruct/config.json ] && [ -f tests/test_oracle.py ]; then
   # shellcheck disable=SC2086  # ORACLE_ARGS is a list of words
