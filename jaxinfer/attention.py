@@ -23,12 +23,37 @@ Einsum letters: T tokens, K kv heads, G query heads per kv head, H head dim, S c
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import struct
 from jax.sharding import Mesh, PartitionSpec as P
 
 from jaxinfer.batch import Q_CHUNK
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionBackend:
+    """Which paged-attention implementation a model step uses (static and hashable, so it
+    can be a linen module attribute).
+
+    Attributes:
+      name: "xla" (pure jnp, `xla_paged_attention`) or "pallas" (``pallas_kernels``).
+      interpret: run the Pallas kernel in interpret mode (CPU).
+      mesh: the replica's ``(data, model)`` mesh when tensor-parallel (the Pallas path
+        shard-maps over it), else None.
+    Raises:
+      ValueError: an unknown name.
+    """
+
+    name: str = "xla"
+    interpret: bool = False
+    mesh: Mesh | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in ("xla", "pallas"):
+            raise ValueError(f"unknown attention backend {self.name!r} (expected 'xla' or 'pallas')")
 
 
 @struct.dataclass
@@ -235,24 +260,22 @@ def pallas_paged_attention(q, k_cache, v_cache, layer, meta: AttentionMetadata, 
     return sharded(*args)
 
 
-def paged_attention(backend: str, q, k_new, v_new, k_cache, v_cache, layer, meta: AttentionMetadata,
-                    sm_scale: float, interpret: bool = False, mesh: Mesh | None = None):
+def paged_attention(backend: AttentionBackend, q, k_new, v_new, k_cache, v_cache, layer,
+                    meta: AttentionMetadata, sm_scale: float):
     """Write this step's K/V into the pages and attend: the one switch point.
 
     Args:
-      backend: "xla" (pure jnp, above) or "pallas" (``pallas_kernels``).
-      interpret: run the Pallas kernel in interpret mode (CPU).
-      mesh: the replica's mesh when tensor-parallel (the Pallas path shard-maps over it).
+      backend: which implementation (`AttentionBackend`).
+      q: [T, N, H]; k_new, v_new: [T, K, H]; k_cache, v_cache: [L, NB, bs, K, H];
+      layer: [] int32; sm_scale: softmax scale (``H ** -0.5``).
 
     Returns:
       (out [T, N, H], k_cache, v_cache) with the new K/V written.
     """
     k_cache = write_kv(k_cache, layer, meta.slot_mapping, k_new)
     v_cache = write_kv(v_cache, layer, meta.slot_mapping, v_new)
-    if backend == "xla":
+    if backend.name == "xla":
         out = xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta, sm_scale)
-    elif backend == "pallas":
-        out = pallas_paged_attention(q, k_cache, v_cache, layer, meta, sm_scale, interpret, mesh)
     else:
-        raise ValueError(f"unknown attention backend {backend!r} (expected 'xla' or 'pallas')")
+        out = pallas_paged_attention(q, k_cache, v_cache, layer, meta, sm_scale, backend.interpret, backend.mesh)
     return out, k_cache, v_cache

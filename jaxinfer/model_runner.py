@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer.attention import AttentionMetadata
+from jaxinfer.attention import AttentionBackend, AttentionMetadata
 from jaxinfer.batch import StepInputs
 from jaxinfer.buckets import Bucket
 from jaxinfer.config import ModelConfig
@@ -95,9 +95,9 @@ class ModelRunner:
         self.backend = backend
         self.max_logprobs = max_logprobs
         self.return_logits = return_logits
-        interpret = backend == "pallas" and jax.default_backend() == "cpu"
-        mesh = shardings[1].mesh if shardings else None  # the KV cache's NamedSharding
-        self.model = LlamaForCausalLM(cfg, backend, interpret, self.dtype, self.dtype, mesh)
+        attention = AttentionBackend(backend, interpret=backend == "pallas" and jax.default_backend() == "cpu",
+                                     mesh=shardings[1].mesh if shardings else None)  # the KV cache's mesh
+        self.model = LlamaForCausalLM(cfg, attention, self.dtype, self.dtype)
         self._shardings = shardings
         self._replicated = shardings[2] if shardings else None
         self.params = params

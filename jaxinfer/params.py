@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer.attention import AttentionMetadata
+from jaxinfer.attention import AttentionBackend, AttentionMetadata
 from jaxinfer.config import ModelConfig
 from jaxinfer.models.llama import LlamaForCausalLM
 
@@ -29,7 +29,7 @@ def _dummy_call_args(cfg: ModelConfig):
 
 
 def _boxed_init(cfg: ModelConfig, dtype: str, seed: int):
-    model = LlamaForCausalLM(cfg, "xla", False, jnp.dtype(dtype), jnp.dtype(dtype))
+    model = LlamaForCausalLM(cfg, AttentionBackend(), jnp.dtype(dtype), jnp.dtype(dtype))
     return model.init(jax.random.PRNGKey(seed), *_dummy_call_args(cfg))["params"]
 
 

@@ -28,9 +28,8 @@ import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh
 
-from jaxinfer.attention import AttentionMetadata, paged_attention
+from jaxinfer.attention import AttentionBackend, AttentionMetadata, paged_attention
 from jaxinfer.config import ModelConfig
 
 _init = nn.initializers.normal(0.02)
@@ -75,11 +74,9 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 class Attention(nn.Module):
     cfg: ModelConfig
-    backend: str
-    interpret: bool
+    attention: AttentionBackend
     dtype: jnp.dtype
     param_dtype: jnp.dtype
-    mesh: Mesh | None = None
 
     @nn.compact
     def __call__(self, x, k_cache, v_cache, layer, meta: AttentionMetadata, cos, sin):
@@ -93,8 +90,8 @@ class Attention(nn.Module):
         v = dense((c.num_key_value_heads, c.head_dim), kernel_init=_part(_init, ("embed", "kv_heads", "head_dim")),
                   name="v_proj")(x)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out, k_cache, v_cache = paged_attention(self.backend, q, k, v, k_cache, v_cache, layer, meta,
-                                                c.head_dim ** -0.5, self.interpret, self.mesh)
+        out, k_cache, v_cache = paged_attention(self.attention, q, k, v, k_cache, v_cache, layer, meta,
+                                                c.head_dim ** -0.5)
         o = dense(c.hidden_size, axis=(-2, -1), kernel_init=_part(_init, ("heads", "head_dim", "embed")),
                   name="o_proj")(out)
         return o, k_cache, v_cache
@@ -121,19 +118,17 @@ class DecoderLayer(nn.Module):
     """One pre-norm transformer block; the scan body. Carry: (x, k_cache, v_cache, layer)."""
 
     cfg: ModelConfig
-    backend: str
-    interpret: bool
+    attention: AttentionBackend
     dtype: jnp.dtype
     param_dtype: jnp.dtype
-    mesh: Mesh | None = None
 
     @nn.compact
     def __call__(self, carry, meta: AttentionMetadata, cos, sin):
         x, k_cache, v_cache, layer = carry
         norm = functools.partial(RMSNorm, self.cfg.rms_norm_eps, self.dtype, self.param_dtype)
         h = norm(name="input_norm")(x)
-        a, k_cache, v_cache = Attention(self.cfg, self.backend, self.interpret, self.dtype, self.param_dtype,
-                                        self.mesh, name="attn")(h, k_cache, v_cache, layer, meta, cos, sin)
+        a, k_cache, v_cache = Attention(self.cfg, self.attention, self.dtype, self.param_dtype,
+                                        name="attn")(h, k_cache, v_cache, layer, meta, cos, sin)
         x = x + a
         x = x + MLP(self.cfg, self.dtype, self.param_dtype, name="mlp")(norm(name="post_attention_norm")(x))
         return (x, k_cache, v_cache, layer + 1), None
@@ -151,11 +146,9 @@ class LlamaForCausalLM(nn.Module):
     """
 
     cfg: ModelConfig
-    backend: str = "xla"
-    interpret: bool = False
+    attention: AttentionBackend = AttentionBackend()
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
-    mesh: Mesh | None = None  # the replica's mesh when tensor-parallel (the Pallas path needs it)
 
     @nn.compact
     def __call__(self, token_ids, meta: AttentionMetadata, k_cache, v_cache, logits_indices):
@@ -168,8 +161,8 @@ class LlamaForCausalLM(nn.Module):
                         in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
                         metadata_params={nn.PARTITION_NAME: "layers"})
         carry = (x, k_cache, v_cache, jnp.int32(0))
-        (x, k_cache, v_cache, _), _ = stack(c, self.backend, self.interpret, self.dtype, self.param_dtype,
-                                            self.mesh, name="layers")(carry, meta, cos, sin)
+        (x, k_cache, v_cache, _), _ = stack(c, self.attention, self.dtype, self.param_dtype,
+                                            name="layers")(carry, meta, cos, sin)
         x = RMSNorm(c.rms_norm_eps, self.dtype, self.param_dtype, name="final_norm")(x[logits_indices])
         if c.tie_word_embeddings:
             table = embed.embedding.astype(self.dtype)
