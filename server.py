@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--truncate-prompt", default="none", choices=["none", "left"],
                         help="over-long prompts: 400, or keep the last tokens")
     server.add_argument("--shutdown-timeout", type=float, default=30.0, help="SIGTERM grace period (s)")
+    server.add_argument("--max-request-bytes", type=parse_bytes, default=16 << 20,
+                        help="larger request bodies get 413 before parsing (e.g. 16MiB)")
     server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -87,7 +89,7 @@ def server_config(args):
     return ServerConfig(host=args.host, port=args.port, served_model_name=args.served_model_name or args.model,
                         api_key=args.api_key, max_queue_wait=args.max_queue_wait,
                         request_timeout=args.request_timeout, truncate_prompt=args.truncate_prompt,
-                        shutdown_timeout=args.shutdown_timeout)
+                        shutdown_timeout=args.shutdown_timeout, max_request_bytes=args.max_request_bytes)
 
 
 def engine_config(args, model_config):

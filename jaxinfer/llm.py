@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from jaxinfer.builder import build_engine
 from jaxinfer.config import CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
 from jaxinfer.outputs import RequestOutput
-from jaxinfer.sampling_params import SamplingParams
+from jaxinfer.sampling_params import SamplingParams, choice_seed
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -133,7 +133,7 @@ class LLM:
                 rid = f"offline-{self._counter}"
                 self._counter += 1
                 child = sp if sp.n == 1 else dataclasses.replace(
-                    sp, n=1, seed=None if sp.seed is None else sp.seed + j)
+                    sp, n=1, seed=choice_seed(sp.seed, j))
                 self.engine.add_request(rid, toks, child, prompt=text)
                 rids.append(rid)
             ids.append(rids)

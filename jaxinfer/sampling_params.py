@@ -13,6 +13,12 @@ from typing import Mapping, Sequence
 from jaxinfer.errors import RequestError
 
 
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 16384
+MAX_STOP_TOKEN_IDS = 1024
+MIN_REPETITION_PENALTY = 0.01
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """Generation options for one request (vLLM ``SamplingParams`` field names).
@@ -26,11 +32,13 @@ class SamplingParams:
       min_p: drop tokens with prob < min_p * max prob; [0, 1].
       presence_penalty, frequency_penalty: OpenAI penalties over generated tokens, [-2, 2].
       repetition_penalty: CTRL-style penalty (Keskar et al. 2019) over prompt and
-        generated tokens, > 0 (1 = off).
+        generated tokens, [0.01, 10] (1 = off).
       seed: per-request seed; sampling is reproducible alone or batched.
       max_tokens: cap on generated tokens (None = up to max_model_len).
-      stop: strings that end generation (not included in the text).
-      stop_token_ids: token ids that end generation (in addition to EOS).
+      stop: strings that end generation (not included in the text); at most
+        `MAX_STOP_STRINGS` of `MAX_STOP_CHARS` characters in all.
+      stop_token_ids: token ids that end generation (in addition to EOS); at most
+        `MAX_STOP_TOKEN_IDS`.
       ignore_eos: keep generating past EOS ids.
       logprobs: number of top logprobs to return per token (0 = only the sampled
         token's); None = no logprobs.
@@ -80,8 +88,8 @@ class SamplingParams:
         _check_range(self.min_p, 0.0, 1.0, "min_p")
         _check_range(self.presence_penalty, -2.0, 2.0, "presence_penalty")
         _check_range(self.frequency_penalty, -2.0, 2.0, "frequency_penalty")
-        _check(_finite(self.repetition_penalty) and 0.0 < self.repetition_penalty <= 10.0,
-               "repetition_penalty", "repetition_penalty must be in (0, 10]")
+        # below ~1e-37 dividing float32 logits by it overflows to inf; 0.01 is already extreme
+        _check_range(self.repetition_penalty, MIN_REPETITION_PENALTY, 10.0, "repetition_penalty")
         if self.max_tokens is not None:
             _check(isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool)
                    and self.max_tokens >= 1, "max_tokens", "max_tokens must be an integer >= 1")
@@ -90,6 +98,11 @@ class SamplingParams:
         if self.logprobs is not None:
             _check(isinstance(self.logprobs, int) and self.logprobs >= 0, "logprobs", "logprobs must be >= 0")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty strings")
+        # every step checks every stop string against the new text: bound that work
+        _check(len(self.stop) <= MAX_STOP_STRINGS and sum(map(len, self.stop)) <= MAX_STOP_CHARS, "stop",
+               f"at most {MAX_STOP_STRINGS} stop strings of {MAX_STOP_CHARS} characters in all")
+        _check(len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS, "stop_token_ids",
+               f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids")
         for tok, bias in self.logit_bias:
             _check(_finite(bias) and -100.0 <= bias <= 100.0, "logit_bias", "logit_bias values must be in [-100, 100]")
 
@@ -112,6 +125,12 @@ class SamplingParams:
 
     def replace(self, **changes) -> "SamplingParams":
         return dataclasses.replace(self, **changes)
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed of choice ``index`` of an ``n > 1`` request: ``seed + index``, wrapped into
+    [0, 2**64) so that a seed near the top of the range still works."""
+    return None if seed is None else (seed + index) % 2**64
 
 
 def _finite(x) -> bool:

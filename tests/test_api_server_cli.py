@@ -26,10 +26,12 @@ def test_flags_map_onto_config_fields():
         "--max-model-len", "1024", "--kv-cache-memory", "2GiB", "--num-blocks", "77", "--watermark", "0.2",
         "--max-num-seqs", "4", "--max-num-batched-tokens", "256", "--max-queue-len", "5", "--max-queue-wait", "1.5",
         "--request-timeout", "9", "--api-key", "k", "--attention-backend", "pallas", "--truncate-prompt", "left",
-        "--load-format", "dummy", "--seed", "3", "--no-warmup", "--shutdown-timeout", "4"])
+        "--load-format", "dummy", "--seed", "3", "--no-warmup", "--shutdown-timeout", "4",
+        "--max-request-bytes", "1MiB"])
     s = server.server_config(args)
     assert (s.host, s.port, s.served_model_name, s.api_key, s.max_queue_wait, s.request_timeout,
             s.truncate_prompt, s.shutdown_timeout) == ("0.0.0.0", 9, "served", "k", 1.5, 9.0, "left", 4.0)
+    assert s.max_request_bytes == 2**20
     e = server.engine_config(args, model_config())
     assert (e.model_path, e.dtype, e.attention_backend, e.seed, e.warmup) == ("m", "bfloat16", "pallas", 3, False)
     assert (e.cache.num_blocks, e.cache.kv_cache_memory, e.cache.watermark) == (77, 2 * 2**30, 0.2)

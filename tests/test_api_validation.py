@@ -168,6 +168,9 @@ def test_sc05_top_k_rejected(api, top_k):
     ("temperature", -0.1, 400), ("temperature", 2.0, 200), ("temperature", 2.01, 400), ("temperature", "1", 400),
     ("min_p", 1.5, 400), ("presence_penalty", 2.5, 400), ("frequency_penalty", -3, 400),
     ("repetition_penalty", 0, 400), ("seed", 2**64, 400), ("n", 0, 400), ("stop", [""], 400), ("stop", 5, 400),
+    ("repetition_penalty", 1e-300, 400), ("repetition_penalty", 0.009, 400), ("repetition_penalty", 0.01, 200),
+    ("stop", [f"s{i}" for i in range(65)], 400), ("stop", [f"s{i}" for i in range(64)], 200),
+    ("stop", ["x" * 16385], 400), ("stop_token_ids", list(range(1025)), 400),
 ])
 def test_sc06_sampling_ranges(api, field, value, status):
     body = {"prompt": "Hello", "max_tokens": 8, "seed": 1, field: value}
@@ -318,3 +321,77 @@ def test_model_retrieve(api):
     r = api.http.get(f"/v1/models/{MODEL}")
     assert r.status_code == 200 and r.json()["id"] == MODEL and r.json()["object"] == "model"
     assert_error(api.http.get("/v1/models/other"), 404, "model")
+
+
+# ----------------------------------------------------------------------------- hostile input found by probing
+
+
+def post_raw(api, path, text):
+    """POST a JSON text as is (``\\ud800`` stays an escape that decodes to a lone surrogate)."""
+    return api.http.post(path, content=text.encode(), headers={"content-type": "application/json"})
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", '{"prompt": "x\\ud800", "max_tokens": 2}', "prompt"),
+    ("/v1/completions", '{"prompt": ["ok", "x\\ud800"], "max_tokens": 2, "stream": true}', "prompt"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "x\\ud800"}], "max_tokens": 2}', "messages"),
+    ("/v1/chat/completions",
+     '{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}], "max_tokens": 2}', "messages"),
+    ("/tokenize", '{"prompt": "x\\ud800"}', "prompt"),
+    ("/tokenize", '{"messages": [{"role": "user", "content": "x\\ud800"}]}', "messages"),
+])
+def test_lone_surrogates_are_400(api, path, body, param):
+    assert_error(post_raw(api, path, body), 400, param)
+    assert api.http.post("/tokenize", json={"prompt": "ok"}).status_code == 200  # connection still usable
+    assert_alive(api.http, api.ref, api.f0)
+
+
+@pytest.mark.parametrize("key", [" 5", "+5", "1_0", "\u0663", "-1", "5.0"])
+def test_logit_bias_keys_are_plain_digits(api, key):
+    assert_error(completion(api, prompt="Hello", max_tokens=1, logit_bias={key: 1.0}), 400, "logit_bias")
+
+
+def test_seed_at_the_top_of_the_range_works_with_n(api):
+    r = completion(api, prompt="Hello", max_tokens=2, seed=2**64 - 1, n=2, temperature=1.0)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == 2
+
+
+def test_prompts_are_tokenized_off_the_event_loop(api, monkeypatch):
+    import asyncio
+
+    on_loop = []
+    encode = api.engine.tokenizer.encode
+
+    def spy(*args, **kw):
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        return encode(*args, **kw)
+
+    monkeypatch.setattr(api.engine.tokenizer, "encode", spy)
+    assert completion(api, prompt="Hello", max_tokens=1).status_code == 200
+    assert chat(api, messages=[{"role": "user", "content": "hi"}], max_tokens=1).status_code == 200
+    assert api.http.post("/tokenize", json={"prompt": "Hello"}).status_code == 200
+    assert on_loop == [False, False, False]
+
+
+def test_request_bodies_over_the_limit_are_413_before_parsing():
+    with running_app(fake_engine(max_model_len=C), max_request_bytes=2000) as (app, _):
+        http = TestClient(app, raise_server_exceptions=False)
+        big = {"prompt": "a" * 3000, "max_tokens": 1}
+        err = assert_error(http.post("/v1/completions", json=big), 413, type_="invalid_request_error")
+        assert err["code"] == "request_too_large"
+
+        def chunks():  # no Content-Length: counted while it arrives
+            yield b'{"prompt": "'
+            for _ in range(10):
+                yield b"a" * 500
+            yield b'", "max_tokens": 1}'
+
+        assert_error(http.post("/v1/completions", content=chunks(), headers={"content-type": "application/json"}),
+                     413)
+        r = http.post("/v1/completions", json={"prompt": "a" * 1000, "max_tokens": 1})
+        assert r.status_code == 200, r.text

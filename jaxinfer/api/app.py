@@ -14,6 +14,7 @@ import logging
 from fastapi import FastAPI
 
 from jaxinfer.api import routes
+from jaxinfer.api.body_limit import BodySizeLimit
 from jaxinfer.api.config import ServerConfig
 from jaxinfer.api.errors import install_error_handlers
 from jaxinfer.api.metrics import Metrics
@@ -53,6 +54,7 @@ def create_app(async_engine: AsyncEngine, server_config: ServerConfig | None = N
     app = FastAPI(title="jaxinfer", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
     app.state.ctx = ctx
     install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=config.max_request_bytes)
     app.include_router(routes.v1)
     app.include_router(routes.debug)
     app.include_router(routes.ops)

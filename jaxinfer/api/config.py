@@ -24,6 +24,7 @@ class ServerConfig:
         last tokens that leave room for ``max_tokens``).
       shutdown_timeout: grace period in seconds for in-flight requests after SIGTERM.
       retry_after: seconds suggested in ``Retry-After`` on 429.
+      max_request_bytes: larger request bodies get 413 before they are parsed (None: no limit).
     """
 
     host: str = "127.0.0.1"
@@ -35,6 +36,7 @@ class ServerConfig:
     truncate_prompt: str = "none"
     shutdown_timeout: float = 30.0
     retry_after: float = 1.0
+    max_request_bytes: int | None = 16 << 20
 
     def __post_init__(self) -> None:
         if self.truncate_prompt not in ("none", "left"):

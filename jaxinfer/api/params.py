@@ -106,9 +106,8 @@ def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
 def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
     out = []
     for key, value in (bias or {}).items():
-        try:
-            tok = int(key)
-        except ValueError:
-            raise RequestError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
-        out.append((tok, value))
+        # plain ASCII digits only: int() would also take " 5", "+5", "1_0" and non-ASCII digits
+        if not (key.isascii() and key.isdigit()):
+            raise RequestError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")
+        out.append((int(key), value))
     return tuple(out)

@@ -76,6 +76,8 @@ def chat_prompt(req: ChatCompletionRequest | list[ChatMessage], tokenizer, *, ad
     if continue_final_message and messages[-1].role != "assistant":
         raise RequestError("continue_final_message needs a final assistant message", param="messages")
     convo = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
+    for turn in convo:
+        check_text(turn["content"], "messages")
     if not supports_system_role(tokenizer):
         convo = merge_system_into_user(convo)
     try:
@@ -135,10 +137,26 @@ def truncate(prompt: Prompt, *, keep: int | None, max_model_len: int, max_tokens
     return Prompt(prompt.token_ids[dropped:], None, dropped)
 
 
-def _encode(tokenizer, text: str) -> list[int]:
+def check_text(text: str, param: str) -> None:
+    """Raise `RequestError` (400) for text that is not valid Unicode: JSON's ``\\ud800``
+    escapes decode to lone surrogates, which no tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RequestError(f"{param} is not valid Unicode: a lone surrogate at character {exc.start}",
+                           param=param) from None
+
+
+def encode_text(tokenizer, text: str, *, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
+    """Token ids of a text prompt; 400 without a tokenizer or for invalid Unicode."""
     if tokenizer is None:
-        raise RequestError("this model has no tokenizer: send token ids", param="prompt")
-    return tokenizer.encode(text)
+        raise RequestError("this model has no tokenizer: send token ids", param=param)
+    check_text(text, param)
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return encode_text(tokenizer, text)
 
 
 def check_chat_template(tokenizer) -> None:

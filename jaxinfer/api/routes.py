@@ -7,6 +7,7 @@ alive (503 + Retry-After while loading, draining or dead).
 """
 from __future__ import annotations
 
+import asyncio
 import secrets
 
 from fastapi import APIRouter, Depends, Request
@@ -99,13 +100,13 @@ async def tokenize(body: TokenizeRequest, ctx: ServingContext = Depends(get_ctx)
         if (body.prompt is None) == (body.messages is None):
             raise RequestError("give exactly one of prompt or messages", param="prompt")
         if body.messages is not None:
-            ids = prompts_mod.chat_prompt(body.messages, engine.tokenizer,
-                                          add_generation_prompt=body.add_generation_prompt is not False,
-                                          continue_final_message=bool(body.continue_final_message)).token_ids
+            ids = (await asyncio.to_thread(
+                prompts_mod.chat_prompt, body.messages, engine.tokenizer,
+                add_generation_prompt=body.add_generation_prompt is not False,
+                continue_final_message=bool(body.continue_final_message))).token_ids
         elif isinstance(body.prompt, str):
-            if engine.tokenizer is None:
-                raise RequestError("this model has no tokenizer", param="prompt")
-            ids = engine.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens is not False)
+            ids = await asyncio.to_thread(prompts_mod.encode_text, engine.tokenizer, body.prompt,
+                                          add_special_tokens=body.add_special_tokens is not False)
         else:
             ids = list(body.prompt)
             vocab = engine.model_config.vocab_size

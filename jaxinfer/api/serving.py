@@ -39,7 +39,7 @@ from jaxinfer.api.responses import ChatFormat, ChoiceCursor, CompletionFormat, u
 from jaxinfer.async_engine import AsyncEngine, EngineNotReadyError, OutputStream, RequestSpec
 from jaxinfer.errors import QueueFullError
 from jaxinfer.outputs import RequestOutput
-from jaxinfer.sampling_params import SamplingParams
+from jaxinfer.sampling_params import SamplingParams, choice_seed
 
 logger = logging.getLogger(__name__)
 
@@ -94,10 +94,14 @@ async def create_completion(req: CompletionRequest, raw: Request, ctx: ServingCo
     ctx.check_model(req.model)
     aliases = params_mod.COMPLETION_ALIASES
     default = params_mod.COMPLETIONS_DEFAULT_MAX_TOKENS
-    with _as_api_error(aliases):
-        params = params_mod.completion_params(req)
-        prompts = [_truncate(p, req, params.max_tokens or default, engine, ctx.config)
-                   for p in prompts_mod.completion_prompts(req, engine.tokenizer)]
+
+    def prepare():  # tokenizing a long prompt must not stall the event loop: run in a thread
+        with _as_api_error(aliases):
+            params = params_mod.completion_params(req)
+            return params, [_truncate(p, req, params.max_tokens or default, engine, ctx.config)
+                            for p in prompts_mod.completion_prompts(req, engine.tokenizer)]
+
+    params, prompts = await asyncio.to_thread(prepare)
     fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", ctx.config.served_model_name, int(time.time()),
                            params.logprobs, engine.tokenizer)
     return await _run(_Job(req, prompts, params, fmt, aliases, default, _max_model_len(engine)), raw, ctx)
@@ -108,11 +112,15 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, ctx: 
     engine = ctx.engine()
     ctx.check_model(req.model)
     aliases = params_mod.chat_aliases(req)
-    with _as_api_error(aliases):
-        params = params_mod.chat_params(req)
-        prompt = prompts_mod.chat_prompt(req, engine.tokenizer, add_generation_prompt=req.add_generation_prompt
-                                         is not False, continue_final_message=bool(req.continue_final_message))
-        prompts = [_truncate(prompt, req, params.max_tokens, engine, ctx.config)]
+
+    def prepare():  # template rendering and tokenizing run in a thread, as for completions
+        with _as_api_error(aliases):
+            params = params_mod.chat_params(req)
+            prompt = prompts_mod.chat_prompt(req, engine.tokenizer, add_generation_prompt=req.add_generation_prompt
+                                             is not False, continue_final_message=bool(req.continue_final_message))
+            return params, [_truncate(prompt, req, params.max_tokens, engine, ctx.config)]
+
+    params, prompts = await asyncio.to_thread(prepare)
     fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", ctx.config.served_model_name, int(time.time()),
                      params.logprobs, engine.tokenizer)
     return await _run(_Job(req, prompts, params, fmt, aliases, None, _max_model_len(engine)), raw, ctx)
@@ -147,7 +155,7 @@ def _specs(job: _Job, config: ServerConfig) -> list[RequestSpec]:
     for i, (p, j) in enumerate(itertools.product(job.prompts, range(n))):
         max_tokens = params_mod.default_max_tokens(job.params.max_tokens, job.default_max_tokens,
                                                    len(p.token_ids), job.max_model_len)
-        seed = job.params.seed if job.params.seed is None or n == 1 else job.params.seed + j
+        seed = job.params.seed if n == 1 else choice_seed(job.params.seed, j)
         params = dataclasses.replace(job.params, n=1, seed=seed, max_tokens=max_tokens)
         out.append(RequestSpec(f"{base}-{i}", p.token_ids, params, prompt=p.text, deadline=deadline,
                                max_queue_wait=config.max_queue_wait))
