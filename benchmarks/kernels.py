@@ -37,6 +37,7 @@ from pallas_kernels import (  # noqa: E402
     ragged_paged_attention,
     ragged_paged_attention_reference,
 )
+from pallas_kernels.ragged_paged_attention import auto_decode_splits  # noqa: E402
 
 LAYOUTS = {"llama3-8b": (32, 8, 128), "smollm2": (9, 3, 64)}
 L2_BYTES = 64 << 20  # H200: 60 MB of L2; rotate inputs over at least 3x this
@@ -48,6 +49,8 @@ def full_configs():
     for batch in (64, 256):
         for ctx in (1024, 4096, 8192):
             out.append((f"decode b{batch} ctx{ctx}", [1] * batch, [ctx] * batch))
+    for batch, ctx in ((4, 8192), (16, 4096)):  # too few programs to fill the GPU: key splits
+        out.append((f"decode b{batch} ctx{ctx}", [1] * batch, [ctx] * batch))
     out.append(("mixed 4x512 prefill@2K + 60 decode@4K",
                 [512] * 4 + [1] * 60, [2048] * 4 + [4096] * 60))
     out.append(("mixed 1x2048 prefill@2K + 63 decode@1K",
@@ -58,6 +61,7 @@ def full_configs():
 def quick_configs():
     return [("decode b4 ctx64", [1] * 4, [64] * 4),
             ("decode b4 ctx256", [1] * 4, [256] * 4),
+            ("decode b1 ctx1024", [1], [1024]),
             ("mixed 1x24 prefill + 3 decode", [24, 1, 1, 1], [40, 64, 100, 17])]
 
 
@@ -131,10 +135,16 @@ def bench_one(kind, q_lens, kv_lens, layout_name, *, interpret, dtype, block_siz
         "pallas": lambda *a: ragged_paged_attention(*a, interpret=interpret),
         "reference": ragged_paged_attention_reference,
     }
+    splits = auto_decode_splits(len(q_lens) * layout[1], max(-(-c // block_size) for c in kv_lens),
+                                block_size)
+    if max(q_lens) == 1 and splits > 1:  # the default splits the keys here: time without too
+        impls["pallas-nosplit"] = lambda *a: ragged_paged_attention(*a, interpret=interpret,
+                                                                   decode_splits=1)
     outs = {name: np.asarray(fn(*sets[0]), np.float32) for name, fn in impls.items()}
-    diff = float(np.abs(outs["pallas"] - outs["reference"]).max())
     rows = []
     for name, fn in impls.items():
+        other = outs["pallas" if name == "reference" else "reference"]
+        diff = float(np.abs(outs[name] - other).max())
         seconds = time_calls(fn, sets, trials=3 if interpret else 5)
         rows.append(dict(
             layout=layout_name, kind=kind, impl=name, num_seqs=len(q_lens),
@@ -142,16 +152,17 @@ def bench_one(kind, q_lens, kv_lens, layout_name, *, interpret, dtype, block_siz
             block_size=block_size, dtype=str(jnp.dtype(dtype)), input_sets=num_sets,
             time_us=seconds * 1e6, bytes=num_bytes, GBps=num_bytes / seconds / 1e9,
             frac_of_copy_bw=num_bytes / seconds / copy_bw, TFLOPs=flops / seconds / 1e12,
+            decode_splits=(splits if name == "pallas" else 1) if max(q_lens) == 1 else None,
             max_abs_diff_vs_other=diff))
     return rows
 
 
 def print_table(rows, copy_bw):
     print(f"copy bandwidth: {copy_bw / 1e9:.1f} GB/s (read + write)")
-    print(f"{'layout':10} {'config':40} {'impl':9} {'time_us':>10} {'GB/s':>8} "
+    print(f"{'layout':10} {'config':40} {'impl':14} {'time_us':>10} {'GB/s':>8} "
           f"{'%copy':>6} {'TFLOP/s':>8} {'diff':>8}")
     for r in rows:
-        print(f"{r['layout']:10} {r['kind']:40} {r['impl']:9} {r['time_us']:10.1f} "
+        print(f"{r['layout']:10} {r['kind']:40} {r['impl']:14} {r['time_us']:10.1f} "
               f"{r['GBps']:8.1f} {100 * r['frac_of_copy_bw']:6.1f} {r['TFLOPs']:8.3f} "
               f"{r['max_abs_diff_vs_other']:8.1e}")
 

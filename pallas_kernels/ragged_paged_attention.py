@@ -43,6 +43,9 @@ from pallas_kernels.reference import (
 )
 
 MIN_ROWS = 16  # Triton's dot needs M >= 16.
+TARGET_PROGRAMS = 256  # decode key splits: aim for about 2 programs per H200 SM (132)
+MIN_SPLIT_KEYS = 512
+MAX_SPLITS = 16
 _DOT_DIMS_QK = (((1,), (1,)), ((), ()))  # [R, H] x [bs, H] -> [R, bs]
 _DOT_DIMS_PV = (((1,), (0,)), ((), ()))  # [R, bs] x [bs, H] -> [R, H]
 
@@ -51,14 +54,17 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _kernel(meta_ref, bt_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, *,
-            sm_scale: float, group_pad: int, pages_per_step: int):
-    """One (work item, KV head) program.
+def _kernel(meta_ref, bt_ref, layer_ref, q_ref, k_ref, v_ref, *out_refs,
+            sm_scale: float, group_pad: int, pages_per_step: int, num_splits: int):
+    """One (work item, KV head[, key split]) program.
 
     meta_ref: [W, 4] int32 (seq, q_pos, num_rows, kv_len) per work item.
     bt_ref: [S, max_blocks] int32. layer_ref: [1] int32.
-    q_ref / o_ref: [R, H] rows of this item and KV head.
+    q_ref: [R, H] rows of this item and KV head.
     k_ref / v_ref: [L, num_blocks, block_size, K, H], read one page at a time.
+    out_refs: ``(o_ref [R, H],)`` normalised, or with ``num_splits > 1`` the split's
+      unnormalised partials ``(acc_ref [R, H] f32, m_ref [R, 1] f32, l_ref [R, 1] f32)``
+      over its share of the pages (flash-decoding; merged by `_merge_splits`).
     """
     w, head = pl.program_id(0), pl.program_id(1)
     seq, q_pos = meta_ref[w, 0], meta_ref[w, 1]
@@ -111,9 +117,29 @@ def _kernel(meta_ref, bt_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, *,
     init = (jnp.zeros((rows, head_dim), jnp.float32),
             jnp.full((rows, 1), MASK_VALUE, jnp.float32),
             jnp.zeros((rows, 1), jnp.float32))
-    acc, _, l = lax.fori_loop(0, num_steps, step, init)
-    out = acc / jnp.where(l > 0, l, 1.0)
-    o_ref[...] = jnp.where(row_ok, out, 0.0).astype(o_ref.dtype)
+    if num_splits == 1:
+        acc, _, l = lax.fori_loop(0, num_steps, step, init)
+        (o_ref,) = out_refs
+        out = acc / jnp.where(l > 0, l, 1.0)
+        o_ref[...] = jnp.where(row_ok, out, 0.0).astype(o_ref.dtype)
+        return
+    per_split = lax.div(num_steps + num_splits - 1, num_splits)
+    first = pl.program_id(2) * per_split
+    acc, m, l = lax.fori_loop(first, jnp.minimum(first + per_split, num_steps), step, init)
+    acc_ref, m_ref, l_ref = out_refs
+    acc_ref[...] = acc
+    m_ref[...] = m
+    l_ref[...] = l
+
+
+def _merge_splits(acc, m, l):
+    """Combine per-split partials (FlashDecoding, Dao et al. 2023): acc [W, K, P, R, H],
+    m and l [W, K, P, R, 1] -> normalised [W, K, R, H] float32."""
+    m_all = jnp.max(m, axis=2, keepdims=True)
+    weight = jnp.exp(m - m_all)  # a split with no keys has m = MASK_VALUE: weight 0
+    l_all = jnp.sum(weight * l, axis=2)
+    acc_all = jnp.sum(weight * acc, axis=2)
+    return acc_all / jnp.where(l_all > 0, l_all, 1.0)
 
 
 def _to_kernel_rows(q_blk, num_kv_heads: int, group_pad: int, rows: int):
@@ -151,28 +177,54 @@ def _compiler_params(interpret: bool, num_warps: int, num_stages: int):
 
 
 def _call_kernel(meta, block_tables, layer, q_rows, k5, v5, *, sm_scale, group_pad,
-                 pages_per_step, interpret, num_warps, num_stages):
+                 pages_per_step, interpret, num_warps, num_stages, num_splits=1):
+    """The pallas_call over grid (W, K) or, split over the keys, (W, K, num_splits)."""
     num_work, num_kv_heads, rows, head_dim = q_rows.shape
-    row_spec = pl.BlockSpec((pl.squeezed, pl.squeezed, rows, head_dim),
-                            lambda w, h: (w, h, 0, 0))
     whole = pl.BlockSpec()
     kernel = functools.partial(_kernel, sm_scale=sm_scale, group_pad=group_pad,
-                               pages_per_step=pages_per_step)
-    return pl.pallas_call(
-        kernel,
-        grid=(num_work, num_kv_heads),
-        in_specs=[whole, whole, whole, row_spec, whole, whole],
-        out_specs=row_spec,
-        out_shape=jax.ShapeDtypeStruct(q_rows.shape, q_rows.dtype),
-        interpret=interpret,
-        compiler_params=_compiler_params(interpret, num_warps, num_stages),
-        name="ragged_paged_attention",
-    )(meta, block_tables, layer.reshape(1), q_rows, k5, v5)
+                               pages_per_step=pages_per_step, num_splits=num_splits)
+    params = dict(interpret=interpret, name="ragged_paged_attention",
+                  compiler_params=_compiler_params(interpret, num_warps, num_stages))
+    args = (meta, block_tables, layer.reshape(1), q_rows, k5, v5)
+    if num_splits == 1:
+        row_spec = pl.BlockSpec((pl.squeezed, pl.squeezed, rows, head_dim),
+                                lambda w, h: (w, h, 0, 0))
+        return pl.pallas_call(
+            kernel, grid=(num_work, num_kv_heads),
+            in_specs=[whole, whole, whole, row_spec, whole, whole], out_specs=row_spec,
+            out_shape=jax.ShapeDtypeStruct(q_rows.shape, q_rows.dtype), **params)(*args)
+    q_spec = pl.BlockSpec((pl.squeezed, pl.squeezed, rows, head_dim),
+                          lambda w, h, p: (w, h, 0, 0))
+    part = (num_work, num_kv_heads, num_splits, rows)
+    acc, m, l = pl.pallas_call(
+        kernel, grid=(num_work, num_kv_heads, num_splits),
+        in_specs=[whole, whole, whole, q_spec, whole, whole],
+        out_specs=[pl.BlockSpec((pl.squeezed,) * 3 + (rows, n), lambda w, h, p: (w, h, p, 0, 0))
+                   for n in (head_dim, 1, 1)],
+        out_shape=[jax.ShapeDtypeStruct(part + (n,), jnp.float32) for n in (head_dim, 1, 1)],
+        **params)(*args)
+    return _merge_splits(acc, m, l).astype(q_rows.dtype)
+
+
+def auto_decode_splits(num_programs: int, max_blocks: int, block_size: int) -> int:
+    """Key splits for a decode batch of ``num_programs`` (sequence, KV head) programs.
+
+    Enough programs to fill a GPU (`TARGET_PROGRAMS`, about two per H200 SM) when the
+    batch alone does not, never a split of fewer than `MIN_SPLIT_KEYS` keys of the
+    block table's capacity, at most `MAX_SPLITS`. Batches of 64 x 8 KV heads and more
+    are not split.
+    """
+    if num_programs >= TARGET_PROGRAMS:
+        return 1
+    by_fill = -(-TARGET_PROGRAMS // num_programs)
+    by_length = max(1, max_blocks * block_size // MIN_SPLIT_KEYS)
+    return max(1, min(MAX_SPLITS, by_fill, by_length))
 
 
 def _run(q, k5, v5, layer, kv_lens, block_tables, query_start_loc, num_seqs, *,
-         q_block: int, decode: bool, **kernel_kw):
-    """Plans work items of ``q_block`` rows, runs the kernel, scatters rows back."""
+         q_block: int, decode: bool, decode_splits: int | None = 1, **kernel_kw):
+    """Plans work items of ``q_block`` rows, runs the kernel, scatters rows back.
+    ``decode_splits``: key splits of a decode batch (None: `auto_decode_splits`)."""
     num_tokens, num_q_heads, _ = q.shape
     num_kv_heads = k5.shape[3]
     group = num_q_heads // num_kv_heads
@@ -185,19 +237,23 @@ def _run(q, k5, v5, layer, kv_lens, block_tables, query_start_loc, num_seqs, *,
     meta = jnp.stack([plan.seq, plan.q_pos, plan.num_rows, plan.kv_len], axis=1)
     q_rows = _to_kernel_rows(gather_query_blocks(q, plan, q_block), num_kv_heads,
                              group_pad, rows)
+    splits = 1
+    if decode:
+        splits = decode_splits or auto_decode_splits(num_work * num_kv_heads,
+                                                     block_tables.shape[1], k5.shape[2])
     out = _call_kernel(meta, block_tables, layer, q_rows, k5, v5, group_pad=group_pad,
-                       **kernel_kw)
+                       num_splits=splits, **kernel_kw)
     return scatter_query_blocks(_from_kernel_rows(out, q_block, group, group_pad), plan)
 
 
 @functools.partial(jax.jit, static_argnames=(
     "sm_scale", "interpret", "q_block_rows", "pages_per_step", "num_warps",
-    "num_stages"))
+    "num_stages", "decode_splits"))
 def ragged_paged_attention(q, k_pages, v_pages, kv_lens, block_tables,
                            query_start_loc, num_seqs, *, sm_scale=None, layer=None,
                            interpret=False, q_block_rows: int = 64,
                            pages_per_step: int | None = None, num_warps: int = 4,
-                           num_stages: int = 2):
+                           num_stages: int = 2, decode_splits: int | None = None):
     """Causal GQA attention of packed ragged queries over a paged KV cache (Pallas).
 
     Rows ``query_start_loc[i] .. query_start_loc[i+1] - 1`` of ``q`` are the last
@@ -224,6 +280,9 @@ def ragged_paged_attention(q, k_pages, v_pages, kv_lens, block_tables,
         batches (``q_block = q_block_rows // G_pad`` tokens).
       pages_per_step: static pages loaded per loop step (default: 64 keys' worth).
       num_warps, num_stages: static Triton launch parameters (GPU only).
+      decode_splits: static; key splits of decode-only batches (flash-decoding: each
+        (sequence, KV head) program becomes that many, merged by log-sum-exp). None:
+        `auto_decode_splits` (split only when the batch cannot fill the GPU); 1: never.
 
     Returns:
       [T, N, H] in q's dtype (float32 accumulation inside).
@@ -237,6 +296,8 @@ def ragged_paged_attention(q, k_pages, v_pages, kv_lens, block_tables,
                  num_seqs, layer)
     if q_block_rows < 1 or q_block_rows & (q_block_rows - 1):
         raise ValueError(f"q_block_rows must be a power of two, got {q_block_rows}")
+    if decode_splits is not None and decode_splits < 1:
+        raise ValueError(f"decode_splits must be >= 1 or None, got {decode_splits}")
     head_dim = q.shape[-1]
     k5, v5, layer_idx = stack_layer_view(k_pages, v_pages, layer)
     block_size = k5.shape[2]
@@ -249,6 +310,7 @@ def ragged_paged_attention(q, k_pages, v_pages, kv_lens, block_tables,
               jnp.asarray(num_seqs, jnp.int32))
     group_pad = _next_pow2(q.shape[1] // k5.shape[3])
     q_block = max(1, q_block_rows // group_pad)
-    decode_fn = functools.partial(_run, q_block=1, decode=True, **kernel_kw)
+    decode_fn = functools.partial(_run, q_block=1, decode=True, decode_splits=decode_splits,
+                                  **kernel_kw)
     general_fn = functools.partial(_run, q_block=q_block, decode=False, **kernel_kw)
     return lax.cond(decode_only(arrays[6], arrays[7]), decode_fn, general_fn, *arrays)

@@ -147,6 +147,42 @@ def test_long_context_mixed():
     assert_close(run_reference(batch), expected, batch)
 
 
+# Split-K decode (flash-decoding): more splits than pages, contexts at block edges, >= 2048.
+SPLIT_CASES = [
+    ("split4_g8_h128_bs16_f32", [1] * 5, [1, 15, 16, 17, 300], (16, 2), 128, 16, "float32", 4),
+    ("split3_g3_h64_bs16_bf16", [1] * 4, [2048, 33, 100, 700], (3, 1), 64, 16, "bfloat16", 3),
+    ("split16_more_than_pages_f32", [1, 1], [5, 40], (2, 2), 64, 16, "float32", 16),
+    ("split2_g1_h64_bs32_f32", [1, 1, 1], [64, 65, 2100], (2, 2), 64, 32, "float32", 2),
+]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=[c[0] for c in SPLIT_CASES])
+def test_decode_split_over_keys_matches_numpy(case):
+    name, q_lens, kv_lens, heads, head_dim, block_size, dtype, splits = case
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    batch = make_batch(rng, q_lens, kv_lens, heads=heads, head_dim=head_dim,
+                       block_size=block_size, dtype=dtype, pad_tokens=2, pad_seqs=1)
+    expected = oracle(batch)
+    split = run_kernel(batch, decode_splits=splits)
+    assert_close(split, expected, batch)
+    poisoned = _poison_padding(batch, rng)
+    n = batch["num_real_rows"]
+    np.testing.assert_array_equal(run_kernel(poisoned, decode_splits=splits)[:n], split[:n])
+
+
+def test_auto_decode_splits():
+    from pallas_kernels.ragged_paged_attention import auto_decode_splits
+
+    assert auto_decode_splits(64 * 8, 512, 16) == 1  # batch 64 x 8 KV heads fills the GPU
+    assert auto_decode_splits(4 * 8, 512, 16) == 8  # 32 programs: 8x to reach 256
+    assert auto_decode_splits(1, 8192 // 16, 16) == 16  # capped at MAX_SPLITS
+    assert auto_decode_splits(2, 4, 16) == 1  # 64 keys of capacity: never split below 512
+    assert auto_decode_splits(2 * 1, 4096 // 16, 16) == 8  # 4096 keys / 512 per split
+    rng = np.random.default_rng(17)  # the auto choice (8 splits here) is what runs by default
+    batch = make_batch(rng, [1, 1], [4096, 3000], heads=(2, 1), head_dim=64, block_size=16)
+    assert_close(run_kernel(batch), oracle(batch), batch)
+
+
 def _poison_padding(batch, rng):
     """Copy of ``batch`` with every padding input replaced by garbage or NaN."""
     b = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in batch.items()}
@@ -253,6 +289,9 @@ def test_lowers_to_triton_for_cuda(dtype, layout):
         q, k, v, lens, bt, qsl, n, layer=jnp.int32(3)))
     text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("xla.gpu.triton") == 2
+    split = jax.jit(lambda q, k, v, lens, bt, qsl, n: ragged_paged_attention(
+        q, k, v, lens, bt, qsl, n, layer=jnp.int32(3), decode_splits=4))
+    assert split.trace(*args).lower(lowering_platforms=("cuda",)).as_text().count("xla.gpu.triton") == 2
 
 
 @pytest.mark.parametrize("bad, error", [
