@@ -51,6 +51,9 @@ class BucketLadders:
       width_growth: ratio between W rungs (4 default: few compiles, at most 4x
         over-read of context).
       min_width: smallest non-zero W rung.
+      with_zero_width: include W = 0 (steps whose rows have no cached context). The
+        Pallas backend's block table also covers the new tokens, so its W is never 0
+        and its ladder starts at ``min_width``.
     """
 
     max_num_batched_tokens: int
@@ -59,6 +62,7 @@ class BucketLadders:
     token_growth: float = 1.5
     width_growth: int = 4
     min_width: int = 4
+    with_zero_width: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs > self.max_num_batched_tokens:
@@ -71,7 +75,7 @@ class BucketLadders:
 
     @property
     def width_ladder(self) -> list[int]:
-        out = [0]
+        out = [0] if self.with_zero_width else []
         w = min(self.min_width, self.max_blocks)
         while w < self.max_blocks:
             out.append(w)

@@ -73,7 +73,8 @@ class LLMEngine:
             sc, cc, self.block_manager, cache_salt=config.model_path.encode())
         backend = getattr(runner, "backend", "xla")
         self.layout = batch_mod.BatchLayout(
-            ladders=BucketLadders(sc.max_num_batched_tokens, sc.max_num_seqs, math.ceil(sc.max_model_len / cc.block_size)),
+            ladders=BucketLadders(sc.max_num_batched_tokens, sc.max_num_seqs, math.ceil(sc.max_model_len / cc.block_size),
+                                  with_zero_width=backend != "pallas"),
             block_size=cc.block_size, vocab_size=model_config.vocab_size, max_model_len=sc.max_model_len,
             max_logit_bias=config.max_logit_bias, table_covers_new_tokens=backend == "pallas")
         self.requests: dict[str, Request] = {}

@@ -54,3 +54,25 @@ def test_compare_flags_a_split_that_is_not_a_near_tie():
     assert script.compare(ref, ref, "float32", tie_gap=0.1)["ok"]
     assert not script.compare(ref, tie_split, "float32", tie_gap=0.1)["ok"]
     assert script.compare(ref, tie_split, "float32", tie_gap=1.0)["ok"]
+
+
+def test_pallas_warmup_compiles_every_bucket_it_serves():
+    """Warm-up with the Pallas backend (the GPU default) once crashed on the W = 0 buckets,
+    which that backend never uses (its block table covers the new tokens); after warm-up,
+    serving compiles nothing."""
+    from jaxinfer import LLM, SamplingParams
+    from jaxinfer.config import ModelConfig
+    from jaxinfer.model_runner import CompileCounter
+    from jaxinfer.params import init_params
+
+    cfg = ModelConfig.from_dict(TINY)
+    llm = LLM("tiny", max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16, num_blocks=24, warmup=True,
+              attention_backend="pallas", enable_prefix_caching=False, model_config=cfg,
+              params=init_params(cfg, seed=0, scale=4.0), tokenizer=None)
+    assert 0 not in llm.engine.layout.ladders.width_ladder
+    CompileCounter.install()
+    before = CompileCounter.count
+    outs = llm.generate([[5, 6, 7], list(range(20, 50)), [9]], SamplingParams(temperature=0.0, max_tokens=20,
+                                                                          ignore_eos=True), use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [20, 20, 20]
+    assert CompileCounter.count == before
