@@ -13,6 +13,7 @@ import argparse
 import logging
 import re
 import signal
+import socket
 import sys
 import threading
 import types
@@ -86,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
 def server_config(args):
     from jaxinfer.api.config import ServerConfig
 
-    return ServerConfig(host=args.host, port=args.port, served_model_name=args.served_model_name or args.model,
+    name = args.model if args.served_model_name is None else args.served_model_name
+    return ServerConfig(host=args.host, port=args.port, served_model_name=name,
                         api_key=args.api_key, max_queue_wait=args.max_queue_wait,
                         request_timeout=args.request_timeout, truncate_prompt=args.truncate_prompt,
                         shutdown_timeout=args.shutdown_timeout, max_request_bytes=args.max_request_bytes)
@@ -96,7 +98,9 @@ def engine_config(args, model_config):
     """The `EngineConfig` of the flags; ``--max-model-len`` defaults to min(4096, the model's context)."""
     from jaxinfer.config import CacheConfig, EngineConfig, SchedulerConfig
 
-    max_model_len = args.max_model_len or min(4096, model_config.max_position_embeddings)
+    max_model_len = args.max_model_len
+    if max_model_len is None:
+        max_model_len = min(4096, model_config.max_position_embeddings)
     return EngineConfig(
         model_path=args.model, dtype=args.dtype,
         cache=CacheConfig(num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory, watermark=args.watermark,
@@ -131,8 +135,28 @@ def engine_builder(args):
     return build
 
 
-def serve(app, async_engine, config) -> None:
-    """Run uvicorn until SIGTERM / SIGINT, draining in-flight requests first."""
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A bound, listening TCP socket for uvicorn, made before the model loads so that a busy
+    port or a bad host fails at once.
+
+    Raises:
+      OSError: the address cannot be resolved or bound.
+    """
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def serve(app, async_engine, config, sock: socket.socket | None = None) -> None:
+    """Run uvicorn until SIGTERM / SIGINT, draining in-flight requests first (on ``sock``
+    when given, else on ``config.host:config.port``)."""
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
@@ -152,7 +176,7 @@ def serve(app, async_engine, config) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     server = DrainingServer(uv_config)
     threading.Thread(target=exit_if_never_ready, args=(async_engine, server), daemon=True).start()
-    server.run()
+    server.run(sockets=[sock] if sock is not None else None)
     if getattr(server, "engine_failed_at_start", False):
         sys.exit(1)  # the engine failed while loading or warming up (logged above)
 
@@ -196,11 +220,15 @@ def main(argv: list[str] | None = None) -> None:
         distributed.shutdown(engine)
         return
     config = server_config(args)
+    try:
+        sock = listen_socket(config.host, config.port)
+    except OSError as e:
+        parser.error(f"cannot listen on {config.host}:{config.port}: {e}")
     async_engine = AsyncEngine(engine_builder(args))
     app = create_app(async_engine, config)
     logger.info("listening on http://%s:%d (model %s loads in the background)", config.host, config.port, args.model)
     try:
-        serve(app, async_engine, config)
+        serve(app, async_engine, config, sock)
     finally:
         if jax_multiprocess():
             distributed.shutdown(getattr(async_engine, "engine", None))  # stop the followers

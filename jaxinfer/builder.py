@@ -60,8 +60,27 @@ def plan_num_blocks(cfg: ModelConfig, cache: CacheConfig, dtype: str, weight_byt
             why = f"{cache.kv_cache_memory_fraction:.0%} of device memory minus weights"
         else:
             budget, why = CPU_DEFAULT_KV_BYTES, "default CPU budget"
-    n = max(2, budget // per_block)
+    if budget // per_block < 2:  # block 0 is the null block: nothing could ever run
+        raise ValueError(f"the KV budget ({why}: {budget} bytes) holds {max(0, budget // per_block)} blocks of "
+                         f"{per_block} bytes; at least 2 are needed (block 0 is the null block)")
+    n = budget // per_block
     return n, f"{n} blocks x {per_block / 2**20:.2f} MiB per device = {n * per_block / 2**30:.2f} GiB ({why})"
+
+
+def check_model_fits(config: EngineConfig, model_config: ModelConfig) -> None:
+    """Refuse a ``max_model_len`` past the model's context (as vLLM does); warn about
+    bfloat16 on CPU.
+
+    Raises:
+      ValueError: ``max_model_len`` > the model's ``max_position_embeddings``.
+    """
+    limit = model_config.max_position_embeddings
+    if config.scheduler.max_model_len > limit:
+        raise ValueError(f"max_model_len {config.scheduler.max_model_len} exceeds the model's context of {limit} "
+                         "tokens (max_position_embeddings)")
+    if config.dtype == "bfloat16" and jax.default_backend() == "cpu":
+        logger.warning("bfloat16 on CPU: XLA:CPU upcasts each KV-cache write to float32 over the whole pool, so "
+                       "steps slow down with the pool size; float32 is much faster on CPU")
 
 
 def enable_compilation_cache(path: str | None = None) -> None:
@@ -80,7 +99,13 @@ def default_backend() -> str:
 
 
 def load_model(config: EngineConfig, load_format: str = "auto", weights_dir: str = "weights"):
-    """Returns (model_config, params, tokenizer or None, model folder or None)."""
+    """Returns (model_config, params, tokenizer or None, model folder or None).
+
+    Raises:
+      ValueError: an unknown ``load_format`` or model.
+    """
+    if load_format not in ("auto", "dummy"):
+        raise ValueError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
     from jaxinfer.checkpoint import load_params
     from jaxinfer.weights import resolve_model
 
@@ -117,6 +142,7 @@ def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir
     enable_compilation_cache()
     if model_config is None:
         model_config, params, tokenizer, _ = load_model(config, load_format, weights_dir)
+    check_model_fits(config, model_config)
     if config.parallel.world_size > 1 or jax.process_count() > 1:  # mesh: TP and/or DP replicas
         from jaxinfer.dp_router import build_parallel_engine
 

@@ -131,6 +131,10 @@ class CacheConfig:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
         if self.num_blocks is not None and self.num_blocks < 2:  # block 0 is the null block
             raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {self.num_blocks}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError(f"kv_cache_memory must be a positive number of bytes, got {self.kv_cache_memory}")
+        if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
+            raise ValueError(f"kv_cache_memory_fraction must be in (0, 1], got {self.kv_cache_memory_fraction}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,8 +165,13 @@ class SchedulerConfig:
                              f"{self.max_num_seqs} and {self.max_num_batched_tokens}")
         if self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2 (one prompt and one output token), got {self.max_model_len}")
-        if self.max_queue_len < 0 or self.batch_timeout_s < 0:
-            raise ValueError("max_queue_len and batch_timeout_s must be >= 0")
+        if self.max_num_seqs > self.max_num_batched_tokens:  # a step must fit one token per sequence
+            raise ValueError(f"max_num_seqs ({self.max_num_seqs}) must not exceed max_num_batched_tokens "
+                             f"({self.max_num_batched_tokens})")
+        if self.max_queue_len < 1:  # 0 would turn every request away
+            raise ValueError(f"max_queue_len must be >= 1, got {self.max_queue_len}")
+        if self.batch_timeout_s < 0:
+            raise ValueError("batch_timeout_s must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,3 +217,9 @@ class EngineConfig:
     warmup: bool = True
     return_logits: bool = False  # debug/tests: keep each sampled position's raw logits
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if self.attention_backend not in (None, "xla", "pallas"):
+            raise ValueError(f"attention_backend must be 'xla' or 'pallas', got {self.attention_backend!r}")

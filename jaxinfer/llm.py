@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from jaxinfer.builder import build_engine
 from jaxinfer.config import CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
+from jaxinfer.errors import RequestError
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams, choice_seed
 
@@ -79,16 +80,30 @@ class LLM:
         Raises:
           RequestError: a prompt is invalid (nothing is submitted then).
         """
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
+                                        and not isinstance(prompts[0], (str, list, tuple))):
             prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)):
+            raise TypeError("prompts must be a string, a list of token ids, or a list of those; got "
+                            f"{type(prompts).__name__}")
         items = [(p if isinstance(p, str) else None, self._encode(p)) for p in prompts]
         return self._run(items, sampling_params, use_tqdm)
 
     def chat(self, messages, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True,
              continue_final_message: bool = False) -> list[RequestOutput]:
-        """Apply the model's chat template to one conversation (list of messages) or many."""
+        """Apply the model's chat template to one conversation (list of messages) or many.
+
+        A message is ``{"role": "system" | "developer" | "user" | "assistant", "content": str
+        or a list of {"type": "text", "text": str} parts}``, as in the HTTP API.
+
+        Raises:
+          RequestError: an empty conversation or a malformed message (param ``messages``).
+        """
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        if not convs:
+            raise RequestError("messages must contain at least one message", param="messages")
+        convs = [_normalize_conversation(conv) for conv in convs]
         tok = self._tokenizer()
         items = []
         for conv in convs:
@@ -105,22 +120,36 @@ class LLM:
         return self.engine.tokenizer
 
     def _encode(self, prompt) -> list[int]:
-        return self._tokenizer().encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if isinstance(prompt, str):
+            return self._tokenizer().encode(prompt)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return list(prompt)
+        raise TypeError(f"a prompt must be a string or a list of int token ids, got {prompt!r:.80}")
 
     def _run(self, items, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(items)
+        sampling_params = list(sampling_params)
+        if len(sampling_params) != len(items):
+            raise ValueError(f"{len(sampling_params)} SamplingParams for {len(items)} prompts: give one, or one each")
+        if not all(isinstance(sp, SamplingParams) for sp in sampling_params):
+            raise TypeError("sampling_params must be SamplingParams objects")
         ids = self._submit(items, sampling_params)
+        mine = {r for rids in ids for r in rids}
         finished: dict[str, RequestOutput] = {}
-        total = sum(len(v) for v in ids)
-        with tqdm(total=total, desc="Generating", disable=not use_tqdm) as bar:
-            while len(finished) < total:
-                for out in self.engine.step():
-                    if out.finished and out.request_id not in finished:
-                        finished[out.request_id] = out
-                        bar.update(1)
+        try:
+            with tqdm(total=len(mine), desc="Generating", disable=not use_tqdm) as bar:
+                while len(finished) < len(mine):
+                    for out in self.engine.step():
+                        if out.finished and out.request_id in mine and out.request_id not in finished:
+                            finished[out.request_id] = out
+                            bar.update(1)
+        except BaseException:  # Ctrl+C in a notebook: abort this call's requests, keep the LLM usable
+            for rid in mine - finished.keys():
+                self.engine.abort_request(rid)  # blocks freed now; later calls skip their outputs
+            raise
         return [self._merge(items[i], [finished[r] for r in rids]) for i, rids in enumerate(ids)]
 
     def _submit(self, items, params_list) -> list[list[str]]:
@@ -149,3 +178,31 @@ class LLM:
             comps.append(c)
         return RequestOutput(first.request_id, item[0], first.prompt_token_ids, comps, True, first.metrics,
                              num_cached_tokens=first.num_cached_tokens)
+
+
+_CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+def _normalize_conversation(conv) -> list[dict]:
+    """Validate one conversation and flatten text parts, as the HTTP API does.
+
+    Raises:
+      RequestError: not a non-empty list of messages with a known role and text content.
+    """
+    if not isinstance(conv, (list, tuple)) or not conv:
+        raise RequestError("a conversation must be a non-empty list of messages", param="messages")
+    out = []
+    for m in conv:
+        if not isinstance(m, dict) or m.get("role") not in _CHAT_ROLES:
+            raise RequestError(f"each message needs a role in {sorted(_CHAT_ROLES)}, got {m!r:.80}", param="messages")
+        content = m.get("content") or ""
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise RequestError("content parts must be {'type': 'text', 'text': str}", param="messages")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise RequestError(f"message content must be a string or text parts, got {content!r:.80}",
+                               param="messages")
+        out.append({"role": _CHAT_ROLES[m["role"]], "content": content})
+    return out

@@ -66,21 +66,26 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
-        # Accept the convenient Python types, store hashable ones.
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        elif not isinstance(self.stop, tuple):
-            object.__setattr__(self, "stop", tuple(self.stop or ()))
-        if not isinstance(self.stop_token_ids, tuple):
-            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
-        if isinstance(self.logit_bias, Mapping):
-            object.__setattr__(self, "logit_bias", tuple((int(k), float(v)) for k, v in self.logit_bias.items()))
-        elif not isinstance(self.logit_bias, tuple):
-            object.__setattr__(self, "logit_bias", tuple(self.logit_bias or ()))
+        # Accept the convenient Python types, store hashable ones; anything else is a
+        # RequestError naming the field, never a bare TypeError from deep inside.
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        object.__setattr__(self, "stop", _as_tuple(stop, "stop", "a string or a list of strings"))
+        object.__setattr__(self, "stop_token_ids", _as_tuple(self.stop_token_ids, "stop_token_ids",
+                                                             "a list of token ids"))
+        bias = self.logit_bias
+        try:
+            pairs = bias.items() if isinstance(bias, Mapping) else (bias or ())
+            pairs = tuple((_token_id(k), float(v)) for k, v in pairs)
+        except (TypeError, ValueError):
+            raise RequestError("logit_bias must map token ids to numbers", param="logit_bias") from None
+        object.__setattr__(self, "logit_bias", pairs)
         self._validate()
 
     def _validate(self) -> None:
-        _check(isinstance(self.n, int) and self.n >= 1, "n", "n must be an integer >= 1")
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+            _check(isinstance(getattr(self, name), bool), name, f"{name} must be a bool")
+        _check(_is_int(self.n) and self.n >= 1, "n", "n must be an integer >= 1")
+        _check(all(_is_int(t) for t in self.stop_token_ids), "stop_token_ids", "stop_token_ids must be integers")
         _check_range(self.temperature, 0.0, 2.0, "temperature")
         _check(_finite(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p", "top_p must be in (0, 1]")
         _check(isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= -1,
@@ -94,9 +99,9 @@ class SamplingParams:
             _check(isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool)
                    and self.max_tokens >= 1, "max_tokens", "max_tokens must be an integer >= 1")
         if self.seed is not None:
-            _check(isinstance(self.seed, int) and -(2**63) <= self.seed < 2**64, "seed", "seed must be a 64-bit integer")
+            _check(_is_int(self.seed) and -(2**63) <= self.seed < 2**64, "seed", "seed must be a 64-bit integer")
         if self.logprobs is not None:
-            _check(isinstance(self.logprobs, int) and self.logprobs >= 0, "logprobs", "logprobs must be >= 0")
+            _check(_is_int(self.logprobs) and self.logprobs >= 0, "logprobs", "logprobs must be an integer >= 0")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty strings")
         # every step checks every stop string against the new text: bound that work
         _check(len(self.stop) <= MAX_STOP_STRINGS and sum(map(len, self.stop)) <= MAX_STOP_CHARS, "stop",
@@ -131,6 +136,27 @@ def choice_seed(seed: int | None, index: int) -> int | None:
     """The seed of choice ``index`` of an ``n > 1`` request: ``seed + index``, wrapped into
     [0, 2**64) so that a seed near the top of the range still works."""
     return None if seed is None else (seed + index) % 2**64
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _token_id(key) -> int:
+    """A logit_bias key: an int, or a string of ASCII digits (OpenAI sends strings)."""
+    if _is_int(key):
+        return key
+    if isinstance(key, str) and key.isascii() and key.isdigit():
+        return int(key)
+    raise ValueError(key)
+
+
+def _as_tuple(value, param: str, what: str) -> tuple:
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
+        raise RequestError(f"{param} must be {what}", param=param)
+    return tuple(value)
 
 
 def _finite(x) -> bool:

@@ -61,13 +61,16 @@ def test_bad_flags_are_refused():
 
 
 @pytest.mark.parametrize("flags", [["--max-num-seqs", "0"], ["--max-num-batched-tokens", "0"], ["--watermark", "1"],
-                                   ["--num-blocks", "1"], ["--max-model-len", "1"], ["--max-queue-len", "-1"]])
+                                   ["--num-blocks", "1"], ["--max-model-len", "1"], ["--max-queue-len", "-1"],
+                                   ["--max-queue-len", "0"], ["--max-queue-wait", "0"], ["--api-key="],
+                                   ["--served-model-name="], ["--max-model-len", "0"], ["--max-num-batched-tokens", "1"],
+                                   ["--kv-cache-memory", "0"], ["--request-timeout", "0"], ["--dtype", "float16"]])
 def test_flags_the_config_rejects_exit_2_before_loading(flags, capsys):
     parser = server.build_parser()
     with pytest.raises(SystemExit) as exc:
         server.check_flags(parser, parser.parse_args(flags))
     assert exc.value.code == 2
-    assert "must be" in capsys.readouterr().err
+    assert "error:" in capsys.readouterr().err
 
 
 def test_engine_failing_at_start_up_exits_1(tmp_path):
@@ -80,3 +83,23 @@ def test_engine_failing_at_start_up_exits_1(tmp_path):
                            "--port", str(free_port())], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert "unknown model" in proc.stderr
+
+
+def test_a_port_in_use_exits_2_before_loading():
+    import socket
+    import subprocess
+    import time
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen(1)
+    try:
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, str(REPO / "server.py"), "--port", str(held.getsockname()[1])],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert "cannot listen on" in proc.stderr
+        assert "loads in the background" not in proc.stderr
+        assert time.monotonic() - t0 < 60
+    finally:
+        held.close()

@@ -41,3 +41,13 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if self.truncate_prompt not in ("none", "left"):
             raise ValueError(f"truncate_prompt must be 'none' or 'left', got {self.truncate_prompt!r}")
+        if not self.served_model_name:
+            raise ValueError("served_model_name must not be empty")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key must not be empty (leave it unset for no authentication)")
+        for name in ("max_queue_wait", "request_timeout"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 seconds (or unset for no limit), got {value}")
+        if self.max_request_bytes is not None and self.max_request_bytes < 1:
+            raise ValueError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
