@@ -138,6 +138,12 @@ def small():
 
 
 def _start_long_requests(url: str, n: int = 4) -> list[threading.Thread]:
+    """``n`` long requests of one prompt token each; returns once all ``n`` prompts are
+    prefilled (``running == n`` alone can be read before the step that prefills the last
+    one has been counted)."""
+    http = httpx.Client(base_url=url, timeout=10)
+    prefill0 = metrics(http)["jaxinfer_prefill_tokens_total"]
+
     def run(i):
         r = httpx.post(url + "/v1/completions", json={"prompt": [500 + i], "max_tokens": 800, "ignore_eos": True},
                        timeout=30)
@@ -146,6 +152,8 @@ def _start_long_requests(url: str, n: int = 4) -> list[threading.Thread]:
     threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
+    assert wait_until(lambda: metrics(http)["jaxinfer_prefill_tokens_total"] == prefill0 + n, 5.0)
+    http.close()
     return threads
 
 
