@@ -2,7 +2,8 @@
 switch point between the XLA (pure jnp) path and the Pallas kernel.
 
 KV cache layout (per engine): ``k_cache, v_cache [L, num_blocks, block_size, K, H]``,
-all layers stacked so the layer scan carries it in place (donated to the step). Token
+all layers stacked so the layer scan carries it in place (donated to the step); a
+bfloat16 cache on CPU holds its uint16 bits (`kv_storage_dtype`, read through `kv_values`). Token
 with slot ``s`` lives at ``[layer, s // block_size, s % block_size]``. Block 0 is the
 null block that padding tokens write into.
 
@@ -90,12 +91,31 @@ class AttentionMetadata:
     num_seqs: jax.Array
 
 
+# bfloat16 caches on CPU are stored as their uint16 bits (`kv_storage_dtype`): XLA:CPU
+# upcasts a bfloat16 update of the carried cache to float32 over the whole pool (plus a
+# full copy) every layer of every step; an integer update stays in place.
+BF16_BITS = jnp.uint16
+
+
+def kv_storage_dtype(dtype, platform: str):
+    """The array dtype of the KV cache for model ``dtype`` on ``platform``."""
+    dtype = jnp.dtype(dtype)
+    return jnp.dtype(BF16_BITS) if dtype == jnp.bfloat16 and platform == "cpu" else dtype
+
+
+def kv_values(x: jax.Array) -> jax.Array:
+    """Cache contents as floats (bit-stored bfloat16 reinterpreted; no conversion)."""
+    return jax.lax.bitcast_convert_type(x, jnp.bfloat16) if x.dtype == BF16_BITS else x
+
+
 def write_kv(cache: jax.Array, layer: jax.Array, slot_mapping: jax.Array, new: jax.Array) -> jax.Array:
     """Scatter new K or V ``[T, K, H]`` into ``cache [L, NB, bs, K, H]`` at the slots.
 
     One combined-index scatter on the carried cache: no per-layer slice is copied.
     """
     bs = cache.shape[2]
+    if cache.dtype == BF16_BITS:
+        new = jax.lax.bitcast_convert_type(new.astype(jnp.bfloat16), BF16_BITS)
     return cache.at[layer, slot_mapping // bs, slot_mapping % bs].set(new.astype(cache.dtype))
 
 
@@ -154,8 +174,8 @@ def _row_context(qg, k_cache, v_cache, layer, meta):
     def body(j, carry):
         m, l, acc = carry
         blocks = jax.lax.dynamic_slice_in_dim(tables, j * c, c, axis=1)  # [R, c]
-        k = k_cache[layer, blocks].reshape(R, span, K, H)
-        v = v_cache[layer, blocks].reshape(R, span, K, H)
+        k = kv_values(k_cache[layer, blocks]).reshape(R, span, K, H)
+        v = kv_values(v_cache[layer, blocks]).reshape(R, span, K, H)
         s = jnp.einsum("rkgh,rskh->rkgs", q, k.astype(jnp.float32))
         pos = j * span + jnp.arange(span)
         s = jnp.where((pos[None, :] < meta.row_ctx_len[:, None])[:, None, None, :], s, -jnp.inf)
@@ -183,8 +203,8 @@ def _chunk_context(qg, k_cache, v_cache, layer, meta, q_chunk: int):
     def body(i, acc):
         row, start, n = meta.item_row[i], meta.item_start[i], meta.item_len[i]
         q = jax.lax.dynamic_slice_in_dim(qp, start, q_chunk)
-        kc = k_cache[layer, meta.block_tables[row]].reshape(-1, K, H)  # [S, K, H]
-        vc = v_cache[layer, meta.block_tables[row]].reshape(-1, K, H)
+        kc = kv_values(k_cache[layer, meta.block_tables[row]]).reshape(-1, K, H)  # [S, K, H]
+        vc = kv_values(v_cache[layer, meta.block_tables[row]]).reshape(-1, K, H)
         s = jnp.einsum("qkgh,skh->qkgs", q, kc.astype(jnp.float32))
         valid = (jnp.arange(kc.shape[0]) < meta.row_ctx_len[row])[None, :] & (jnp.arange(q_chunk) < n)[:, None]
         m, l, a = _partial_softmax(jnp.where(valid[:, None, None, :], s, -jnp.inf), vc)
@@ -249,7 +269,8 @@ def pallas_paged_attention(q, k_cache, v_cache, layer, meta: AttentionMetadata, 
                                       query_start_loc, num_seqs, sm_scale=sm_scale, layer=layer,
                                       interpret=interpret).astype(q.dtype)
 
-    args = (q, k_cache, v_cache, layer, meta.kv_lens, meta.block_tables, meta.query_start_loc, meta.num_seqs)
+    args = (q, kv_values(k_cache), kv_values(v_cache), layer, meta.kv_lens, meta.block_tables, meta.query_start_loc,
+            meta.num_seqs)
     tp = 1 if mesh is None else mesh.shape["model"]
     if tp == 1:
         return attend(*args)

@@ -68,8 +68,7 @@ def plan_num_blocks(cfg: ModelConfig, cache: CacheConfig, dtype: str, weight_byt
 
 
 def check_model_fits(config: EngineConfig, model_config: ModelConfig) -> None:
-    """Refuse a ``max_model_len`` past the model's context (as vLLM does); warn about
-    bfloat16 on CPU.
+    """Refuse a ``max_model_len`` past the model's context (as vLLM does).
 
     Raises:
       ValueError: ``max_model_len`` > the model's ``max_position_embeddings``.
@@ -78,9 +77,6 @@ def check_model_fits(config: EngineConfig, model_config: ModelConfig) -> None:
     if config.scheduler.max_model_len > limit:
         raise ValueError(f"max_model_len {config.scheduler.max_model_len} exceeds the model's context of {limit} "
                          "tokens (max_position_embeddings)")
-    if config.dtype == "bfloat16" and jax.default_backend() == "cpu":
-        logger.warning("bfloat16 on CPU: XLA:CPU upcasts each KV-cache write to float32 over the whole pool, so "
-                       "steps slow down with the pool size; float32 is much faster on CPU")
 
 
 def enable_compilation_cache(path: str | None = None) -> None:

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer.attention import AttentionBackend, AttentionMetadata
+from jaxinfer.attention import AttentionBackend, AttentionMetadata, kv_storage_dtype
 from jaxinfer.batch import StepInputs
 from jaxinfer.buckets import Bucket
 from jaxinfer.config import ModelConfig
@@ -102,6 +102,7 @@ class ModelRunner:
         self._replicated = shardings[2] if shardings else None
         self.params = params
         self.kv_shape = kv_cache_shape(cfg, num_blocks, block_size)
+        self.kv_dtype = kv_storage_dtype(self.dtype, jax.default_backend())
         self.k_cache, self.v_cache = self._alloc_cache()
         self._executables: dict[Bucket, object] = {}
         self._samplers: dict[int, object] = {}
@@ -113,7 +114,7 @@ class ModelRunner:
 
     def _alloc_cache(self):
         kv_sharding = self._shardings[1] if self._shardings else None
-        make = jax.jit(lambda: jnp.zeros(self.kv_shape, self.dtype), out_shardings=kv_sharding)
+        make = jax.jit(lambda: jnp.zeros(self.kv_shape, self.kv_dtype), out_shardings=kv_sharding)
         return make(), make()
 
     def _model_step(self, params, k_cache, v_cache, a: dict):
@@ -135,7 +136,7 @@ class ModelRunner:
             t0 = time.perf_counter()
             params_spec = jax.tree.map(
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), self.params)
-            kv_spec = jax.ShapeDtypeStruct(self.kv_shape, self.dtype, sharding=self.k_cache.sharding)
+            kv_spec = jax.ShapeDtypeStruct(self.kv_shape, self.kv_dtype, sharding=self.k_cache.sharding)
             self._executables[bucket] = self._jitted.lower(params_spec, kv_spec, kv_spec,
                                                            _specs(model_a, self._replicated)).compile()
             self.num_compilations += 1

@@ -195,3 +195,27 @@ def test_logprobs_shape(setup):
         assert tok in entry and 3 <= len(entry) <= 4
         assert entry[tok].rank == 1 and entry[tok].logprob == max(lp.logprob for lp in entry.values())
         assert all(lp.logprob <= 0 for lp in entry.values())
+
+
+def test_bfloat16_cache_is_updated_in_place_on_cpu():
+    """On CPU a bfloat16 KV cache is stored as uint16 bits: XLA:CPU upcast a bfloat16 update
+    of the carried cache to float32 over the whole pool, and copied it, every layer of every
+    step (a 16-token request took 45 s on the default pool). The compiled steps must hold no
+    convert or copy of the whole cache. (Correctness of bfloat16: tests/test_oracle.py.)"""
+    import re
+
+    from jaxinfer.attention import BF16_BITS
+
+    params = init_params(CFG, "bfloat16", scale=5.0, seed=1)
+    llm = LLM("tiny", dtype="bfloat16", max_model_len=128, max_num_seqs=4, max_num_batched_tokens=32, num_blocks=512,
+              model_config=CFG, params=params, tokenizer=None, warmup=False, enable_prefix_caching=False)
+    runner = llm.engine.runner
+    assert runner.k_cache.dtype == BF16_BITS  # the suite runs on CPU
+    outs = llm.generate(prompts([5, 40]), GREEDY, use_tqdm=False)
+    L, K, H = CFG.num_hidden_layers, CFG.num_key_value_heads, CFG.head_dim
+    whole = re.escape(f"[{L},512,16,{K},{H}]")
+    for executable in runner._executables.values():
+        text = executable.as_text()
+        assert not re.search(r"= \w+" + whole + r"\S* (convert|copy)\(", text)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [24, 24]
+    assert_idle(llm)
