@@ -189,17 +189,19 @@ def main(argv=None) -> int:
     if args.layers:
         raw["num_hidden_layers"] = args.layers
     model_config = ModelConfig.from_dict(raw)
-    results = [check_dtype(model_config, d, args) for d in args.dtypes.split(",")]
+    results = []
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "device": str(jax.devices()[0]), "jax": jax.__version__,
               "python": platform.python_version(), "config": args.config,
               "args": vars(args), "results": results}
-    if args.out:
-        out = pathlib.Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        name = f"backend_check_{args.tag}.json" if args.tag else "backend_check.json"
-        (out / name).write_text(json.dumps(report, indent=1))
-    print("\n".join(summary_lines(results)))
+    for dtype in args.dtypes.split(","):
+        results.append(check_dtype(model_config, dtype, args))
+        print(summary_lines(results[-1:])[0], flush=True)
+        if args.out:  # after each dtype: a run cut short by a time limit keeps what it did
+            out = pathlib.Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            name = f"backend_check_{args.tag}.json" if args.tag else "backend_check.json"
+            (out / name).write_text(json.dumps(report, indent=1))
     return 0 if all(r["ok"] for r in results) else 1
 
 

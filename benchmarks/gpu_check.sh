@@ -8,8 +8,9 @@
 #   2. kernel tests compiled (JAXINFER_PALLAS_COMPILED=1)              -> tests.log
 #   3. kernel benchmark, full sizes (pallas vs reference, copy BW)     -> bench.log, kernels_*.json
 #   4. engine check: pallas vs xla backend on random SmolLM2-shaped weights, float32 and
-#      bfloat16, plus a decode-throughput probe per backend           -> engine.log, backend_check.json
-#      and the same on a 2-layer Llama-3-8B layout in bfloat16        -> backend_check_llama3-8b-2l.json
+#      bfloat16 (tokens and logits)                                   -> engine.log, backend_check.json
+#      and on a 2-layer Llama-3-8B layout in bfloat16, with a decode-throughput probe
+#      per backend (64 sequences)                                     -> backend_check_llama3-8b-2l.json
 #      (the oracle tests need the converted SmolLM2, ~336 MB, over the 64 MiB carry limit,
 #      and the GPU machine has no network; this is their stand-in)
 #   5. tests/test_oracle.py with JAXINFER_TEST_BACKEND=pallas, only if weights/ holds the
@@ -51,7 +52,7 @@ step "kernel benchmark" 170 "$OUT_DIR/bench.log" \
   "$PY" benchmarks/kernels.py --out "$OUT_DIR"
 
 step "engine check, pallas vs xla" 110 "$OUT_DIR/engine.log" \
-  "$PY" benchmarks/backend_check.py --out "$OUT_DIR"
+  "$PY" benchmarks/backend_check.py --decode-batch 0 --out "$OUT_DIR"
 
 step "engine check, Llama-3-8B layout (2 layers, bf16)" 60 "$OUT_DIR/engine.log" \
   "$PY" benchmarks/backend_check.py --config configs/llama-3-8b.json --layers 2 \
