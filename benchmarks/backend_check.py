@@ -69,7 +69,7 @@ def build_llm(model_config, params, backend: str, dtype: str, max_model_len: int
     return LLM("dummy", dtype=dtype, max_model_len=max_model_len, max_num_seqs=batch,
                max_num_batched_tokens=128, attention_backend=backend, warmup=False,
                return_logits=True, enable_prefix_caching=False,
-               kv_cache_memory=None, num_blocks=max(64, batch * (max_model_len // 16 + 1)),
+               num_blocks=max(64, batch * (max_model_len // 16 + 1)),
                model_config=model_config, params=params, tokenizer=None)
 
 

@@ -11,6 +11,7 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
+from jaxinfer import chat
 from jaxinfer.builder import build_engine
 from jaxinfer.config import CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
 from jaxinfer.errors import RequestError
@@ -103,14 +104,10 @@ class LLM:
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         if not convs:
             raise RequestError("messages must contain at least one message", param="messages")
-        convs = [_normalize_conversation(conv) for conv in convs]
         tok = self._tokenizer()
-        items = []
-        for conv in convs:
-            text = tok.render_chat(conv, add_generation_prompt=add_generation_prompt,
-                                   continue_final_message=continue_final_message)
-            items.append((text, tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,
-                                                        continue_final_message=continue_final_message)))
+        items = [chat.render_conversation(chat.conversation_from_dicts(conv), tok,
+                                          add_generation_prompt=add_generation_prompt,
+                                          continue_final_message=continue_final_message) for conv in convs]
         return self._run(items, sampling_params, use_tqdm)
 
     # ----- internals ----------------------------------------------------------------------
@@ -179,30 +176,3 @@ class LLM:
         return RequestOutput(first.request_id, item[0], first.prompt_token_ids, comps, True, first.metrics,
                              num_cached_tokens=first.num_cached_tokens)
 
-
-_CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-
-
-def _normalize_conversation(conv) -> list[dict]:
-    """Validate one conversation and flatten text parts, as the HTTP API does.
-
-    Raises:
-      RequestError: not a non-empty list of messages with a known role and text content.
-    """
-    if not isinstance(conv, (list, tuple)) or not conv:
-        raise RequestError("a conversation must be a non-empty list of messages", param="messages")
-    out = []
-    for m in conv:
-        if not isinstance(m, dict) or m.get("role") not in _CHAT_ROLES:
-            raise RequestError(f"each message needs a role in {sorted(_CHAT_ROLES)}, got {m!r:.80}", param="messages")
-        content = m.get("content") or ""
-        if isinstance(content, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise RequestError("content parts must be {'type': 'text', 'text': str}", param="messages")
-            content = "".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise RequestError(f"message content must be a string or text parts, got {content!r:.80}",
-                               param="messages")
-        out.append({"role": _CHAT_ROLES[m["role"]], "content": content})
-    return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping, Sequence
+from typing import Mapping
 
 from jaxinfer.errors import RequestError
 
@@ -72,13 +72,7 @@ class SamplingParams:
         object.__setattr__(self, "stop", _as_tuple(stop, "stop", "a string or a list of strings"))
         object.__setattr__(self, "stop_token_ids", _as_tuple(self.stop_token_ids, "stop_token_ids",
                                                              "a list of token ids"))
-        bias = self.logit_bias
-        try:
-            pairs = bias.items() if isinstance(bias, Mapping) else (bias or ())
-            pairs = tuple((_token_id(k), float(v)) for k, v in pairs)
-        except (TypeError, ValueError):
-            raise RequestError("logit_bias must map token ids to numbers", param="logit_bias") from None
-        object.__setattr__(self, "logit_bias", pairs)
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         self._validate()
 
     def _validate(self) -> None:
@@ -142,13 +136,22 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _token_id(key) -> int:
-    """A logit_bias key: an int, or a string of ASCII digits (OpenAI sends strings)."""
-    if _is_int(key):
-        return key
-    if isinstance(key, str) and key.isascii() and key.isdigit():
-        return int(key)
-    raise ValueError(key)
+def _bias_pairs(bias) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as ``((token id, bias), ...)``. Keys are ints or strings of ASCII
+    digits (OpenAI sends strings; ``int()`` would also take " 5", "+5", "1_0")."""
+    try:
+        pairs = tuple(bias.items() if isinstance(bias, Mapping) else (bias or ()))
+        pairs = [(k, float(v)) for k, v in pairs]
+    except (TypeError, ValueError):
+        raise RequestError("logit_bias must map token ids to numbers", param="logit_bias") from None
+    out = []
+    for key, value in pairs:
+        if isinstance(key, str) and key.isascii() and key.isdigit():
+            key = int(key)
+        if not _is_int(key):
+            raise RequestError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")
+        out.append((key, value))
+    return tuple(out)
 
 
 def _as_tuple(value, param: str, what: str) -> tuple:
@@ -170,10 +173,3 @@ def _check(ok: bool, param: str, message: str) -> None:
 
 def _check_range(x, lo: float, hi: float, param: str) -> None:
     _check(_finite(x) and lo <= x <= hi, param, f"{param} must be in [{lo:g}, {hi:g}], got {x!r}")
-
-
-def normalize_stop(stop: str | Sequence[str] | None) -> tuple[str, ...]:
-    """OpenAI accepts a string or a list for ``stop``."""
-    if stop is None:
-        return ()
-    return (stop,) if isinstance(stop, str) else tuple(stop)

@@ -9,6 +9,26 @@ import numpy as np
 from jaxinfer.config import ModelConfig
 
 
+def assert_imports_no_jax(code: str, cwd=None) -> None:
+    """Run ``code`` in a fresh interpreter and assert it left JAX unimported (host-side
+    modules, and the load generator that runs beside the server it measures)."""
+    import subprocess
+    import sys
+
+    check = "\nimport sys; assert 'jax' not in sys.modules, sorted(m for m in sys.modules if m.startswith('jax'))"
+    subprocess.run([sys.executable, "-c", code + check], check=True, cwd=cwd)
+
+
+def run_until_idle(engine) -> dict:
+    """Step ``engine`` until nothing is left; the final `RequestOutput` of each request id."""
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    return done
+
+
 def tiny_config(vocab=256, hidden=64, layers=2, heads=4, kv_heads=2, inter=128, tied=False, max_pos=512):
     return ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
                        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,

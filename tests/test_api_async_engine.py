@@ -13,7 +13,7 @@ import pytest
 from api_helpers import expected_ids, fake_engine
 from fakes import FakeRunner
 from jaxinfer.async_engine import (AsyncEngine, EngineDeadError, EngineNotReadyError, EngineState, RequestSpec)
-from jaxinfer.errors import QueueFullError, RequestError
+from jaxinfer.errors import RequestError
 from jaxinfer.sampling_params import SamplingParams
 
 

@@ -1,18 +1,14 @@
 """Block manager: exact block ids, null block, double free, nothing leaked."""
-import sys
 
 import pytest
 
+from helpers import assert_imports_no_jax
 from jaxinfer.block_manager import NULL_BLOCK, BlockManager
 
 
 def test_host_modules_do_not_import_jax():
-    import subprocess
-
-    code = ("import sys; import jaxinfer.scheduler, jaxinfer.block_manager, jaxinfer.batch, jaxinfer.buckets, "
-            "jaxinfer.request, jaxinfer.sampling_params, jaxinfer.tokenizer; import jaxinfer; "
-            "assert 'jax' not in sys.modules, 'host modules imported jax'")
-    subprocess.run([sys.executable, "-c", code], check=True)
+    assert_imports_no_jax("import jaxinfer.scheduler, jaxinfer.block_manager, jaxinfer.batch, jaxinfer.buckets, "
+                          "jaxinfer.request, jaxinfer.sampling_params, jaxinfer.tokenizer, jaxinfer.chat; import jaxinfer")
 
 
 def test_allocation_order_and_null_block():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers import borrowed_runner, hf_logits, hf_model, tiny_config
+from helpers import borrowed_runner, hf_logits, hf_model, run_until_idle, tiny_config
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.errors import RequestError
 from jaxinfer.model_runner import CompileCounter
@@ -92,13 +92,9 @@ def test_preemption_keeps_outputs(setup):
     with small_pool_engine(llm, num_blocks=12) as e:  # 11 usable blocks: 6 requests need ~30
         for i, p in enumerate(ps):
             e.add_request(str(i), p, GREEDY)
-        done = {}
-        while e.has_unfinished_requests():
-            for out in e.step():
-                if out.finished:
-                    done[out.request_id] = out.outputs[0].token_ids
+        done = run_until_idle(e)
         assert e.scheduler.num_preemptions > 0
-        assert [done[str(i)] for i in range(len(ps))] == ref
+        assert [done[str(i)].outputs[0].token_ids for i in range(len(ps))] == ref
         assert e.num_free_blocks == e.num_total_blocks
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from jaxinfer import LLM, SamplingParams
-from helpers import borrowed_runner
+from helpers import borrowed_runner, run_until_idle
 
 pytestmark = pytest.mark.real_model
 BACKEND = os.environ.get("JAXINFER_TEST_BACKEND", "xla")
@@ -62,14 +62,10 @@ def test_greedy_under_preemption(llm, oracle):
     with borrowed_runner(e, num_blocks=14) as small:
         for r in recs:
             small.add_request(str(r["index"]), r["prompt_ids"], GREEDY)
-        done = {}
-        while small.has_unfinished_requests():
-            for out in small.step():
-                if out.finished:
-                    done[out.request_id] = out.outputs[0].token_ids
+        done = run_until_idle(small)
         assert small.scheduler.num_preemptions > 0
         for r in recs:
-            assert done[str(r["index"])] == r["generated_ids"], r["index"]
+            assert done[str(r["index"])].outputs[0].token_ids == r["generated_ids"], r["index"]
         check_idle(small)
 
 

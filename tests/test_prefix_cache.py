@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from helpers import tiny_config
+from helpers import run_until_idle, tiny_config
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.block_manager import BlockManager, chain_hashes
 from jaxinfer.engine import LLMEngine
@@ -101,10 +101,8 @@ def run(e: LLMEngine, waves, sp=GREEDY):
             for o in e.step():
                 if o.finished:
                     outs[o.request_id], cached[o.request_id] = o.outputs[0].token_ids, o.num_cached_tokens
-    while e.has_unfinished_requests():
-        for o in e.step():
-            if o.finished:
-                outs[o.request_id], cached[o.request_id] = o.outputs[0].token_ids, o.num_cached_tokens
+    for rid, o in run_until_idle(e).items():
+        outs[rid], cached[rid] = o.outputs[0].token_ids, o.num_cached_tokens
     assert e.num_free_blocks == e.num_total_blocks
     return [outs[str(i)] for i in range(k)], [cached[str(i)] for i in range(k)]
 

@@ -29,7 +29,7 @@ def tiny_llm(tp=1, dp=1, warmup=False, model="tiny", **kw):
     args = dict(max_model_len=64, max_num_seqs=4, max_num_batched_tokens=32, num_blocks=24, warmup=warmup,
                 return_logits=True, enable_prefix_caching=False, tensor_parallel_size=tp, data_parallel_size=dp)
     args.update(kw)
-    if "load_format" not in kw:
+    if "load_format" not in kw and "model_config" not in kw:
         args.update(model_config=CFG, params=init_params(CFG, seed=0, scale=8.0), tokenizer=None)
     return LLM(model, **args)
 
@@ -226,9 +226,7 @@ def test_pallas_backend_sharded_matches_single_device_xla(cfg, tp):
     heads): same tokens and logits as one device on the XLA path, and the compiled step never
     materialises the whole KV cache on a device when the cache is split over K."""
     def llm(**kw):
-        return LLM("tiny", max_model_len=64, max_num_seqs=4, max_num_batched_tokens=32, num_blocks=24, warmup=False,
-                   return_logits=True, enable_prefix_caching=False, model_config=cfg,
-                   params=init_params(cfg, seed=0, scale=8.0), tokenizer=None, **kw)
+        return tiny_llm(model_config=cfg, params=init_params(cfg, seed=0, scale=8.0), tokenizer=None, **kw)
 
     ref_tokens, ref_logits = generate(llm(attention_backend="xla"))
     sharded = llm(tensor_parallel_size=tp, attention_backend="pallas")

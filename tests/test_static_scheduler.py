@@ -1,10 +1,10 @@
 """Static-batching baseline scheduler: batch formation, full-length reservations, failures,
 prefill-then-decode, finished members holding blocks until the batch ends (pure Python)."""
-import sys
 
 import pytest
 
 from fakes import FakeRunner
+from helpers import run_until_idle
 from jaxinfer.block_manager import BlockManager
 from jaxinfer.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from jaxinfer.engine import LLMEngine
@@ -130,11 +130,9 @@ def test_unknown_scheduler_name_rejected():
 
 
 def test_no_jax_import():
-    import subprocess
+    from helpers import assert_imports_no_jax
 
-    code = "import jaxinfer.static_scheduler, sys; print('jax' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert_imports_no_jax("import jaxinfer.static_scheduler")
 
 
 # ----- through the engine, with the fake runner (next token = last + 1) --------------------------
@@ -152,12 +150,7 @@ def engine(kind, num_blocks=33, max_len=64, max_seqs=4):
 def run(e, lengths):
     for i, n in enumerate(lengths):
         e.add_request(f"r{i}", [10] * 8, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
-    done = {}
-    while e.has_unfinished_requests():
-        for out in e.step():
-            if out.finished:
-                done[out.request_id] = out.outputs[0]
-    return done
+    return {rid: out.outputs[0] for rid, out in run_until_idle(e).items()}
 
 
 def test_engine_static_same_tokens_more_fragmentation():

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import assert_imports_no_jax
 from jaxinfer.tokenizer import IncrementalDetokenizer, Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,12 +97,11 @@ def reference(text: str, stop, include=False) -> str:
 
 def test_tokenizer_module_does_not_import_jax(tmp_path):
     tok_dir = make_tiny_tokenizer(tmp_path / "t", True, BOS_TEMPLATE)
-    code = ("import sys; from jaxinfer.tokenizer import Tokenizer, IncrementalDetokenizer\n"
-            f"t = Tokenizer.from_dir({str(tok_dir)!r})\n"
-            "ids = t.apply_chat_template([{'role': 'user', 'content': 'hi'}])\n"
-            "d = IncrementalDetokenizer(t, ids, stop=['x']); d.step(t.encode('hello', False)); d.flush()\n"
-            "assert 'jax' not in sys.modules, sorted(m for m in sys.modules if m.startswith('jax'))")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+    assert_imports_no_jax("from jaxinfer.tokenizer import Tokenizer, IncrementalDetokenizer\n"
+                          f"t = Tokenizer.from_dir({str(tok_dir)!r})\n"
+                          "ids = t.apply_chat_template([{'role': 'user', 'content': 'hi'}])\n"
+                          "d = IncrementalDetokenizer(t, ids, stop=['x']); d.step(t.encode('hello', False)); d.flush()",
+                          cwd=REPO)
 
 
 @pytest.mark.real_model

@@ -80,11 +80,11 @@ def _params(req: _GenerationRequest, max_tokens: int | None, logprobs: int | Non
         repetition_penalty=_default(req.repetition_penalty, 1.0),
         seed=req.seed,
         max_tokens=max_tokens,
-        stop=_stop(req.stop),
+        stop=req.stop,
         stop_token_ids=tuple(req.stop_token_ids or ()),
         ignore_eos=bool(req.ignore_eos),
         logprobs=logprobs,
-        logit_bias=_logit_bias(req.logit_bias),
+        logit_bias=req.logit_bias or (),  # string keys are checked by SamplingParams
         skip_special_tokens=req.skip_special_tokens is not False,
         include_stop_str_in_output=bool(req.include_stop_str_in_output),
     )
@@ -92,22 +92,3 @@ def _params(req: _GenerationRequest, max_tokens: int | None, logprobs: int | Non
 
 def _default(value, default):
     return default if value is None else value
-
-
-def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    stops = (stop,) if isinstance(stop, str) else tuple(stop)
-    if any(not s for s in stops):
-        raise RequestError("stop strings must be non-empty", param="stop")
-    return stops
-
-
-def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
-    out = []
-    for key, value in (bias or {}).items():
-        # plain ASCII digits only: int() would also take " 5", "+5", "1_0" and non-ASCII digits
-        if not (key.isascii() and key.isdigit()):
-            raise RequestError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")
-        out.append((int(key), value))
-    return tuple(out)

@@ -1,7 +1,7 @@
 """From a request's ``prompt`` / ``messages`` to the token ids the engine sees.
 
-Owns the prompt forms (text, texts, ids, lists of ids), the chat template call, system
-messages for templates without a system role, and left truncation. Contracts:
+Owns the prompt forms (text, texts, ids, lists of ids) and left truncation; chat
+conversations go through `jaxinfer.chat` (shared with `LLM.chat`). Contracts:
   * Text prompts are encoded with the tokenizer's special tokens (BOS if it adds one);
     token-id prompts are used verbatim (no BOS added or removed) (SC-07, SC-23).
   * Chat prompts are rendered, then encoded without added special tokens, so a template
@@ -15,16 +15,13 @@ Errors are `RequestError` (HTTP 400) naming ``prompt`` or ``messages``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 
 from jaxinfer.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from jaxinfer.chat import check_text, render_conversation, supports_system_role
 from jaxinfer.errors import RequestError
 
 logger = logging.getLogger(__name__)
-
-SYSTEM_PROBE = "jaxinfer-system-probe-7f3a"
-
 
 @dataclasses.dataclass
 class Prompt:
@@ -61,54 +58,16 @@ def completion_prompts(req: CompletionRequest, tokenizer) -> list[Prompt]:
 
 def chat_prompt(req: ChatCompletionRequest | list[ChatMessage], tokenizer, *, add_generation_prompt: bool = True,
                 continue_final_message: bool = False) -> Prompt:
-    """Render a conversation with the chat template and encode it.
+    """Render a conversation with the chat template and encode it (`jaxinfer.chat`).
 
     Raises:
-      RequestError (param ``messages``): no messages, no tokenizer or template, the
-      template rejects the conversation, ``continue_final_message`` without a final
-      assistant message.
+      RequestError (param ``messages``): see `jaxinfer.chat.render_conversation`.
     """
     messages = req.messages if isinstance(req, ChatCompletionRequest) else req
-    if not messages:
-        raise RequestError("messages must contain at least one message", param="messages")
-    if tokenizer is None or not tokenizer.has_chat_template:
-        raise RequestError("this model has no chat template: use /v1/completions", param="messages")
-    if continue_final_message and messages[-1].role != "assistant":
-        raise RequestError("continue_final_message needs a final assistant message", param="messages")
-    convo = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
-    for turn in convo:
-        check_text(turn["content"], "messages")
-    if not supports_system_role(tokenizer):
-        convo = merge_system_into_user(convo)
-    try:
-        text = tokenizer.render_chat(convo, add_generation_prompt=add_generation_prompt,
-                                     continue_final_message=continue_final_message)
-    except Exception as exc:  # jinja errors raised by the template (e.g. role order)
-        raise RequestError(f"the chat template rejected the messages: {exc}", param="messages") from exc
-    return Prompt(tokenizer.encode(text, add_special_tokens=False), text)
-
-
-@functools.lru_cache(maxsize=8)
-def supports_system_role(tokenizer) -> bool:
-    """Whether the chat template renders a system message's text (probed once per tokenizer)."""
-    try:
-        text = tokenizer.render_chat([{"role": "system", "content": SYSTEM_PROBE}, {"role": "user", "content": "x"}])
-    except Exception:  # templates that raise on the system role
-        return False
-    return SYSTEM_PROBE in text
-
-
-def merge_system_into_user(convo: list[dict]) -> list[dict]:
-    """Fold system messages into the first user turn (``system\\n\\nuser``)."""
-    system = "\n\n".join(m["content"] for m in convo if m["role"] == "system")
-    rest = [dict(m) for m in convo if m["role"] != "system"]
-    if not system:
-        return rest
-    for m in rest:
-        if m["role"] == "user":
-            m["content"] = f"{system}\n\n{m['content']}"
-            return rest
-    return [{"role": "user", "content": system}] + rest
+    convo = [{"role": m.role, "content": m.text()} for m in messages]
+    text, ids = render_conversation(convo, tokenizer, add_generation_prompt=add_generation_prompt,
+                                    continue_final_message=continue_final_message)
+    return Prompt(ids, text)
 
 
 def truncate(prompt: Prompt, *, keep: int | None, max_model_len: int, max_tokens: int | None,
@@ -135,16 +94,6 @@ def truncate(prompt: Prompt, *, keep: int | None, max_model_len: int, max_tokens
         return prompt
     dropped = len(prompt.token_ids) - keep
     return Prompt(prompt.token_ids[dropped:], None, dropped)
-
-
-def check_text(text: str, param: str) -> None:
-    """Raise `RequestError` (400) for text that is not valid Unicode: JSON's ``\\ud800``
-    escapes decode to lone surrogates, which no tokenizer can encode."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise RequestError(f"{param} is not valid Unicode: a lone surrogate at character {exc.start}",
-                           param=param) from None
 
 
 def encode_text(tokenizer, text: str, *, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
