@@ -18,6 +18,7 @@ import numpy as np
 from jaxinfer.buckets import Bucket, BucketLadders
 
 Q_CHUNK = 64  # queries per context work item of the XLA attention path (B2)
+PENALTY_FIELDS = ("hist_ids", "num_prompt", "num_hist")  # sent only when a row uses penalties
 
 
 def num_work_items(num_tokens: int, num_rows: int) -> int:
@@ -39,8 +40,12 @@ class StepInputs:
     repetition_penalty [R] float32; top_k [R] int32 (vocab size = off); seeds [R] uint32
     x2 (``seed_hi``, ``seed_lo``); output_index [R] int32 (index of the token being
     sampled, folded into the row's key); greedy [R] bool; bias_ids [R, B] int32 /
-    bias_values [R, B] float32; hist_ids [R, M] int32 (prompt then output tokens, M =
-    max_model_len) with num_prompt [R] and num_hist [R] int32.
+    bias_values [R, B] float32; and, only in steps where some row uses penalties
+    (`PENALTY_FIELDS`), hist_ids [R, M] int32 (prompt then output tokens, M =
+    max_model_len) with num_prompt [R] and num_hist [R] int32. A step without penalties
+    ships no history (it was ~90% of a decode step's input bytes), so the runner keeps
+    two sampler variants per row count (vLLM v1 likewise sends penalty state only for
+    the requests that need it).
     Flags [] bool: any_sampled, any_sort (top-k/top-p), any_penalty, any_logprobs.
     """
 
@@ -76,7 +81,7 @@ def prepare(sched: SchedulerOutput, layout: BatchLayout) -> StepInputs:
     """
     num_rows = len(sched.scheduled)
     bucket = layout.ladders.round_up(sched.num_tokens, num_rows, _rows_width(sched, layout))
-    a = _empty(bucket, layout)
+    a = empty_inputs(bucket, layout)
     offset = 0
     for i, (req, n) in enumerate(sched.scheduled):
         _fill_tokens(a, i, offset, req, n, layout)
@@ -88,10 +93,15 @@ def prepare(sched: SchedulerOutput, layout: BatchLayout) -> StepInputs:
         a[flag][...] = np.any(a[field][:num_rows] != neutral)
     a["any_sort"][...] = np.any((a["top_k"][:num_rows] < layout.vocab_size) | (a["top_p"][:num_rows] < 1.0))
     a["any_logprobs"][...] = np.any(a["want_logprobs"][:num_rows])
+    if not a["any_penalty"]:
+        for k in PENALTY_FIELDS:
+            del a[k]
     return StepInputs(bucket, a)
 
 
-def _empty(b: Bucket, layout: BatchLayout) -> dict[str, np.ndarray]:
+def empty_inputs(b: Bucket, layout: BatchLayout) -> dict[str, np.ndarray]:
+    """All-padding arrays of bucket ``b`` (every field, penalty history included): what
+    `prepare` fills, and the shapes warm-up compiles from."""
     T, R, W, V = b.num_tokens, b.num_seqs, b.ctx_blocks, layout.vocab_size
     C = num_work_items(T, R)
     i32, f32 = np.int32, np.float32

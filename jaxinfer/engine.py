@@ -94,7 +94,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         buckets = self.layout.ladders.all_buckets()
         for b in buckets:
-            self.runner.compile(batch_mod.StepInputs(b, batch_mod._empty(b, self.layout)))
+            self.runner.compile(batch_mod.StepInputs(b, batch_mod.empty_inputs(b, self.layout)))
         dt = time.perf_counter() - t0
         logger.info("warm-up: compiled %d buckets (tokens %s x context blocks %s) in %.1f s", len(buckets),
                     self.layout.ladders.token_ladder, self.layout.ladders.width_ladder, dt)

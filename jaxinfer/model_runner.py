@@ -4,9 +4,10 @@ Owns the parameters, the paged KV cache (donated to every step and returned by i
 one ahead-of-time compiled executable per `Bucket`, and the compilation counter.
 One step = two compiled calls with the logits kept on device: the model step per
 (tokens, context) bucket (embed, scanned layers with K/V write + paged attention, LM
-head at the rows that need logits), then the sampler per row-count bucket (split so
-warm-up compiles the sampler a few times, not once per model bucket). Sampled ids come
-back to the host once per step.
+head at the rows that need logits), then the sampler per (row count, penalties or not)
+(split so warm-up compiles the sampler a few times, not once per model bucket; the
+no-penalty variant takes no token history). Sampled ids come back to the host once per
+step.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer.attention import AttentionBackend, AttentionMetadata, kv_storage_dtype
-from jaxinfer.batch import StepInputs
+from jaxinfer.batch import PENALTY_FIELDS, StepInputs
 from jaxinfer.buckets import Bucket
 from jaxinfer.config import ModelConfig
 from jaxinfer.models.llama import LlamaForCausalLM
@@ -66,6 +67,11 @@ def _split(arrays: dict) -> tuple[dict, dict]:
 
 def _specs(arrays: dict, sharding=None) -> dict:
     return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding) for k, v in arrays.items()}
+
+
+def _sampler_key(num_seqs: int, arrays: dict) -> tuple[int, bool]:
+    """Sampler executables are per (row count, whether the penalty history is sent)."""
+    return num_seqs, "hist_ids" in arrays
 
 
 def kv_cache_shape(cfg: ModelConfig, num_blocks: int, block_size: int) -> tuple[int, ...]:
@@ -141,20 +147,29 @@ class ModelRunner:
                                                            _specs(model_a, self._replicated)).compile()
             self.num_compilations += 1
             self.compile_seconds += time.perf_counter() - t0
-        if bucket.num_seqs not in self._samplers:
-            t0 = time.perf_counter()
-            logits_spec = jax.ShapeDtypeStruct((bucket.num_seqs, self.cfg.vocab_size), jnp.float32,
-                                               sharding=self._replicated)
-            out = {} if self._replicated is None else {"out_shardings": self._replicated}
-            self._samplers[bucket.num_seqs] = jax.jit(self._sample_step, **out).lower(
-                logits_spec, _specs(sample_a, self._replicated)).compile()
-            self.num_compilations += 1
-            self.compile_seconds += time.perf_counter() - t0
+        variants = [sample_a]
+        if all(k in sample_a for k in PENALTY_FIELDS):  # warm-up shapes: both variants
+            variants.append({k: v for k, v in sample_a.items() if k not in PENALTY_FIELDS})
+        for s in variants:
+            self._compile_sampler(bucket.num_seqs, s)
+
+    def _compile_sampler(self, num_seqs: int, sample_a: dict) -> None:
+        key = _sampler_key(num_seqs, sample_a)
+        if key in self._samplers:
+            return
+        t0 = time.perf_counter()
+        logits_spec = jax.ShapeDtypeStruct((num_seqs, self.cfg.vocab_size), jnp.float32, sharding=self._replicated)
+        out = {} if self._replicated is None else {"out_shardings": self._replicated}
+        self._samplers[key] = jax.jit(self._sample_step, **out).lower(
+            logits_spec, _specs(sample_a, self._replicated)).compile()
+        self.num_compilations += 1
+        self.compile_seconds += time.perf_counter() - t0
 
     def execute(self, inputs: StepInputs) -> dict[str, np.ndarray]:
         """Run one step (model then sampler, logits stay on device); one read back."""
         bucket = inputs.bucket
-        if bucket not in self._executables or bucket.num_seqs not in self._samplers:
+        key = _sampler_key(bucket.num_seqs, inputs.arrays)
+        if bucket not in self._executables or key not in self._samplers:
             logger.warning("compiling bucket %s outside warm-up", bucket)
             self.compile(inputs)
         if self._replicated is not None:
@@ -165,7 +180,7 @@ class ModelRunner:
             dev = jax.device_put(inputs.arrays)
         model_a, sample_a = _split(dev)
         logits, self.k_cache, self.v_cache = self._executables[bucket](self.params, self.k_cache, self.v_cache, model_a)
-        return jax.device_get(self._samplers[bucket.num_seqs](logits, sample_a))
+        return jax.device_get(self._samplers[key](logits, sample_a))
 
     @property
     def kv_cache_bytes(self) -> int:

@@ -77,7 +77,8 @@ def sample(logits: jax.Array, s: dict, num_top_logprobs: int) -> dict:
 
     Args:
       logits: [R, V] float32 raw logits.
-      s: per-row sampling arrays from ``batch.StepInputs`` (see there for names/shapes).
+      s: per-row sampling arrays from ``batch.StepInputs`` (see there for names/shapes);
+        penalties apply only when the penalty history (``hist_ids`` ...) is present.
       num_top_logprobs: static N of the returned top-N logprobs (the server maximum).
 
     Returns:
@@ -87,7 +88,8 @@ def sample(logits: jax.Array, s: dict, num_top_logprobs: int) -> dict:
       temperature and filtering (zeros when no row asked for them).
     """
     logits = _apply_bias(logits.astype(jnp.float32), s)
-    logits = jax.lax.cond(s["any_penalty"], _apply_penalties, lambda l, _: l, logits, s)
+    if "hist_ids" in s:  # static: the penalty variant (`batch.PENALTY_FIELDS` present)
+        logits = jax.lax.cond(s["any_penalty"], _apply_penalties, lambda l, _: l, logits, s)
     greedy_ids = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     sampled_ids = jax.lax.cond(s["any_sampled"], _sample, lambda l, _: greedy_ids, logits, s)
     token_ids = jnp.where(s["greedy"], greedy_ids, sampled_ids)

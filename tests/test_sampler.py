@@ -14,7 +14,7 @@ LAYOUT = B.BatchLayout(BucketLadders(16, 8, 8), 16, V, 128, 8, False)
 
 
 def arrays(rows: list[dict]) -> dict:
-    a = B._empty(Bucket(8, 8, 0), LAYOUT)
+    a = B.empty_inputs(Bucket(8, 8, 0), LAYOUT)
     for i, r in enumerate(rows):
         for k, v in r.items():
             if k == "hist":

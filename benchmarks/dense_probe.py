@@ -1,0 +1,130 @@
+"""Dense-layer probe: what XLA on this device does for the model's own matmuls alone.
+
+The decode step minus attention and the sampler: embeddings already gathered, then per
+layer RMSNorm -> q/k/v projections -> o projection (fed the q heads instead of attention
+output, same shape) -> residual -> RMSNorm -> SwiGLU MLP -> residual, then the final
+norm and the LM head, with the same shapes and dtype as the model and float32
+accumulation (as `jaxinfer.models.llama`). Its time is the floor the full decode step
+is judged against (`benchmarks/roofline.py` records it as ``decode.dense_probe_ms``).
+
+Layouts probed (weights are jit arguments, never closed-over constants, which XLA would
+fold):
+  * ``scan``: stacked [L, ...] weights under ``lax.scan``, separate q/k/v and gate/up
+    (the model's layout);
+  * ``scan_fused``: the same with one [D, (N+2K)H] q/k/v matmul and one [D, 2F] gate/up;
+  * ``unrolled_fused``: fused matmuls, one array per layer, a Python loop over layers.
+
+Usage: python benchmarks/dense_probe.py [--rows 1 32 64] [--reps 5] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYOUTS = ("scan", "scan_fused", "unrolled_fused")
+
+
+def _dot(x, w):
+    return jax.lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def _norm(x, eps=1e-5):
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+def make_weights(cfg, layout: str, dtype, seed: int = 0) -> dict:
+    """Random weights of ``cfg``'s shapes in ``layout`` (numpy -> device arrays)."""
+    D, F, V, L = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_hidden_layers
+    NH, KH = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    rs = np.random.RandomState(seed)
+    arr = lambda *s: jnp.asarray((rs.standard_normal(s) * 0.02).astype(np.float32), dtype)  # noqa: E731
+    head = {"lm_head": arr(D, V)}
+    if layout == "scan":
+        return head | {"q": arr(L, D, NH), "k": arr(L, D, KH), "v": arr(L, D, KH), "o": arr(L, NH, D),
+                       "gate": arr(L, D, F), "up": arr(L, D, F), "down": arr(L, F, D)}
+    if layout == "scan_fused":
+        return head | {"qkv": arr(L, D, NH + 2 * KH), "o": arr(L, NH, D), "gate_up": arr(L, D, 2 * F),
+                       "down": arr(L, F, D)}
+    layers = [{"qkv": arr(D, NH + 2 * KH), "o": arr(NH, D), "gate_up": arr(D, 2 * F), "down": arr(F, D)}
+              for _ in range(L)]
+    return head | {"layers": layers}
+
+
+def _layer(x, w, NH: int, F: int, dtype):
+    h = _norm(x).astype(dtype)
+    if "qkv" in w:
+        q = _dot(h, w["qkv"])[:, :NH]  # k, v feed attention, which the probe leaves out
+    else:
+        q, _, _ = _dot(h, w["q"]), _dot(h, w["k"]), _dot(h, w["v"])
+    x = x + _dot(q.astype(dtype), w["o"])
+    h = _norm(x).astype(dtype)
+    if "gate_up" in w:
+        gu = _dot(h, w["gate_up"])
+        g, u = gu[:, :F], gu[:, F:]
+    else:
+        g, u = _dot(h, w["gate"]), _dot(h, w["up"])
+    return x + _dot((jax.nn.silu(g) * u).astype(dtype), w["down"])
+
+
+def make_forward(cfg, layout: str, dtype):
+    """A jitted ``f(weights, x [M, D] float32) -> logits [M, V] float32``."""
+    NH, F = cfg.num_attention_heads * cfg.head_dim, cfg.intermediate_size
+
+    def forward(w, x):
+        if layout == "unrolled_fused":
+            for lw in w["layers"]:
+                x = _layer(x, lw, NH, F, dtype)
+        else:
+            stacked = {k: v for k, v in w.items() if k != "lm_head"}
+            x, _ = jax.lax.scan(lambda c, lw: (_layer(c, lw, NH, F, dtype), None), x, stacked)
+        return _dot(_norm(x).astype(dtype), w["lm_head"])
+
+    return jax.jit(forward)
+
+
+def probe_ms(cfg, layout: str, rows: int, dtype, reps: int = 5) -> float:
+    """Best-of-``reps`` milliseconds of the dense forward at ``rows`` tokens."""
+    w = make_weights(cfg, layout, dtype)
+    f = make_forward(cfg, layout, dtype)
+    x = jnp.asarray(np.random.RandomState(1).standard_normal((rows, cfg.hidden_size)).astype(np.float32))
+    jax.block_until_ready(f(w, x))
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(w, x))
+        best = min(best, time.perf_counter() - t0)
+    return 1e3 * best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=str(ROOT / "configs" / "smollm2-135m.json"), help="HF config.json")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 32, 64])
+    ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=LAYOUTS)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    from jaxinfer.config import ModelConfig
+
+    cfg = ModelConfig.from_dict(json.loads(Path(args.config).read_text()))
+    dtype = jnp.dtype(args.dtype)
+    res = {lay: {str(m): probe_ms(cfg, lay, m, dtype, args.reps) for m in args.rows} for lay in args.layouts}
+    out = {"benchmark": "dense_probe", "date": datetime.datetime.now().isoformat(timespec="seconds"),
+           "device": str(jax.devices()[0]), "jax": jax.__version__, "dtype": args.dtype, "config": args.config,
+           "xla_flags": __import__("os").environ.get("XLA_FLAGS", ""), "ms": res}
+    print(json.dumps(out, indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
