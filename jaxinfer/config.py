@@ -148,6 +148,11 @@ class SchedulerConfig:
       max_queue_len: bound on the waiting queue (server answers 429 past it).
       scheduler: "continuous" (`Scheduler`) or "static" (`StaticScheduler`, the baseline).
       batch_timeout_s: static only: seconds the oldest queued request waits for a full batch.
+      prefill_budget_while_decoding: cap on prefill tokens in a step that also decodes
+        (None: only ``max_num_batched_tokens`` applies). Stall-free batching (Sarathi-Serve,
+        Agrawal et al. 2024): running decodes share each step with at most this many
+        prompt tokens, so their inter-token latency stays near a pure decode step's while
+        prompts keep arriving; steps without decodes still prefill up to the full budget.
     """
 
     max_num_seqs: int = 32
@@ -156,8 +161,12 @@ class SchedulerConfig:
     max_queue_len: int = 256
     scheduler: str = "continuous"
     batch_timeout_s: float = 0.1
+    prefill_budget_while_decoding: int | None = None
 
     def __post_init__(self) -> None:
+        if self.prefill_budget_while_decoding is not None and self.prefill_budget_while_decoding < 1:
+            raise ValueError(f"prefill_budget_while_decoding must be >= 1 or None, got "
+                             f"{self.prefill_budget_while_decoding}")
         if self.scheduler not in ("continuous", "static"):
             raise ValueError(f"scheduler must be 'continuous' or 'static', got {self.scheduler!r}")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:  # 0 would never schedule anything

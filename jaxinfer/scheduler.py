@@ -6,9 +6,13 @@ new tokens: chunked prefill, decode and recompute after preemption are one rule.
 Per step (`schedule`):
   1. Expire: requests past their deadline finish as TIMEOUT; waiting requests past
      their queue-wait limit finish as REJECTED. Their blocks are freed now.
-  2. Running requests (oldest first) are topped up; when one cannot get a block, the
-     newest running request is preempted (blocks freed, requeued at the front of the
-     waiting queue, recomputed later: Kwon et al. 2023, section 4.5).
+  2. Running requests are topped up, decodes first (oldest first), then continuing
+     prefill chunks, so a long chunk never pushes a decode out of the step; in a step
+     that decodes, prefill tokens (continuing chunks and admissions) are capped by
+     ``prefill_budget_while_decoding`` (stall-free batching, Sarathi-Serve). When a
+     request cannot get a block, the newest running request not yet scheduled in this
+     step is preempted (blocks freed, requeued at the front of the waiting queue,
+     recomputed later: Kwon et al. 2023, section 4.5).
   3. Only if nothing was preempted, waiting requests are admitted FIFO while the token
      budget, ``max_num_seqs`` and the KV **watermark** allow: a prefill is not admitted
      if it would leave fewer than ``watermark`` of all blocks free (unless nothing is
@@ -113,18 +117,30 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: list[tuple[Request, int]] = []
         preempted: list[Request] = []
-        for req in list(self.running):
+        decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        prefilling = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        budget = self._top_up(decoding, budget, scheduled, preempted)
+        prefill_budget = budget
+        if scheduled and self.config.prefill_budget_while_decoding is not None:
+            prefill_budget = min(budget, self.config.prefill_budget_while_decoding)
+        left = self._top_up(prefilling, prefill_budget, scheduled, preempted)
+        if not preempted:
+            left = self._admit(now, left, scheduled)
+        budget -= prefill_budget - left
+        total = self.config.max_num_batched_tokens - budget
+        return SchedulerOutput(scheduled, total, preempted, finished)
+
+    def _top_up(self, reqs: list[Request], budget: int, scheduled: list, preempted: list[Request]) -> int:
+        """Schedule the next tokens of running ``reqs`` in order; returns the budget left."""
+        for req in reqs:
             if req.status != RequestStatus.RUNNING or budget == 0:
                 continue
             n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if not self._grow_or_preempt(req, n, preempted):
+            if not self._grow_or_preempt(req, n, scheduled, preempted):
                 continue
             scheduled.append((req, n))
             budget -= n
-        if not preempted:
-            budget = self._admit(now, budget, scheduled)
-        total = self.config.max_num_batched_tokens - budget
-        return SchedulerOutput(scheduled, total, preempted, finished)
+        return budget
 
     def _expire(self, now: float) -> list[Request]:
         out = []
@@ -135,14 +151,16 @@ class Scheduler:
                 out.append(req)
         return out
 
-    def _grow_or_preempt(self, req: Request, n: int, preempted: list[Request]) -> bool:
-        """Give ``req`` blocks for ``n`` more tokens, preempting the newest others if needed.
+    def _grow_or_preempt(self, req: Request, n: int, scheduled: list, preempted: list[Request]) -> bool:
+        """Give ``req`` blocks for ``n`` more tokens, preempting the newest running requests
+        not yet scheduled in this step (which may be ``req`` itself) if needed.
 
         Returns False if ``req`` itself had to be preempted.
         """
         need = self.block_manager.blocks_needed(req.num_computed_tokens + n) - len(req.block_ids)
         while not self.block_manager.can_allocate(need):
-            victim = self.running[-1]
+            taken = {id(r) for r, _ in scheduled}
+            victim = next(r for r in reversed(self.running) if id(r) not in taken)  # req is never taken
             self._preempt(victim)
             preempted.append(victim)
             if victim is req:

@@ -154,3 +154,68 @@ def test_scheduler_config_rejects_limits_that_never_schedule(kwargs):
 def test_cache_config_rejects_impossible_pools(kwargs):
     with pytest.raises(ValueError):
         CacheConfig(**kwargs)
+
+
+def make_capped(cap, num_blocks=40, budget=64, max_seqs=4):
+    bm = BlockManager(num_blocks, 16)
+    s = Scheduler(SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=256,
+                                  prefill_budget_while_decoding=cap), CacheConfig(watermark=0.0), bm)
+    return s, bm
+
+
+def test_decodes_scheduled_before_a_continuing_prefill_chunk():
+    """A long chunk ahead of a decode in the running list must not push the decode out."""
+    s, _ = make_capped(None, budget=32)
+    a = req(0, 10)
+    s.add_request(a)
+    run_step(s)  # a prefilled, now decoding
+    b = req(1, 100)
+    s.add_request(b)
+    run_step(s)  # b admitted: 31 tokens of its prompt
+    s.running.remove(a)
+    s.running.append(a)  # a now sits behind b's continuing prefill (as after a re-admission)
+    out = run_step(s)
+    assert [(r.request_id, n) for r, n in out.scheduled] == [("0", 1), ("1", 31)]
+
+
+def test_prefill_budget_while_decoding_caps_chunks_and_admissions():
+    s, _ = make_capped(8, budget=64)
+    a = req(0, 10)
+    s.add_request(a)
+    assert [n for _, n in run_step(s).scheduled] == [10]  # nothing decoding: full budget
+    b, c = req(1, 40), req(2, 40)
+    s.add_request(b)
+    s.add_request(c)
+    out = run_step(s)
+    assert [(r.request_id, n) for r, n in out.scheduled] == [("0", 1), ("1", 8)]
+    assert out.num_tokens == 9
+    out = run_step(s)
+    assert [(r.request_id, n) for r, n in out.scheduled] == [("0", 1), ("1", 8)]
+
+
+def test_prefill_budget_does_not_limit_prefill_only_steps():
+    s, _ = make_capped(8, budget=64)
+    s.add_request(req(0, 50))
+    assert [n for _, n in run_step(s).scheduled] == [50]
+
+
+def test_preemption_never_takes_a_request_scheduled_this_step():
+    """Decodes are scheduled first, so the newest running request may already hold a row
+    of this step when an older prefill runs out of blocks: the victim must then be the
+    newest *unscheduled* request (here the prefill itself), never a scheduled row."""
+    s, bm = make_capped(None, num_blocks=6, budget=16)  # 5 usable blocks
+    d, p = req(1, 30, max_tokens=4), req(0, 40, max_tokens=4)
+    s.add_request(d)
+    s.add_request(p)
+    preempted_at = None
+    for step in range(8):
+        if len(s.running) == 2 and s.running[0] is d:
+            s.running.reverse()  # p older than d in the running order (as after a re-admission)
+        out = s.schedule()
+        for r, n in out.scheduled:
+            assert len(r.block_ids) * 16 >= r.num_computed_tokens + n  # every row has its blocks
+        if out.preempted:
+            preempted_at = step
+            assert out.preempted == [p] and [r for r, _ in out.scheduled] == [d]
+        s.update(out, [7] * len(out.scheduled))
+    assert preempted_at is not None and d.is_finished
