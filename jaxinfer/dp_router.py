@@ -25,6 +25,7 @@ import jax
 from jaxinfer import sharding
 from jaxinfer.config import EngineConfig, ModelConfig
 from jaxinfer.engine import EngineStats, LLMEngine
+from jaxinfer.engine_snapshot import EngineSnapshot
 from jaxinfer.errors import RequestError
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams
@@ -193,6 +194,10 @@ class DataParallelRouter:
     @property
     def num_waiting(self) -> int:
         return sum(e.num_waiting for e in self.engines)
+
+    def snapshot(self) -> EngineSnapshot:
+        """Every replica's `LLMEngine.snapshot`, merged (counts summed, ratios pooled)."""
+        return EngineSnapshot.merge(e.snapshot() for e in self.engines)
 
     @property
     def stats(self) -> EngineStats:

@@ -15,6 +15,7 @@ The engine is single-threaded: the async front end calls it from one thread.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import time
@@ -25,6 +26,7 @@ from jaxinfer import batch as batch_mod
 from jaxinfer.block_manager import BlockManager
 from jaxinfer.buckets import BucketLadders
 from jaxinfer.config import EngineConfig, ModelConfig
+from jaxinfer.engine_snapshot import EngineSnapshot
 from jaxinfer.errors import QueueFullError, RequestError
 from jaxinfer.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from jaxinfer.request import FinishReason, Request
@@ -36,7 +38,8 @@ logger = logging.getLogger(__name__)
 
 
 class EngineStats:
-    """Counters the metrics endpoint and benchmarks read (monotonic totals)."""
+    """Counters the metrics endpoint and benchmarks read (monotonic totals), and the KV
+    slots held at the end of the last step (``kv_slots``: (reserved, filled), a gauge)."""
 
     def __init__(self) -> None:
         self.prompt_tokens = 0
@@ -49,6 +52,10 @@ class EngineStats:
         self.rejected = 0
         self.fragmentation_sum = 0.0
         self.fragmentation_samples = 0
+        # FinishReason value -> requests; every key present from the start, so a scrape copying it
+        # from another thread never sees the dict change size
+        self.finished: collections.Counter[str] = collections.Counter({r.value: 0 for r in FinishReason})
+        self.kv_slots: tuple[int, int] = (0, 0)  # one tuple: a scrape never sees half an update
 
 
 class LLMEngine:
@@ -206,6 +213,7 @@ class LLMEngine:
             outputs.extend(self._update(sched, result))
             self.stats.num_steps += 1
             self.stats.prefill_tokens += prefill
+        self.stats.kv_slots = self._kv_slots()
         self.stats.step_seconds += time.perf_counter() - t0
         return outputs
 
@@ -254,8 +262,20 @@ class LLMEngine:
             self.stats.fragmentation_sum += (reserved - held) / reserved
             self.stats.fragmentation_samples += 1
 
+    def _kv_slots(self) -> tuple[int, int]:
+        """(reserved, filled) token slots of the KV blocks requests hold now: reserved =
+        blocks x block_size, filled = tokens whose K/V is computed (capped by reserved)."""
+        bs = self.block_manager.block_size
+        reserved = filled = 0
+        for r in self.scheduler.kv_holders:
+            n = len(r.block_ids) * bs
+            reserved += n
+            filled += min(r.num_computed_tokens, n)
+        return reserved, filled
+
     # ----- outputs ------------------------------------------------------------------------
     def _finish_output(self, req: Request) -> RequestOutput:
+        self.stats.finished[req.finish_reason.value] += 1
         detok = self._detok.pop(req.request_id, None)
         if detok is not None and not isinstance(req.stop_reason, str):
             detok.flush()  # not ended by a stop string: release held-back text
@@ -292,3 +312,16 @@ class LLMEngine:
     @property
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting)
+
+    def snapshot(self) -> EngineSnapshot:
+        """The gauges and counters ``GET /metrics`` exposes (safe to call from another thread)."""
+        st, sched = self.stats, self.scheduler
+        reserved, filled = st.kv_slots
+        return EngineSnapshot(
+            num_running=self.num_running, num_waiting=self.num_waiting, kv_blocks_total=self.num_total_blocks,
+            kv_blocks_free=self.num_free_blocks, kv_slots_reserved=reserved, kv_slots_filled=filled,
+            preemptions=sched.num_preemptions, prefix_cache_queries=sched.prefix_queries,
+            prefix_cache_hits=sched.prefix_hits, prompt_tokens=st.prompt_tokens, prefill_tokens=st.prefill_tokens,
+            generation_tokens=st.generation_tokens, compilations=self.runner.num_compilations,
+            timeouts=st.timeouts, aborted=st.aborted, finished=dict(st.finished),
+            fragmentation_step_sum=st.fragmentation_sum, fragmentation_steps=st.fragmentation_samples)

@@ -48,6 +48,7 @@ class StaticScheduler:
         self.running: list[Request] = []  # live members of the batch in flight
         self.batch: list[Request] = []  # every member of that batch, finished ones included
         self.num_preemptions = 0  # always 0: static batching never preempts
+        self.prefix_queries = self.prefix_hits = 0  # always 0: static batching shares no blocks
         self.num_batches = 0
         self.num_failed = 0  # requests that got no reservation (FinishReason.ERROR)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
 
 from fakes import FakeRunner
 from jaxinfer.api.app import create_app
@@ -105,12 +106,13 @@ def sse_json(raw: bytes) -> list[dict]:
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {name{labels}: value} (comments skipped)."""
+    """Prometheus text -> {name{labels}: value}; the ``model_name`` label every series
+    carries is left out of the keys (``jaxinfer_kv_blocks_free``, ``...{reason="queue_full"}``)."""
     out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in s.labels.items() if k != "model_name")
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
     return out
 
 

@@ -20,6 +20,7 @@ from jaxinfer.api.errors import install_error_handlers
 from jaxinfer.api.metrics import Metrics
 from jaxinfer.api.prompts import check_chat_template
 from jaxinfer.api.serving import ServingContext
+from jaxinfer.api.status_counter import ErrorResponseCounter
 from jaxinfer.async_engine import AsyncEngine
 
 logger = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ def create_app(async_engine: AsyncEngine, server_config: ServerConfig | None = N
       A FastAPI app; ``app.state.ctx`` is its `ServingContext`.
     """
     config = server_config or ServerConfig()
-    ctx = ServingContext(async_engine, config, Metrics(async_engine))
+    ctx = ServingContext(async_engine, config, Metrics(async_engine, config.served_model_name))
     async_engine.add_ready_callback(lambda engine: check_chat_template(engine.tokenizer))
 
     @contextlib.asynccontextmanager
@@ -55,6 +56,7 @@ def create_app(async_engine: AsyncEngine, server_config: ServerConfig | None = N
     app.state.ctx = ctx
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_request_bytes)
+    app.add_middleware(ErrorResponseCounter, count=ctx.metrics.count_error_response)  # outermost: sees 413s
     app.include_router(routes.v1)
     app.include_router(routes.debug)
     app.include_router(routes.ops)

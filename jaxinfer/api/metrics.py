@@ -1,15 +1,28 @@
 """Prometheus metrics of one server (``GET /metrics``), in a registry of its own per app.
 
-Latency histograms are observed by the HTTP layer when an engine request ends; engine
-state (queues, KV blocks, counters) is read from the engine at scrape time by a custom
-collector, so nothing is double-counted and the engine thread never touches prometheus.
-Names:
-  histograms  jaxinfer_time_to_first_token_seconds, jaxinfer_time_per_output_token_seconds,
-              jaxinfer_e2e_request_latency_seconds
+Per-request histograms are observed by the HTTP layer when an engine request ends with
+``stop`` or ``length`` (from the engine's ``time.monotonic`` timestamps: arrival, first
+scheduled, first token, finished); HTTP error statuses are counted by
+`jaxinfer.api.status_counter.ErrorResponseCounter`; engine state (queues, KV blocks,
+counters) is read at scrape time from the engine's `snapshot()` (an `LLMEngine` and a
+data-parallel router alike) by a custom collector, so nothing is double-counted and the
+engine thread never touches prometheus. Every series carries ``model_name`` (the served
+model name). ``*_created`` series are disabled (process-wide, on import).
+
+Names (vLLM's ``vllm:*`` metrics with our prefix where one exists; semantics follow vLLM):
+  histograms  jaxinfer_time_to_first_token_seconds   arrival -> first token
+              jaxinfer_time_per_output_token_seconds (finished - first token) / (output tokens - 1)
+              jaxinfer_e2e_request_latency_seconds   arrival -> finished
+              jaxinfer_request_queue_time_seconds    arrival -> first scheduled
+              jaxinfer_request_prefill_time_seconds  first scheduled -> first token
+              jaxinfer_request_decode_time_seconds   first token -> finished
+              jaxinfer_request_prompt_tokens, jaxinfer_request_generation_tokens
   gauges      jaxinfer_num_requests_running, jaxinfer_num_requests_waiting,
               jaxinfer_kv_blocks_total, jaxinfer_kv_blocks_free, jaxinfer_kv_cache_usage_ratio,
-              jaxinfer_kv_fragmentation_ratio (mean over steps since start), jaxinfer_engine_healthy
-  counters    jaxinfer_preemptions_total, jaxinfer_requests_rejected_total{reason},
+              jaxinfer_kv_fragmentation_ratio (current), jaxinfer_engine_healthy
+  summary     jaxinfer_kv_fragmentation_step_ratio (_sum, _count: one sample per engine step)
+  counters    jaxinfer_request_success_total{finished_reason}, jaxinfer_http_error_responses_total{status},
+              jaxinfer_requests_rejected_total{reason}, jaxinfer_preemptions_total,
               jaxinfer_request_timeouts_total, jaxinfer_requests_aborted_total,
               jaxinfer_prompt_tokens_total, jaxinfer_prefill_tokens_total,
               jaxinfer_generation_tokens_total, jaxinfer_compilations_total,
@@ -17,15 +30,28 @@ Names:
 """
 from __future__ import annotations
 
+import prometheus_client
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
+from jaxinfer.engine_snapshot import EngineSnapshot
 from jaxinfer.outputs import RequestOutput
+from jaxinfer.request import FinishReason
 
+prometheus_client.disable_created_metrics()  # no duplicate ``*_created`` series next to each counter
+
+MODEL_LABEL = "model_name"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, float("inf"))
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, float("inf"))
+# vLLM's request-phase buckets (0.3 s ... 7680 s) with finer ones below 0.3 s for fast phases
+_PHASE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
+                  30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0, float("inf"))
+# vLLM's 1-2-5 token buckets (it stops at max_model_len, unknown here until the engine is built)
+_TOKEN_BUCKETS = tuple(m * 10**e for e in range(7) for m in (1, 2, 5)) + (float("inf"),)
 
 REJECT_REASONS = ("queue_full", "queue_wait_expired", "not_ready")
+ERROR_STATUSES = (400, 401, 404, 413, 429, 500, 503, 504)  # exposed as 0 before the first one
+FINISH_REASONS = tuple(r.value for r in FinishReason)
 
 
 class Metrics:
@@ -33,33 +59,67 @@ class Metrics:
 
     Args:
       async_engine: the `AsyncEngine` whose engine is read at scrape time.
+      model_name: the served model name, the ``model_name`` label of every series.
     """
 
-    def __init__(self, async_engine):
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.ttft = Histogram("jaxinfer_time_to_first_token_seconds", "Arrival to first output token (s).",
-                              buckets=_LATENCY_BUCKETS, registry=r)
-        self.tpot = Histogram("jaxinfer_time_per_output_token_seconds",
-                              "Mean time between output tokens after the first, per request (s).",
-                              buckets=_TPOT_BUCKETS, registry=r)
-        self.e2e = Histogram("jaxinfer_e2e_request_latency_seconds", "Arrival to finish (s).",
-                             buckets=_LATENCY_BUCKETS, registry=r)
-        self.rejected = Counter("jaxinfer_requests_rejected", "HTTP requests refused for overload or readiness.",
-                                ["reason"], registry=r)
+    def __init__(self, async_engine, model_name: str):
+        self.model_name = model_name
+        self.registry = r = CollectorRegistry()
+
+        def histogram(name: str, doc: str, buckets: tuple):
+            return Histogram(name, doc, [MODEL_LABEL], buckets=buckets, registry=r).labels(model_name)
+
+        self.ttft = histogram("jaxinfer_time_to_first_token_seconds", "Arrival to first output token (s).",
+                              _LATENCY_BUCKETS)
+        self.tpot = histogram("jaxinfer_time_per_output_token_seconds",
+                              "Mean time between output tokens after the first, per request (s).", _TPOT_BUCKETS)
+        self.e2e = histogram("jaxinfer_e2e_request_latency_seconds", "Arrival to finish (s).", _LATENCY_BUCKETS)
+        self.queue_time = histogram("jaxinfer_request_queue_time_seconds",
+                                    "Arrival to first scheduled (waiting for admission, s).", _PHASE_BUCKETS)
+        self.prefill_time = histogram("jaxinfer_request_prefill_time_seconds",
+                                      "First scheduled to first output token (s).", _PHASE_BUCKETS)
+        self.decode_time = histogram("jaxinfer_request_decode_time_seconds",
+                                     "First output token to finish (s).", _PHASE_BUCKETS)
+        self.prompt_len = histogram("jaxinfer_request_prompt_tokens", "Prompt length of finished requests (tokens).",
+                                    _TOKEN_BUCKETS)
+        self.output_len = histogram("jaxinfer_request_generation_tokens",
+                                    "Generated tokens of finished requests.", _TOKEN_BUCKETS)
+        self._rejected = Counter("jaxinfer_requests_rejected", "HTTP requests refused for overload or readiness.",
+                                 [MODEL_LABEL, "reason"], registry=r)
         for reason in REJECT_REASONS:
-            self.rejected.labels(reason)
-        r.register(_EngineCollector(async_engine))
+            self._rejected.labels(model_name, reason)
+        self._errors = Counter("jaxinfer_http_error_responses",
+                               "HTTP responses with status >= 400, by status (each response counted once).",
+                               [MODEL_LABEL, "status"], registry=r)
+        for status in ERROR_STATUSES:
+            self._errors.labels(model_name, str(status))
+        r.register(_EngineCollector(async_engine, model_name))
+
+    def reject(self, reason: str) -> None:
+        """Count a request refused for ``reason`` (one of `REJECT_REASONS`)."""
+        self._rejected.labels(self.model_name, reason).inc()
+
+    def count_error_response(self, status: int) -> None:
+        """Count one HTTP response with this status (>= 400)."""
+        self._errors.labels(self.model_name, str(status)).inc()
 
     def observe_finished(self, out: RequestOutput) -> None:
-        """Record the latencies of a request that ended with ``stop`` or ``length``."""
+        """Record the histograms of a request that ended with ``stop`` or ``length``
+        (intervals in seconds from its ``time.monotonic`` timestamps; lengths in tokens)."""
         m = out.metrics
         if m is None or m.finished_time is None:
             return
+        n = len(out.outputs[0].token_ids)
         self.e2e.observe(m.finished_time - m.arrival_time)
+        self.prompt_len.observe(len(out.prompt_token_ids))
+        self.output_len.observe(n)
+        if m.first_scheduled_time is not None:
+            self.queue_time.observe(m.first_scheduled_time - m.arrival_time)
         if m.first_token_time is not None:
             self.ttft.observe(m.first_token_time - m.arrival_time)
-            n = len(out.outputs[0].token_ids)
+            self.decode_time.observe(m.finished_time - m.first_token_time)
+            if m.first_scheduled_time is not None:
+                self.prefill_time.observe(m.first_token_time - m.first_scheduled_time)
             if n > 1:
                 self.tpot.observe((m.finished_time - m.first_token_time) / (n - 1))
 
@@ -68,47 +128,65 @@ class Metrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-class _EngineCollector:
-    """Reads the engine's gauges and counters at scrape time (plain ints, GIL-atomic reads)."""
+_GAUGES = {  # EngineSnapshot attribute -> help
+    "num_requests_running": "Requests holding KV blocks.",
+    "num_requests_waiting": "Requests queued for admission.",
+    "kv_blocks_total": "Usable KV blocks.",
+    "kv_blocks_free": "Free KV blocks (evictable prefix-cache blocks included).",
+    "kv_cache_usage_ratio": "Fraction of KV blocks in use.",
+    "kv_fragmentation_ratio": "Current share of the KV token slots held by requests that hold no token "
+                              "(1 - computed tokens / (held blocks x block size)); 0 when idle.",
+}
+_SNAPSHOT_FIELD = {"num_requests_running": "num_running", "num_requests_waiting": "num_waiting"}
+_COUNTERS = {  # metric name (without _total) -> (EngineSnapshot attribute, help)
+    "preemptions": ("preemptions", "Requests preempted (recomputed later)."),
+    "prefix_cache_queries": ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
+    "prefix_cache_hits": ("prefix_cache_hits", "Prompt tokens found in the prefix cache."),
+    "request_timeouts": ("timeouts", "Sequences evicted at their deadline (a request with n > 1 counts n)."),
+    "requests_aborted": ("aborted", "Requests aborted (client gone)."),
+    "prompt_tokens": ("prompt_tokens", "Prompt tokens of admitted requests."),
+    "prefill_tokens": ("prefill_tokens", "Prompt tokens computed (recomputation included)."),
+    "generation_tokens": ("generation_tokens", "Tokens generated."),
+    "compilations": ("compilations", "XLA compilations by the model runner."),
+}
 
-    def __init__(self, async_engine):
+
+class _EngineCollector:
+    """Turns the engine's `EngineSnapshot` into families at scrape time."""
+
+    def __init__(self, async_engine, model_name: str):
         self.async_engine = async_engine
+        self.model_name = model_name
 
     def describe(self):
         return []
 
     def collect(self):
+        label = [self.model_name]
+        healthy = GaugeMetricFamily("jaxinfer_engine_healthy", "1 when the engine is ready to serve.",
+                                    labels=[MODEL_LABEL])
+        healthy.add_metric(label, float(self.async_engine.is_healthy))
+        yield healthy
         engine = self.async_engine.engine
-        yield GaugeMetricFamily("jaxinfer_engine_healthy", "1 when the engine is ready to serve.",
-                                value=float(self.async_engine.is_healthy))
         if engine is None:
             return
-        total, free = engine.num_total_blocks, engine.num_free_blocks
-        st = engine.stats
-        gauges = {
-            "num_requests_running": ("Requests holding KV blocks.", engine.num_running),
-            "num_requests_waiting": ("Requests queued for admission.", engine.num_waiting),
-            "kv_blocks_total": ("Usable KV blocks.", total),
-            "kv_blocks_free": ("Free KV blocks.", free),
-            "kv_cache_usage_ratio": ("Fraction of KV blocks in use.", (total - free) / total if total else 0.0),
-            "kv_fragmentation_ratio": ("Mean share of reserved KV slots holding no token.",
-                                       st.fragmentation_sum / st.fragmentation_samples
-                                       if st.fragmentation_samples else 0.0),
-        }
-        for name, (doc, value) in gauges.items():
-            yield GaugeMetricFamily(f"jaxinfer_{name}", doc, value=float(value))
-        counters = {
-            "preemptions": ("Requests preempted (recomputed later).", engine.scheduler.num_preemptions),
-            "prefix_cache_queries": ("Prompt tokens looked up in the prefix cache.",
-                                     getattr(engine.scheduler, "prefix_queries", 0)),
-            "prefix_cache_hits": ("Prompt tokens found in the prefix cache.",
-                                  getattr(engine.scheduler, "prefix_hits", 0)),
-            "request_timeouts": ("Sequences evicted at their deadline (a request with n > 1 counts n).", st.timeouts),
-            "requests_aborted": ("Requests aborted (client gone).", st.aborted),
-            "prompt_tokens": ("Prompt tokens of admitted requests.", st.prompt_tokens),
-            "prefill_tokens": ("Prompt tokens computed (recomputation included).", st.prefill_tokens),
-            "generation_tokens": ("Tokens generated.", st.generation_tokens),
-            "compilations": ("XLA compilations by the model runner.", getattr(engine.runner, "num_compilations", 0)),
-        }
-        for name, (doc, value) in counters.items():
-            yield CounterMetricFamily(f"jaxinfer_{name}", doc, value=float(value))
+        snap: EngineSnapshot = engine.snapshot()
+        for name, doc in _GAUGES.items():
+            family = GaugeMetricFamily(f"jaxinfer_{name}", doc, labels=[MODEL_LABEL])
+            family.add_metric(label, float(getattr(snap, _SNAPSHOT_FIELD.get(name, name))))
+            yield family
+        steps = SummaryMetricFamily("jaxinfer_kv_fragmentation_step_ratio",
+                                    "KV fragmentation sampled once per engine step (mean over an interval: "
+                                    "increase of _sum / increase of _count).", labels=[MODEL_LABEL])
+        steps.add_metric(label, count_value=snap.fragmentation_steps, sum_value=snap.fragmentation_step_sum)
+        yield steps
+        for name, (field, doc) in _COUNTERS.items():
+            family = CounterMetricFamily(f"jaxinfer_{name}", doc, labels=[MODEL_LABEL])
+            family.add_metric(label, float(getattr(snap, field)))
+            yield family
+        success = CounterMetricFamily("jaxinfer_request_success", "Engine requests that ended, by finish reason "
+                                      "(stop, length, abort, timeout, rejected, error).",
+                                      labels=[MODEL_LABEL, "finished_reason"])
+        for reason in FINISH_REASONS:
+            success.add_metric(label + [reason], float(snap.finished.get(reason, 0)))
+        yield success

@@ -64,7 +64,7 @@ class ServingContext:
         try:
             self.async_engine.check_accepting()
         except EngineNotReadyError:
-            self.metrics.rejected.labels("not_ready").inc()
+            self.metrics.reject("not_ready")
             raise
         return self.async_engine.engine
 
@@ -167,7 +167,7 @@ async def _run(job: _Job, raw: Request, ctx: ServingContext):
     try:
         stream = await ctx.async_engine.add(specs)
     except QueueFullError as exc:
-        ctx.metrics.rejected.labels("queue_full").inc()
+        ctx.metrics.reject("queue_full")
         exc.retry_after = max(exc.retry_after, ctx.config.retry_after)
         raise from_exception(exc) from exc
     except Exception as exc:
@@ -231,7 +231,7 @@ def _failure_error(reason: str, ctx: ServingContext) -> APIError:
     if reason == "timeout":
         return timeout_error(None)
     if reason == "rejected":
-        ctx.metrics.rejected.labels("queue_wait_expired").inc()
+        ctx.metrics.reject("queue_wait_expired")
         return queue_wait_error(ctx.config.max_queue_wait, ctx.config.retry_after)
     if reason == "error":  # the static-batching baseline could not reserve max_model_len of KV
         return APIError(503, "the KV cache cannot hold this request's max_model_len reservation (static batching)",

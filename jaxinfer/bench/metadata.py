@@ -73,13 +73,14 @@ def host_info() -> dict:
 
 
 def parse_metrics(text: str, prefix: str = "jaxinfer_") -> dict:
-    """Prometheus exposition text -> ``{name: value}`` for unlabeled samples starting with ``prefix``."""
+    """Prometheus exposition text -> ``{name: value}`` for samples starting with ``prefix`` that carry
+    no label but ``model_name`` (the served model, on every jaxinfer series)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name.startswith(prefix) and not s.labels:
+            if s.name.startswith(prefix) and set(s.labels) <= {"model_name"}:
                 out[s.name[len(prefix):]] = s.value
     return out
 

@@ -38,9 +38,9 @@ def run_benchmark(load_cfg: load.LoadConfig, workload: workloads.WorkloadConfig,
     results, duration = asyncio.run(load.run(load_cfg, requests, warm))
     meta["server_after"] = after = metadata.server_state(load_cfg.base_url)
     summary = stats.aggregate(results, duration, slo_ttft_ms, slo_tpot_ms)
-    if after["metrics"] and "kv_fragmentation_ratio" in after["metrics"]:
-        # the server's mean over every step since it started (warm-up requests included)
-        summary["kv_fragmentation"] = after["metrics"]["kv_fragmentation_ratio"]
+    frag = step_mean_fragmentation(meta["server_before"]["metrics"], after["metrics"])
+    if frag is not None:
+        summary["kv_fragmentation"] = frag
     run = report.result_dict(label, meta, summary, results)
     if out_dir is not None:
         out_dir = Path(out_dir)
@@ -95,6 +95,17 @@ def _decoder(args):
 
     tok = Tokenizer.from_file(args.tokenizer or str(metadata.REPO / "weights" / args.model / "tokenizer.json"))
     return lambda ids: tok.decode(ids)
+
+
+def step_mean_fragmentation(before: dict | None, after: dict | None) -> float | None:
+    """Mean KV fragmentation over the engine steps between two ``/metrics`` readings
+    (`metadata.parse_metrics` dicts): increase of ``kv_fragmentation_step_ratio_sum`` over
+    increase of its ``_count``. None without both readings or without a step in between."""
+    keys = ("kv_fragmentation_step_ratio_sum", "kv_fragmentation_step_ratio_count")
+    if not before or not after or any(k not in before or k not in after for k in keys):
+        return None
+    steps = after[keys[1]] - before[keys[1]]
+    return (after[keys[0]] - before[keys[0]]) / steps if steps > 0 else None
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
