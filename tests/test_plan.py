@@ -109,3 +109,30 @@ def test_dummy_init_of_llama3_70b_is_born_sharded():
     assert planned == PER_DEVICE_TP8 * 2
     assert abs(mem.output_size_in_bytes - planned) <= 4096  # allocator alignment only
     assert mem.temp_size_in_bytes < PARAMS * 2 / 8
+
+
+def test_planner_suggests_the_smallest_tp_that_fits(capsys):
+    """70B bf16 on 80 GiB devices, reserve 0.5: the budget is 40 GiB per device. By hand,
+    TP 2 keeps 70.5e9 weight bytes per device (> 42.9e9: no room), TP 4 about 35.3e9 and
+    leaves KV room for whole 4096-token sequences: TP 4 is the answer, even with 1 device."""
+    cfg, budget = llama70b(), int(80 * 2**30 * 0.5)
+    weights = {tp: (PARAMS - NORMS) // tp * 2 + NORMS * 2 for tp in (1, 2, 4, 8)}
+    fits = [tp for tp in (1, 2, 4, 8) if (budget - weights[tp]) // (2 * L * 16 * (K // tp) * H * 2) - 1 >= 256]
+    assert fits[0] == 4
+    assert plan.head_divisible_tp_sizes(cfg) == [1, 2, 4, 8]  # gcd(64, 8) = 8
+    best = plan.smallest_fitting_tp(cfg, dtype="bfloat16", device_memory=80 * 2**30)
+    assert best.tensor_parallel_size == 4 and best.weight_bytes_per_device == weights[4]
+    assert plan.smallest_fitting_tp(cfg, max_tp=2, dtype="bfloat16", device_memory=80 * 2**30) is None
+    args = ["--model", str(CONFIGS / "llama-3-70b.json"), "--device-memory", "80GiB", "--tensor-parallel-size", "1"]
+    assert plan.main(args + ["--devices", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "DOES NOT FIT" in out and "--tensor-parallel-size 4, more devices than --devices 1" in out
+    assert plan.main(args + ["--devices", "8", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["suggested_tensor_parallel_size"] == 4
+    assert plan.main(args + ["--devices", "8", "--device-memory", "8GiB"]) == 1  # even TP 8 holds 17.6 GB
+    assert "no tensor-parallel size" in capsys.readouterr().out and weights[8] > 8 * 2**30 * 0.5
+
+
+def test_head_divisible_tp_sizes_skip_replicating_sizes():
+    smol = tiny_config(vocab=49152, hidden=576, layers=30, heads=9, kv_heads=3, inter=1536)
+    assert plan.head_divisible_tp_sizes(smol) == [1, 3]  # TP 2 would replicate attention and the KV cache
