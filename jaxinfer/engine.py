@@ -239,6 +239,7 @@ class LLMEngine:
             return
         tok = req.output_token_ids[-1]
         entry = {tok: Logprob(float(result["logprob"][i]), int(result["rank"][i]))}
+        req.cumulative_logprob += entry[tok].logprob
         for j in range(n):
             t = int(result["top_ids"][i, j])
             if t not in entry:
@@ -274,6 +275,7 @@ class LLMEngine:
             index=0, text=text, token_ids=list(req.output_token_ids),
             finish_reason=req.finish_reason.value if req.finish_reason else None, stop_reason=req.stop_reason,
             logprobs=list(req.logprobs) if req.params.logprobs is not None else None,
+            cumulative_logprob=req.cumulative_logprob if req.params.logprobs is not None else None,
             logits=list(req.logits) if self.config.return_logits else None)
         metrics = RequestMetrics(req.arrival_time, req.first_scheduled_time, req.first_token_time, req.finished_time,
                                  req.num_preemptions)
