@@ -292,7 +292,8 @@ def test_sharegpt_lengths_match_published_means():
 
 def test_sharegpt_workload_is_named_synthetic():
     old = WorkloadConfig(name="sharegpt", num_requests=3)
-    assert old.name == "sharegpt-synthetic" == workloads.SHAREGPT and old == WorkloadConfig(name=old.name, num_requests=3)
+    assert old.name == "sharegpt-synthetic" == workloads.SHAREGPT
+    assert old == WorkloadConfig(name=old.name, num_requests=3)
     desc = workloads.describe(old)
     assert desc["name"] == "sharegpt-synthetic" and desc["sharegpt"]["synthetic"] is True
     assert [r.prompt for r in workloads.build_requests(old)] == [
