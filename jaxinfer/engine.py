@@ -27,7 +27,7 @@ from jaxinfer.block_manager import BlockManager
 from jaxinfer.buckets import BucketLadders
 from jaxinfer.config import EngineConfig, ModelConfig
 from jaxinfer.engine_snapshot import EngineSnapshot
-from jaxinfer.errors import QueueFullError, RequestError
+from jaxinfer.errors import CONTEXT_LENGTH_EXCEEDED, SHORTEN_HINT, QueueFullError, RequestError
 from jaxinfer.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from jaxinfer.request import FinishReason, Request
 from jaxinfer.sampling_params import SamplingParams
@@ -152,22 +152,26 @@ class LLMEngine:
             raise RequestError(f"prompt token ids must be integers in [0, {V})", param="prompt")
         if len(ids) >= limit:
             raise RequestError(f"prompt has {len(ids)} tokens; the limit is {limit - 1} "
-                               f"(max_model_len {limit}, at least one token must be generated)", param="prompt")
+                               f"(max_model_len {limit}, at least one token must be generated); {SHORTEN_HINT}",
+                               param="prompt", code=CONTEXT_LENGTH_EXCEEDED)
         pool_tokens = self.block_manager.num_usable_blocks * self.block_manager.block_size
         if params.max_tokens is None:  # unset: as much as the context and the whole pool allow
             max_tokens = min(limit, pool_tokens) - len(ids)
             if max_tokens < 1:
                 raise RequestError(f"prompt has {len(ids)} tokens; the KV pool holds {pool_tokens} tokens in all, "
-                                   "leaving no room to generate", param="prompt")
+                                   f"leaving no room to generate; {SHORTEN_HINT}", param="prompt",
+                                   code=CONTEXT_LENGTH_EXCEEDED)
         else:
             max_tokens = params.max_tokens
         if len(ids) + max_tokens > limit:
             raise RequestError(f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = {len(ids) + max_tokens} "
-                               f"exceeds max_model_len ({limit})", param="max_tokens")
+                               f"exceeds max_model_len ({limit}); lower max_tokens or {SHORTEN_HINT}",
+                               param="max_tokens", code=CONTEXT_LENGTH_EXCEEDED)
         need = self.block_manager.blocks_needed(len(ids) + max_tokens)
         if need > self.block_manager.num_usable_blocks:
             raise RequestError(f"prompt + max_tokens needs {need} KV blocks; the whole pool has "
-                               f"{self.block_manager.num_usable_blocks}: it can never fit", param="max_tokens")
+                               f"{self.block_manager.num_usable_blocks}: it can never fit; lower max_tokens or "
+                               f"{SHORTEN_HINT}", param="max_tokens", code=CONTEXT_LENGTH_EXCEEDED)
         params.check_token_ids(V)
         if len(params.logit_bias) > self.config.max_logit_bias:
             raise RequestError(f"at most {self.config.max_logit_bias} logit_bias entries", param="logit_bias")
@@ -243,6 +247,7 @@ class LLMEngine:
             return
         tok = req.output_token_ids[-1]
         entry = {tok: Logprob(float(result["logprob"][i]), int(result["rank"][i]))}
+        req.cumulative_logprob += entry[tok].logprob
         for j in range(n):
             t = int(result["top_ids"][i, j])
             if t not in entry:
@@ -290,6 +295,7 @@ class LLMEngine:
             index=0, text=text, token_ids=list(req.output_token_ids),
             finish_reason=req.finish_reason.value if req.finish_reason else None, stop_reason=req.stop_reason,
             logprobs=list(req.logprobs) if req.params.logprobs is not None else None,
+            cumulative_logprob=req.cumulative_logprob if req.params.logprobs is not None else None,
             logits=list(req.logits) if self.config.return_logits else None)
         metrics = RequestMetrics(req.arrival_time, req.first_scheduled_time, req.first_token_time, req.finished_time,
                                  req.num_preemptions)

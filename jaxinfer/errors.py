@@ -2,8 +2,17 @@
 
 `RequestError` is a client mistake (HTTP 400 in the OpenAI error shape, naming the
 offending ``param``); `QueueFullError` is overload (HTTP 429 with Retry-After).
+
+A request whose prompt (or prompt + ``max_tokens``) cannot fit in the context the server
+holds (``max_model_len``, or the whole KV pool when smaller) carries
+``code = CONTEXT_LENGTH_EXCEEDED``, OpenAI's code for it, and a message naming
+`SHORTEN_HINT`'s remedies, offline (`jaxinfer.llm.LLM`) and over HTTP alike.
 """
 from __future__ import annotations
+
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+SHORTEN_HINT = ("shorten the prompt, or set truncate_prompt_tokens: K (HTTP API) to keep only "
+                "its last K tokens")
 
 
 class RequestError(ValueError):

@@ -27,6 +27,11 @@ class CompletionOutput:
       finish_reason: "stop", "length", "abort", "timeout", "rejected", or None while running.
       stop_reason: the stop token id or stop string that ended it, if any.
       logprobs: per generated token, ``{token_id: Logprob}`` (sampled token plus top-N).
+      cumulative_logprob: sum of the sampled tokens' logprobs (natural log) so far, i.e.
+        the log-probability of ``token_ids`` under the logprobs' distribution (after bias
+        and penalties, before temperature and filtering; `jaxinfer.sampler.sample`). None
+        unless the request asked for logprobs (``SamplingParams.logprobs`` not None, 0
+        included), as in vLLM V1: the step computes logprobs only for such requests.
       logits: per generated token, the raw float32 logits [V] (only with
         ``EngineConfig.return_logits``; for tests and debugging).
     """
@@ -38,6 +43,7 @@ class CompletionOutput:
     stop_reason: int | str | None = None
     logprobs: list[dict[int, Logprob]] | None = None
     logits: list | None = None
+    cumulative_logprob: float | None = None
 
     @property
     def finished(self) -> bool:

@@ -17,6 +17,12 @@ same that sizes the KV pool of a running engine:
   (block 0 is the null block). ``--kv-reserve-fraction`` is ``1 - kv_cache_memory_fraction``
   of the engine (default 0.5: room for activations, compiler scratch and the runtime).
 Memory sizes: ``80GB`` = 80e9 bytes, ``80GiB`` = 80 * 2**30, or a plain byte count.
+
+When a plan does not fit, the CLI tries the other tensor-parallel sizes that split both the
+query heads and the KV heads evenly (the divisors of ``gcd(N, K)``: other sizes replicate
+attention and the KV cache on every device, `jaxinfer.sharding`) and names the smallest
+that fits (`smallest_fitting_tp`), also when it needs more devices than ``--devices``;
+or says that none does.
 """
 from __future__ import annotations
 
@@ -101,6 +107,45 @@ def plan_memory(cfg: ModelConfig, *, dtype: str = "bfloat16", tensor_parallel_si
                       max(0, blocks - 1) // per_seq)
 
 
+def head_divisible_tp_sizes(cfg: ModelConfig) -> list[int]:
+    """Tensor-parallel sizes that split the query and KV heads evenly: the divisors of
+    ``gcd(num_attention_heads, num_key_value_heads)``, ascending."""
+    g = math.gcd(cfg.num_attention_heads, cfg.num_key_value_heads)
+    return [t for t in range(1, g + 1) if g % t == 0]
+
+
+def smallest_fitting_tp(cfg: ModelConfig, *, max_tp: int | None = None, **plan_kw) -> MemoryPlan | None:
+    """The plan of the smallest head-divisible TP size (`head_divisible_tp_sizes`) that
+    fits at least one full-length sequence per replica, or None if none does.
+
+    Args:
+      max_tp: try sizes up to this one only (None: every head-divisible size).
+      plan_kw: `plan_memory`'s keywords other than ``tensor_parallel_size``
+        (``data_parallel_size`` is set to 1: the question is the size of one replica).
+    """
+    plan_kw = {k: v for k, v in plan_kw.items() if k not in ("tensor_parallel_size", "data_parallel_size")}
+    for tp in head_divisible_tp_sizes(cfg):
+        if max_tp is not None and tp > max_tp:
+            break
+        p = plan_memory(cfg, tensor_parallel_size=tp, **plan_kw)
+        if p.fits:
+            return p
+    return None
+
+
+def suggestion(cfg: ModelConfig, best: MemoryPlan | None, devices: int) -> str:
+    """One line for a plan that does not fit: the smallest TP size that would (`smallest_fitting_tp`)."""
+    sizes = head_divisible_tp_sizes(cfg)
+    if best is None:
+        return (f"no tensor-parallel size that divides the {cfg.num_attention_heads} query and "
+                f"{cfg.num_key_value_heads} KV heads (tried {', '.join(map(str, sizes))}) fits: use devices with "
+                "more memory or a shorter --max-model-len")
+    tp = best.tensor_parallel_size
+    more = f", more devices than --devices {devices}" if tp > devices else ""
+    return (f"smallest tensor-parallel size that fits: --tensor-parallel-size {tp}{more} "
+            f"({best.max_concurrent_sequences:,} sequences of {best.max_model_len} tokens per replica)")
+
+
 def format_plan(p: MemoryPlan, name: str = "") -> str:
     """Human-readable lines for a plan."""
     gib = lambda b: f"{b / 2**30:,.2f} GiB"  # noqa: E731
@@ -146,13 +191,23 @@ def main(argv: list[str] | None = None) -> int:
     dp = args.data_parallel_size or max(1, args.devices // tp)
     if tp * dp > args.devices:
         ap.error(f"TP {tp} x DP {dp} needs {tp * dp} devices; --devices is {args.devices}")
-    plan = plan_memory(load_config(args.model), dtype=args.dtype, tensor_parallel_size=tp, data_parallel_size=dp,
+    cfg = load_config(args.model)
+    plan = plan_memory(cfg, dtype=args.dtype, tensor_parallel_size=tp, data_parallel_size=dp,
                        device_memory=parse_bytes(args.device_memory), kv_reserve_fraction=args.kv_reserve_fraction,
                        block_size=args.block_size, max_model_len=args.max_model_len)
+    extra = {"fits": plan.fits}
+    if not plan.fits:
+        best = smallest_fitting_tp(cfg, dtype=args.dtype, device_memory=parse_bytes(args.device_memory),
+                                   kv_reserve_fraction=args.kv_reserve_fraction, block_size=args.block_size,
+                                   max_model_len=args.max_model_len)
+        extra["suggested_tensor_parallel_size"] = best.tensor_parallel_size if best else None
+        extra["suggestion"] = suggestion(cfg, best, args.devices)
     if args.json:
-        print(json.dumps(dataclasses.asdict(plan) | {"fits": plan.fits}, indent=2))
+        print(json.dumps(dataclasses.asdict(plan) | extra, indent=2))
     else:
         print(format_plan(plan, args.model))
+        if not plan.fits:
+            print(extra["suggestion"])
     return 0 if plan.fits else 1
 
 

@@ -70,6 +70,7 @@ class Request:
     num_registered_blocks: int = 0  # leading blocks registered in the prefix cache
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     logprobs: list = dataclasses.field(default_factory=list)  # per output token {id: Logprob}
+    cumulative_logprob: float = 0.0  # sum of the sampled tokens' logprobs (when logprobs are requested)
     logits: list = dataclasses.field(default_factory=list)  # per output token raw logits (debug)
     first_scheduled_time: float | None = None
     first_token_time: float | None = None

@@ -116,6 +116,21 @@ def test_sc03_overlong_prompts_are_400_before_prefill(api):
     assert_alive(api.http, api.ref, api.f0)
 
 
+def test_too_long_prompts_say_context_length_exceeded(api):
+    """OpenAI's code for a request past the context, and the way out named, on both endpoints."""
+    ids = list(range(100, 100 + C))  # C ids: no room for one token
+    long_text = "hello world " * (3 * C)
+    for r, param in ((completion(api, prompt=ids, max_tokens=1), "prompt"),
+                     (completion(api, prompt=ids[:10], max_tokens=C), "max_tokens"),
+                     (chat(api, messages=[{"role": "user", "content": long_text}]), "messages"),
+                     (chat(api, messages=[{"role": "user", "content": "hi"}], max_completion_tokens=C),
+                      "max_completion_tokens")):
+        err = assert_error(r, 400, param, "invalid_request_error")
+        assert err["code"] == "context_length_exceeded" and "truncate_prompt_tokens" in err["message"], err
+    assert completion(api, prompt=ids, max_tokens=1, truncate_prompt_tokens=C - 1).status_code == 200  # the remedy
+    assert_error(completion(api, prompt=ids, max_tokens="x"), 400, "max_tokens")["code"] != "context_length_exceeded"
+
+
 def test_sc03_truncate_prompt_tokens_keeps_the_last_k(api):
     ids = list(range(1000, 1000 + C + 500))
     K = C - 16

@@ -13,6 +13,8 @@ import socket
 import threading
 import time
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -20,6 +22,7 @@ from jaxinfer.bench import load, report, stats, workloads
 from jaxinfer.bench.client import RequestResult
 from jaxinfer.bench.workloads import BenchRequest, WorkloadConfig
 
+REPO = Path(__file__).resolve().parents[1]
 TTFT_S, GAP_S = 0.30, 0.10
 CODE_429, CODE_400, CODE_500, CODE_STREAM_ERR, CODE_HANG = 429, 400, 500, 7, 8
 CODE_429_ONCE = 9  # 429 with Retry-After 0.2 s the first time a prompt arrives, then served
@@ -214,6 +217,37 @@ def test_aggregate_throughput_and_goodput_by_hand():
     assert s["counts"]["http_429"] == 1 and s["itl_ms"]["count"] == 30
 
 
+def parse_console(text: str) -> dict[str, str]:
+    """``"Name:   value"`` lines of `report.console_summary` -> {name: value}."""
+    return dict(ln.rsplit(":", 1) for ln in text.splitlines() if ":" in ln and not ln.startswith(("=", "-")))
+
+
+def test_console_summary_has_vllms_lines_by_hand():
+    rs = [ok(0.1, 1.1, 11, prompt=7), ok(0.5, 1.5, 11, prompt=9), ok(0.3, 2.3, 6, prompt=4),  # TPOT 100, 100, 400 ms
+          RequestResult("http_429", 429, 10, 11, 0.0), RequestResult("timeout", None, 10, 11, 0.0)]
+    text = report.console_summary(stats.aggregate(rs, duration_s=4.0), "c8")
+    lines = text.strip().splitlines()
+    assert lines[0].startswith("=") and "Serving Benchmark Result (c8)" in lines[0] and lines[-1] == "=" * 50
+    assert {len(ln) for ln in lines} == {50}
+    got = {k.strip(): v.strip() for k, v in parse_console(text).items()}
+    assert (got["Successful requests"], got["Failed requests"], got["http_429"], got["timeout"]) == ("3", "2", "1", "1")
+    assert "client_error" not in got and "Request goodput (req/s)" not in got  # zero counts and unset SLOs left out
+    assert got["Benchmark duration (s)"] == "4.00"
+    assert (got["Total input tokens"], got["Total generated tokens"]) == ("20", "28")
+    assert got["Request throughput (req/s)"] == "0.75" and got["Output token throughput (tok/s)"] == "7.00"
+    assert got["Total token throughput (tok/s)"] == "12.00"  # (20 + 28) / 4
+    assert (got["Mean TTFT (ms)"], got["Median TTFT (ms)"]) == ("300.00", "300.00")
+    assert got["P90 TTFT (ms)"] == "460.00" and got["P99 TTFT (ms)"] == "496.00"  # 300 + 0.8 * 200, 300 + 0.98 * 200
+    assert (got["Mean TPOT (ms)"], got["Median TPOT (ms)"], got["P90 TPOT (ms)"]) == ("200.00", "100.00", "340.00")
+    assert got["Median ITL (ms)"] == "100.00" and got["P99 ITL (ms)"] == "400.00"  # 20 gaps of 100, 5 of 400
+    assert (got["Mean E2EL (ms)"], got["P99 E2EL (ms)"]) == ("1633.33", "2284.00")
+    for name in ("TTFT", "TPOT", "ITL", "E2EL"):
+        assert all(f"{stat} {name} (ms)" in got for stat in ("Mean", "Median", "P90", "P99"))
+    slo = report.console_summary(stats.aggregate(rs, 4.0, slo_tpot_ms=150))
+    assert parse_console(slo)["Request goodput (req/s)"].strip() == "0.50"  # the two 100 ms TPOT requests
+    assert "-" in parse_console(report.console_summary(stats.aggregate(rs[3:], 1.0)))["Mean TTFT (ms)"]
+
+
 def test_report_files(tmp_path):
     rs = [ok(0.1, 1.1, 11), ok(0.2, 1.0, 5)]
     s = stats.aggregate(rs, 2.0)
@@ -247,13 +281,23 @@ def test_fixed_and_uniform_and_normal_lengths():
 
 
 def test_sharegpt_lengths_match_published_means():
-    ins, outs = lengths("sharegpt", n=100000, max_input_len=10**9, max_output_len=10**9)
+    ins, outs = lengths("sharegpt-synthetic", n=100000, max_input_len=10**9, max_output_len=10**9)
     assert ins.mean() == pytest.approx(workloads.SHAREGPT_MEAN_INPUT, rel=0.03)
     assert outs.mean() == pytest.approx(workloads.SHAREGPT_MEAN_OUTPUT, rel=0.03)
     # lognormal: median = mean * exp(-sigma^2 / 2)
     assert np.median(ins) == pytest.approx(161.31 * np.exp(-0.5), rel=0.03)
-    clipped, _ = lengths("sharegpt", max_input_len=300)
+    clipped, _ = lengths("sharegpt", max_input_len=300)  # the old name still works
     assert clipped.max() == 300 and clipped.min() >= 4
+
+
+def test_sharegpt_workload_is_named_synthetic():
+    old = WorkloadConfig(name="sharegpt", num_requests=3)
+    assert old.name == "sharegpt-synthetic" == workloads.SHAREGPT
+    assert old == WorkloadConfig(name=old.name, num_requests=3)
+    desc = workloads.describe(old)
+    assert desc["name"] == "sharegpt-synthetic" and desc["sharegpt"]["synthetic"] is True
+    assert [r.prompt for r in workloads.build_requests(old)] == [
+        r.prompt for r in workloads.build_requests(WorkloadConfig(name="sharegpt-synthetic", num_requests=3))]
 
 
 def test_shared_prefix_prompts():
@@ -277,3 +321,63 @@ def test_client_imports_no_jax():
     from helpers import assert_imports_no_jax
 
     assert_imports_no_jax("import jaxinfer.bench.serve")  # no JAX next to the server it measures
+
+
+# ----- command line --------------------------------------------------------------------------
+@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"]])
+def test_help_exits_0(argv):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "jaxinfer.bench", *argv], capture_output=True, text=True, timeout=120,
+                       cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert "serve" in r.stdout and r.stdout.startswith("usage: python -m jaxinfer.bench")
+    if argv[0] == "serve":
+        assert "--endpoint {completions,chat}" in r.stdout and "sharegpt-synthetic" in r.stdout
+        assert "SYNTHETIC" in r.stdout and "dataset is not used" in " ".join(r.stdout.split())
+
+
+def test_cli_prints_the_summary_and_keeps_the_json(stub_server, tmp_path, capsys):
+    from jaxinfer.bench import serve
+
+    url, stub = stub_server
+    runs = serve.main(["--base-url", url, "--model", "stub", "--num-requests", "4", "--concurrency", "2",
+                       "--input-len", "3", "--output-len", "3", "--warmup-requests", "0", "--no-progress",
+                       "--out", str(tmp_path), "--label", "cli", "--workload", "fixed"])
+    out = capsys.readouterr().out
+    got = {k.strip(): v.strip() for k, v in parse_console(out).items()}
+    assert got["Successful requests"] == "4" and got["Total generated tokens"] == "12" and stub.received == 4
+    saved = json.loads((tmp_path / "cli.json").read_text())
+    assert saved["summary"]["completed"] == 4 and saved["summary"]["failed"] == 0
+    assert float(got["Mean E2EL (ms)"]) == pytest.approx(saved["summary"]["e2el_ms"]["mean"], abs=0.01)
+    assert saved["metadata"]["load"]["endpoint"] == "completions" == runs[0]["requests"][0]["endpoint"]
+    with pytest.raises(SystemExit):
+        serve.main(["--endpoint", "chat", "--prompt-format", "token-ids"])  # chat messages are text
+
+
+def test_chat_endpoint_against_the_api(tmp_path):
+    """``--endpoint chat`` against the real app (fake runner, real tokenizer): the body is
+    accepted, outputs are exact, and input tokens are the raw prompts' (the server's count
+    adds the chat template's tokens)."""
+    from api_helpers import LiveServer, fake_engine, running_app, tokenizer
+
+    from jaxinfer.bench import serve
+    from jaxinfer.chat import render_conversation
+
+    with running_app(fake_engine()) as (app, _), LiveServer(app) as srv:
+        runs = serve.main(["--base-url", srv.url, "--model", "test-model", "--endpoint", "chat", "--num-requests", "3",
+                           "--concurrency", "3", "--input-len", "20", "--output-len", "5", "--warmup-requests", "1",
+                           "--tokenizer", str(REPO / "weights" / "smollm2-135m-instruct" / "tokenizer.json"),
+                           "--no-progress", "--out", str(tmp_path), "--label", "chat"])
+    rs, summary = runs[0]["requests"], runs[0]["summary"]
+    assert [r["outcome"] for r in rs] == ["ok"] * 3 and all(r["output_tokens"] == 5 and r["ttft"] for r in rs)
+    t = tokenizer()
+    texts = [r.prompt for r in workloads.build_requests(WorkloadConfig(num_requests=3, input_len=20, output_len=5),
+                                                        decode=t.decode)]
+    raw = [len(t.encode(x, add_special_tokens=False)) for x in texts]
+    templated = [len(render_conversation([{"role": "user", "content": x}], t)[1]) for x in texts]
+    assert [r["prompt_len"] for r in rs] == raw and summary["input_tokens"] == sum(raw)
+    assert [r["prompt_tokens"] for r in rs] == templated and summary["server_prompt_tokens"] == sum(templated)
+    assert all(a > b for a, b in zip(templated, raw))
+    assert summary["total_token_throughput_tok_s"] == pytest.approx((sum(raw) + 15) / summary["duration_s"])

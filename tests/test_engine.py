@@ -193,6 +193,20 @@ def test_logprobs_shape(setup):
         assert all(lp.logprob <= 0 for lp in entry.values())
 
 
+def test_cumulative_logprob_is_the_sum_of_the_sampled_tokens_logprobs(setup):
+    """vLLM's meaning: log-probability of the generated tokens, summed; checked against the
+    raw logits (log-softmax, no bias or penalties here) and against the per-token entries."""
+    llm, _ = setup
+    p = prompts([10], seed=3)[0]
+    sp = SamplingParams(temperature=0.8, seed=5, max_tokens=6, ignore_eos=True, logprobs=0)
+    out = llm.generate([p], sp, use_tqdm=False)[0].outputs[0]
+    by_hand = sum(float(lg[t] - np.logaddexp.reduce(lg.astype(np.float64))) for lg, t in zip(out.logits, out.token_ids))
+    assert out.cumulative_logprob == pytest.approx(by_hand, abs=1e-4)
+    assert out.cumulative_logprob == pytest.approx(sum(e[t].logprob for t, e in zip(out.token_ids, out.logprobs)))
+    assert out.cumulative_logprob < 0
+    assert llm.generate([p], GREEDY, use_tqdm=False)[0].outputs[0].cumulative_logprob is None  # not asked for
+
+
 def test_bfloat16_cache_is_updated_in_place_on_cpu():
     """On CPU a bfloat16 KV cache is stored as uint16 bits: XLA:CPU upcast a bfloat16 update
     of the carried cache to float32 over the whole pool, and copied it, every layer of every

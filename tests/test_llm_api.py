@@ -49,6 +49,16 @@ def test_interrupted_generate_leaves_the_llm_usable(llm, reference, monkeypatch)
     assert_usable(llm, reference)
 
 
+def test_too_long_prompt_is_context_length_exceeded(llm, reference):
+    """The offline path raises the same typed error the HTTP API maps to its 400."""
+    for prompt, sp, param in (([5] * 128, GREEDY, "prompt"), ([5] * 100, SamplingParams(max_tokens=29), "max_tokens")):
+        with pytest.raises(RequestError) as exc:
+            llm.generate([prompt], sp, use_tqdm=False)
+        assert (exc.value.code, exc.value.param) == ("context_length_exceeded", param)
+        assert "truncate_prompt_tokens" in exc.value.message
+    assert_usable(llm, reference)
+
+
 @pytest.mark.parametrize("params", [[GREEDY, GREEDY], [], [GREEDY] * 4])
 def test_sampling_params_list_must_match_prompts(llm, reference, params):
     with pytest.raises(ValueError, match="SamplingParams for 3 prompts"):

@@ -66,7 +66,9 @@ def test_planner_llama3_70b_on_8x80gb_bf16_tp8_by_hand(capsys):
 def test_planner_says_when_it_does_not_fit(capsys):
     assert plan.main(["--model", str(CONFIGS / "llama-3-70b.json"), "--devices", "1", "--device-memory", "80GiB",
                       "--tensor-parallel-size", "1"]) == 1
-    assert "DOES NOT FIT" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "DOES NOT FIT" in out
+    assert "--tensor-parallel-size 4, more devices than --devices 1" in out  # see the test below
 
 
 def test_parse_bytes():
@@ -109,3 +111,26 @@ def test_dummy_init_of_llama3_70b_is_born_sharded():
     assert planned == PER_DEVICE_TP8 * 2
     assert abs(mem.output_size_in_bytes - planned) <= 4096  # allocator alignment only
     assert mem.temp_size_in_bytes < PARAMS * 2 / 8
+
+
+def test_planner_suggests_the_smallest_tp_that_fits(capsys):
+    """70B bf16 on 80 GiB devices, reserve 0.5: the budget is 40 GiB per device. By hand,
+    TP 2 keeps 70.5e9 weight bytes per device (> 42.9e9: no room), TP 4 about 35.3e9 and
+    leaves KV room for whole 4096-token sequences: TP 4 is the answer (with 1 device too:
+    `test_planner_says_when_it_does_not_fit`)."""
+    cfg, budget = llama70b(), int(80 * 2**30 * 0.5)
+    weights = {tp: (PARAMS - NORMS) // tp * 2 + NORMS * 2 for tp in (1, 2, 4, 8)}
+    fits = [tp for tp in (1, 2, 4, 8) if (budget - weights[tp]) // (2 * L * 16 * (K // tp) * H * 2) - 1 >= 256]
+    assert fits[0] == 4
+    assert plan.head_divisible_tp_sizes(cfg) == [1, 2, 4, 8]  # gcd(64, 8) = 8
+    args = ["--model", str(CONFIGS / "llama-3-70b.json"), "--device-memory", "80GiB", "--tensor-parallel-size", "1"]
+    assert plan.main(args + ["--devices", "8", "--json"]) == 1
+    got = json.loads(capsys.readouterr().out)
+    assert got["suggested_tensor_parallel_size"] == 4 and "more devices" not in got["suggestion"]
+    assert plan.smallest_fitting_tp(cfg, max_tp=1, dtype="bfloat16", device_memory=80 * 2**30) is None
+    assert "no tensor-parallel size" in plan.suggestion(cfg, None, 8) and "1, 2, 4, 8" in plan.suggestion(cfg, None, 8)
+
+
+def test_head_divisible_tp_sizes_skip_replicating_sizes():
+    smol = tiny_config(vocab=49152, hidden=576, layers=30, heads=9, kv_heads=3, inter=1536)
+    assert plan.head_divisible_tp_sizes(smol) == [1, 3]  # TP 2 would replicate attention and the KV cache

@@ -12,6 +12,10 @@ Owns `APIError` and the exception handlers that map the rest onto it:
 | request deadline passed                      | 504    | timeout               |             |
 | anything unexpected (a bug)                  | 500    | server_error          |             |
 
+A prompt (or prompt + ``max_tokens``) too long for the context is a 400 with ``code``
+``"context_length_exceeded"`` (OpenAI's code; `jaxinfer.errors.CONTEXT_LENGTH_EXCEEDED`)
+and a message naming ``truncate_prompt_tokens``; ``param`` is ``prompt`` (``messages``
+for chat) or the ``max_tokens`` field.
 A handler never returns FastAPI's default bodies, and nothing ever surfaces a traceback.
 """
 from __future__ import annotations

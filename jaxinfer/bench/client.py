@@ -1,4 +1,8 @@
-"""One streaming ``/v1/completions`` request and the timings read off its SSE stream.
+"""One streaming request and the timings read off its SSE stream.
+
+Endpoints (`ENDPOINTS`): ``completions`` (``POST /v1/completions``, the prompt as given,
+token ids or text) and ``chat`` (``POST /v1/chat/completions``, the prompt text as the
+one user message; text arrives in ``choices[].delta.content`` instead of ``text``).
 
 Per request (all times ``time.perf_counter()`` seconds on the client):
   * TTFT: request sent -> first event carrying non-empty text.
@@ -8,6 +12,9 @@ Per request (all times ``time.perf_counter()`` seconds on the client):
   * TPOT: ``(E2E - TTFT) / (output_tokens - 1)``, the mean time per output token after
     the first; output tokens come from the final ``usage`` chunk
     (``stream_options.include_usage``), else from the number of text events.
+Prompt tokens: ``usage.prompt_tokens`` is kept as ``prompt_tokens``. For chat it includes
+the tokens the chat template adds around the message, so `RequestResult.input_tokens`
+(what throughput counts) is then the raw prompt's own count, ``prompt_len``.
 Outcomes: ``ok`` (200 and a complete stream), ``http_429``, ``http_4xx`` (other 4xx),
 ``http_5xx``, ``timeout`` (client-side limit), ``client_error`` (connection / protocol
 failure), ``stream_error`` (200, then an error event or a stream cut before ``[DONE]``).
@@ -24,6 +31,7 @@ import httpx
 from jaxinfer.bench.workloads import BenchRequest
 
 OUTCOMES = ("ok", "http_429", "http_4xx", "http_5xx", "timeout", "client_error", "stream_error")
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
 @dataclasses.dataclass
@@ -44,6 +52,7 @@ class RequestResult:
       retry_wait: seconds from the first send to the last one (0 without retries);
         ``ttft`` and ``e2el`` count from the last send, ``ttft + retry_wait`` is what the
         user waited for the first token.
+      endpoint: the `ENDPOINTS` key it was sent to.
     """
 
     outcome: str
@@ -60,6 +69,16 @@ class RequestResult:
     error: str = ""
     attempts: int = 1
     retry_wait: float = 0.0
+    endpoint: str = "completions"
+
+    @property
+    def input_tokens(self) -> int:
+        """Prompt tokens counted for throughput: the server's ``usage`` for completions
+        (``prompt_len`` if it sent none); for chat always ``prompt_len``, the raw text's
+        tokens, leaving out what the chat template adds."""
+        if self.endpoint == "chat" or self.prompt_tokens is None:
+            return self.prompt_len
+        return self.prompt_tokens
 
     @property
     def retryable(self) -> bool:
@@ -75,11 +94,32 @@ class RequestResult:
 
 
 def completion_payload(model: str, req: BenchRequest, extra: dict | None = None) -> dict:
-    """The JSON body: exact output length (``ignore_eos``), greedy, streamed with usage."""
+    """The ``/v1/completions`` body: exact output length (``ignore_eos``), greedy, streamed with usage."""
     body = {"model": model, "prompt": req.prompt, "max_tokens": req.output_len, "ignore_eos": True,
             "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
     body.update(extra or {})
     return body
+
+
+def chat_payload(model: str, req: BenchRequest, extra: dict | None = None) -> dict:
+    """The ``/v1/chat/completions`` body: the prompt text as one user message, otherwise as
+    `completion_payload` (``max_completion_tokens`` is chat's name for ``max_tokens``).
+
+    Raises:
+      ValueError: the prompt is token ids (chat messages are text: use text prompts).
+    """
+    if not isinstance(req.prompt, str):
+        raise ValueError("the chat endpoint needs text prompts (--prompt-format text)")
+    body = {"model": model, "messages": [{"role": "user", "content": req.prompt}],
+            "max_completion_tokens": req.output_len, "ignore_eos": True, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    body.update(extra or {})
+    return body
+
+
+def _chunk_text(choice: dict) -> str | None:
+    """The text a streamed choice carries: ``text`` (completions) or ``delta.content`` (chat)."""
+    return choice.get("text") or (choice.get("delta") or {}).get("content")
 
 
 def classify_status(status: int) -> str:
@@ -94,19 +134,27 @@ def classify_status(status: int) -> str:
 
 
 async def send_request(client: httpx.AsyncClient, url: str, model: str, req: BenchRequest,
-                       timeout_s: float = 600.0, extra: dict | None = None) -> RequestResult:
-    """POST one streaming completion and time it. Never raises for HTTP or network failures.
+                       timeout_s: float = 600.0, extra: dict | None = None,
+                       endpoint: str = "completions") -> RequestResult:
+    """POST one streaming request and time it. Never raises for HTTP or network failures.
 
     Args:
       client: shared client (connection pool).
-      url: full endpoint URL (``.../v1/completions``).
+      url: full endpoint URL (``.../v1/completions`` or ``.../v1/chat/completions``).
       timeout_s: limit on the whole request, seconds.
       extra: fields merged into the body.
+      endpoint: ``"completions"`` or ``"chat"``: the body's shape (`ENDPOINTS`).
+
+    Raises:
+      ValueError: ``endpoint`` is unknown, or chat with a token-id prompt.
     """
-    res = RequestResult("client_error", None, req.prompt_len, req.output_len, time.perf_counter())
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"unknown endpoint {endpoint!r}; choose from {', '.join(ENDPOINTS)}")
+    body = (chat_payload if endpoint == "chat" else completion_payload)(model, req, extra)
+    res = RequestResult("client_error", None, req.prompt_len, req.output_len, time.perf_counter(), endpoint=endpoint)
     try:
         async with asyncio.timeout(timeout_s):
-            async with client.stream("POST", url, json=completion_payload(model, req, extra)) as resp:
+            async with client.stream("POST", url, json=body) as resp:
                 res.status = resp.status_code
                 if resp.status_code != 200:
                     await _read_failure(resp, res)
@@ -150,7 +198,7 @@ async def _read_stream(resp: httpx.Response, res: RequestResult) -> None:
         if obj.get("usage"):
             res.prompt_tokens = obj["usage"].get("prompt_tokens")
             res.output_tokens = obj["usage"].get("completion_tokens", 0)
-        if any(c.get("text") for c in obj.get("choices") or []):
+        if any(_chunk_text(c) for c in obj.get("choices") or []):
             events += 1
             if last is None:
                 res.ttft = now - res.start

@@ -26,7 +26,7 @@ import httpx
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxinfer.bench.client import RequestResult, send_request
+from jaxinfer.bench.client import ENDPOINTS, RequestResult, send_request
 from jaxinfer.bench.workloads import BenchRequest
 
 
@@ -46,6 +46,7 @@ class LoadConfig:
       progress: show a tqdm bar.
       max_retries: resends of a request answered 429 / 503 with ``Retry-After`` (0: none).
       max_retry_after_s: cap on one wait, seconds.
+      endpoint: ``"completions"`` or ``"chat"`` (`jaxinfer.bench.client.ENDPOINTS`).
     """
 
     base_url: str
@@ -59,6 +60,7 @@ class LoadConfig:
     progress: bool = True
     max_retries: int = 0
     max_retry_after_s: float = 30.0
+    endpoint: str = "completions"
 
     def __post_init__(self) -> None:
         if self.request_rate is None and not self.concurrency:
@@ -67,10 +69,12 @@ class LoadConfig:
             raise ValueError("burstiness must be > 0")
         if self.max_retries < 0 or self.max_retry_after_s < 0:
             raise ValueError("max_retries and max_retry_after_s must be >= 0")
+        if self.endpoint not in ENDPOINTS:
+            raise ValueError(f"unknown endpoint {self.endpoint!r}; choose from {', '.join(ENDPOINTS)}")
 
     @property
     def url(self) -> str:
-        return self.base_url.rstrip("/") + "/v1/completions"
+        return self.base_url.rstrip("/") + ENDPOINTS[self.endpoint]
 
 
 def arrival_gaps(rate: float, burstiness: float, n: int, seed: int = 0) -> np.ndarray:
@@ -107,7 +111,7 @@ async def send_with_retries(client: httpx.AsyncClient, cfg: LoadConfig, req: Ben
     last attempt's result, with ``attempts`` and ``retry_wait`` filled in."""
     first = None
     for attempt in range(1, cfg.max_retries + 2):
-        res = await send_request(client, cfg.url, cfg.model, req, cfg.timeout_s, cfg.extra_body)
+        res = await send_request(client, cfg.url, cfg.model, req, cfg.timeout_s, cfg.extra_body, cfg.endpoint)
         first = res.start if first is None else first
         res.attempts, res.retry_wait = attempt, res.start - first
         if attempt > cfg.max_retries or not res.retryable:

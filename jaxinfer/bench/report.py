@@ -5,6 +5,9 @@
     outcome counts), ready to paste into a README.
   * ``<label>_cdf.png``: empirical CDFs of TTFT, TPOT, ITL and E2E latency (ms).
   * `plot_sweep`: output throughput and P99 TTFT against concurrency over several runs.
+  * `console_summary`: the text block printed after a run, with the lines of vLLM's
+    ``vllm bench serve`` result (requests, duration, token totals, throughputs, and
+    mean / median / P90 / P99 of TTFT, TPOT, ITL and E2EL in ms).
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxinfer.bench.client import RequestResult
+from jaxinfer.bench.client import OUTCOMES, RequestResult
 
 
 def result_dict(label: str, metadata: dict, summary: dict, results: Sequence[RequestResult]) -> dict:
@@ -53,6 +56,53 @@ def markdown_table(runs: Sequence[tuple[str, dict]]) -> str:
                      + f" | {c['http_429']} | {c['http_4xx']} | {c['http_5xx']} | {c['timeout']} "
                        f"| {c['client_error']} / {c['stream_error']} | {_fmt(frag, 3)} |")
     return "\n".join(lines) + "\n"
+
+
+WIDTH = 50  # characters per console line
+LATENCIES = (("ttft_ms", "TTFT", "Time to First Token"), ("tpot_ms", "TPOT", "Time per Output Token (excl. 1st token)"),
+             ("itl_ms", "ITL", "Inter-token Latency"), ("e2el_ms", "E2EL", "End-to-end Latency"))
+LATENCY_STATS = (("mean", "Mean"), ("median", "Median"), ("p90", "P90"), ("p99", "P99"))
+
+
+def _line(name: str, value, digits: int = 2) -> str:
+    text = str(value) if isinstance(value, int) else _fmt(value, digits)
+    return f"{name + ':':<{WIDTH - 12}}{text:>12}"
+
+
+def console_summary(summary: dict, label: str | None = None) -> str:
+    """A run's summary as the terminal block printed after it.
+
+    Args:
+      summary: from `stats.aggregate`.
+      label: the run's name, shown in the title when given.
+
+    Returns:
+      Lines of `WIDTH` characters: successful / failed requests (failures split by outcome),
+      duration (s), total input / generated tokens, request / output / total token
+      throughput, goodput when an SLO was set, then mean / median / P90 / P99 of TTFT, TPOT,
+      ITL and E2EL in ms ("-" where no request measured it). The same lines and units as
+      vLLM's ``vllm bench serve`` result, so the two can be read side by side.
+    """
+    c = summary["counts"]
+    failed = c["total"] - summary["completed"]
+    title = " Serving Benchmark Result " + (f"({label}) " if label else "")
+    out = [title.center(WIDTH, "="), _line("Successful requests", summary["completed"]),
+           _line("Failed requests", failed)]
+    out += [_line(f"  {name}", c[name]) for name in OUTCOMES if name != "ok" and c.get(name)]
+    out += [_line("Benchmark duration (s)", summary["duration_s"]),
+            _line("Total input tokens", int(summary["input_tokens"])),
+            _line("Total generated tokens", int(summary["output_tokens"])),
+            _line("Request throughput (req/s)", summary["request_throughput_req_s"]),
+            _line("Output token throughput (tok/s)", summary["output_throughput_tok_s"]),
+            _line("Total token throughput (tok/s)", summary["total_token_throughput_tok_s"])]
+    slo = summary.get("slo") or {}
+    if slo.get("ttft_ms") is not None or slo.get("tpot_ms") is not None:
+        out.append(_line("Request goodput (req/s)", summary["goodput_req_s"]))
+    for key, short, long in LATENCIES:
+        out.append(f" {long} ".center(WIDTH, "-"))
+        out += [_line(f"{name} {short} (ms)", summary[key][stat]) for stat, name in LATENCY_STATS]
+    out.append("=" * WIDTH)
+    return "\n".join(out) + "\n"
 
 
 def plot_cdfs(path: Path, runs: Sequence[tuple[str, Sequence[RequestResult]]]) -> Path:

@@ -4,7 +4,10 @@ Latency summaries are in milliseconds: mean, median, P90, P95, P99 (``numpy.perc
 linear interpolation). Throughputs divide by the measured phase's wall time (first send
 to last completion, warm-up excluded):
   * output throughput: output tokens of successful requests / s;
-  * total token throughput: (prompt + output) tokens of successful requests / s;
+  * total token throughput: (prompt + output) tokens of successful requests / s, prompt
+    tokens per `RequestResult.input_tokens` (the server's ``usage`` for completions; for
+    chat the raw prompt text's tokens, without the chat template's; the server's count,
+    template included, is ``server_prompt_tokens``);
   * request throughput: successful requests / s;
   * goodput: successful requests / s that met both SLOs, TTFT <= ``slo_ttft_ms`` and
     TPOT <= ``slo_tpot_ms`` (DistServe's definition, Zhong et al. 2024).
@@ -69,7 +72,7 @@ def aggregate(results: Sequence[RequestResult], duration_s: float, slo_ttft_ms: 
     """
     ok = [r for r in results if r.outcome == "ok"]
     out_tokens = sum(r.output_tokens for r in ok)
-    in_tokens = sum(r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len for r in ok)
+    in_tokens = sum(r.input_tokens for r in ok)
     good = sum(meets_slo(r, slo_ttft_ms, slo_tpot_ms) for r in ok)
     def per_s(v: float) -> float:
         return v / duration_s if duration_s > 0 else 0.0
@@ -78,7 +81,9 @@ def aggregate(results: Sequence[RequestResult], duration_s: float, slo_ttft_ms: 
         "duration_s": duration_s,
         "counts": count_outcomes(results),
         "completed": len(ok),
+        "failed": len(results) - len(ok),
         "input_tokens": in_tokens,
+        "server_prompt_tokens": sum(r.prompt_tokens or 0 for r in ok),
         "output_tokens": out_tokens,
         "output_throughput_tok_s": per_s(out_tokens),
         "total_token_throughput_tok_s": per_s(in_tokens + out_tokens),

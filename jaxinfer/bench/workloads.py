@@ -7,8 +7,11 @@ Length distributions (all in tokens, seeded numpy ``Generator``):
   * ``fixed``: every request ``input_len`` / ``output_len``.
   * ``uniform``: ``U[(1 - r) * len, (1 + r) * len]``, ``r = range_ratio``.
   * ``normal``: ``N(len, (std_ratio * len)^2)``, clipped to ``[1, 2 * len]``.
-  * ``sharegpt``: a lognormal per side whose *mean* is ShareGPT's published mean length,
-    clipped to ``[min_len, max_input_len / max_output_len]``. Means from Kwon et al. 2023
+  * ``sharegpt-synthetic`` (alias ``sharegpt``): synthetic ShareGPT-like lengths, not the
+    ShareGPT dataset. Lengths come from a lognormal per side whose *mean* is ShareGPT's
+    published mean length, clipped to ``[min_len, max_input_len / max_output_len]``, and
+    the prompts are random tokens like every other workload here (no conversation text is
+    ever sent). Means from Kwon et al. 2023
     ("Efficient Memory Management for LLM Serving with PagedAttention", arXiv:2309.06180,
     section 6.1 and Fig. 11): ShareGPT prompts average **161.31** tokens and outputs
     **337.99** tokens (8.4x / 5.8x Alpaca's). The log-space spreads (``SHAREGPT_SIGMA``)
@@ -18,7 +21,9 @@ Length distributions (all in tokens, seeded numpy ``Generator``):
   * ``shared-prefix``: ``num_prefixes`` random prefixes of ``prefix_len`` tokens; request
     ``i`` uses prefix ``i % num_prefixes`` followed by a unique ``input_len``-token suffix.
 Prompts are random token ids in ``token_id_range`` (special tokens avoided) or, with
-``prompt_format="text"``, the same ids decoded by a tokenizer.
+``prompt_format="text"``, the same ids decoded by a tokenizer; a text prompt's
+``prompt_len`` is then the token count of that text re-encoded without special tokens
+(when a counter is given), since decoding and re-encoding random ids need not round-trip.
 """
 from __future__ import annotations
 
@@ -31,7 +36,9 @@ import numpy as np
 SHAREGPT_MEAN_INPUT = 161.31  # tokens, Kwon et al. 2023, section 6.1 / Fig. 11
 SHAREGPT_MEAN_OUTPUT = 337.99  # tokens, same source
 SHAREGPT_SIGMA = (1.0, 0.8)  # log-space std of input / output lengths: our assumption (see module docstring)
-WORKLOADS = ("fixed", "uniform", "normal", "sharegpt", "shared-prefix")
+SHAREGPT = "sharegpt-synthetic"
+WORKLOADS = ("fixed", "uniform", "normal", SHAREGPT, "shared-prefix")
+ALIASES = {"sharegpt": SHAREGPT}  # the name before it said "synthetic" (older results and scripts use it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,14 +46,14 @@ class WorkloadConfig:
     """Parameters of a workload (tokens unless said otherwise).
 
     Attributes:
-      name: one of `WORKLOADS`.
+      name: one of `WORKLOADS` or `ALIASES` (an alias is replaced by its workload's name).
       num_requests: measured requests (warm-up requests are drawn separately).
       input_len, output_len: lengths (fixed), or means (uniform, normal); for
         shared-prefix, ``input_len`` is the unique suffix length.
       range_ratio: uniform half-width as a fraction of the mean.
       std_ratio: normal standard deviation as a fraction of the mean.
       min_len: lower clip of random lengths.
-      max_input_len, max_output_len: upper clips for ``sharegpt``.
+      max_input_len, max_output_len: upper clips for ``sharegpt-synthetic``.
       prefix_len, num_prefixes: shared-prefix shape.
       token_id_range: [low, high) of random prompt token ids.
       seed: numpy seed.
@@ -67,6 +74,7 @@ class WorkloadConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "name", ALIASES.get(self.name, self.name))
         if self.name not in WORKLOADS:
             raise ValueError(f"unknown workload {self.name!r}; choose from {', '.join(WORKLOADS)}")
 
@@ -123,13 +131,16 @@ def _clip(x: np.ndarray, low: int, high: int | None = None) -> np.ndarray:
 
 
 def build_requests(cfg: WorkloadConfig, n: int | None = None, seed_offset: int = 0,
-                   decode: Callable[[list[int]], str] | None = None) -> list[BenchRequest]:
+                   decode: Callable[[list[int]], str] | None = None,
+                   count_tokens: Callable[[str], int] | None = None) -> list[BenchRequest]:
     """Draw ``n`` (default ``cfg.num_requests``) requests.
 
     Args:
       seed_offset: added to the seed (warm-up requests use a different stream).
-      decode: token ids -> text; when given, prompts are sent as text (lengths are then
-        approximate: re-tokenizing decoded text need not give the same count).
+      decode: token ids -> text; when given, prompts are sent as text.
+      count_tokens: text -> its token count (no special tokens); with ``decode``, each
+        ``prompt_len`` is the count of the text actually sent (re-tokenizing decoded
+        random ids need not give back the same number). Without it, the drawn length.
     """
     n = cfg.num_requests if n is None else n
     rng = np.random.default_rng(cfg.seed + seed_offset)
@@ -142,15 +153,19 @@ def build_requests(cfg: WorkloadConfig, n: int | None = None, seed_offset: int =
             ids = prefixes[i % cfg.num_prefixes] + rng.integers(lo, hi, n_in - cfg.prefix_len).tolist()
         else:
             ids = rng.integers(lo, hi, n_in).tolist()
-        out.append(BenchRequest(decode(ids) if decode else ids, n_in, n_out))
+        prompt = decode(ids) if decode else ids
+        if decode and count_tokens:
+            n_in = count_tokens(prompt)
+        out.append(BenchRequest(prompt, n_in, n_out))
     return out
 
 
 def describe(cfg: WorkloadConfig) -> dict:
     """The workload's parameters for the result metadata (with the ShareGPT sources)."""
     d = dataclasses.asdict(cfg)
-    if cfg.name == "sharegpt":
-        d["sharegpt"] = {"mean_input": SHAREGPT_MEAN_INPUT, "mean_output": SHAREGPT_MEAN_OUTPUT,
+    if cfg.name == SHAREGPT:
+        d["sharegpt"] = {"synthetic": True, "prompts": "random token ids, not ShareGPT text",
+                         "mean_input": SHAREGPT_MEAN_INPUT, "mean_output": SHAREGPT_MEAN_OUTPUT,
                          "sigma_input": SHAREGPT_SIGMA[0], "sigma_output": SHAREGPT_SIGMA[1],
                          "source": "means: Kwon et al. 2023 (vLLM, arXiv:2309.06180) sec. 6.1 / Fig. 11; "
                                    "log-space sigmas: assumed, not fitted"}
