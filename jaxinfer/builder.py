@@ -71,12 +71,13 @@ def check_model_fits(config: EngineConfig, model_config: ModelConfig) -> None:
     """Refuse a ``max_model_len`` past the model's context (as vLLM does).
 
     Raises:
-      ValueError: ``max_model_len`` > the model's ``max_position_embeddings``.
+      ValueError: ``max_model_len`` > the model's context (`ModelConfig.max_context_len`:
+        ``max_position_embeddings``, extended by RoPE scaling).
     """
-    limit = model_config.max_position_embeddings
+    limit = model_config.max_context_len
     if config.scheduler.max_model_len > limit:
         raise ValueError(f"max_model_len {config.scheduler.max_model_len} exceeds the model's context of {limit} "
-                         "tokens (max_position_embeddings)")
+                         "tokens (max_position_embeddings, times the RoPE scaling factor if any)")
 
 
 def enable_compilation_cache(path: str | None = None) -> None:

@@ -1,6 +1,6 @@
 """Configuration tree: frozen dataclasses that flow downward from the entry points.
 
-Owns `ModelConfig` (read from a Hugging Face style ``config.json``), `CacheConfig`,
+Owns `ModelConfig` (read from a Hugging Face style ``config.json``) with its `RopeScaling`, `CacheConfig`,
 `SchedulerConfig`, `ParallelConfig` and `EngineConfig`. Plain Python: no JAX import, so host-side modules
 and tests can use it freely. CLI flags of ``server.py`` map one-to-one onto these fields.
 """
@@ -13,6 +13,104 @@ from typing import Any
 
 BLOCK_SIZE = 16  # tokens per KV block (PagedAttention, Kwon et al. 2023)
 
+ROPE_SCALING_TYPES = ("llama3", "linear", "dynamic", "yarn")
+_ROPE_REQUIRED = {"linear": ("factor",), "dynamic": ("factor",),
+                  "llama3": ("factor", "low_freq_factor", "high_freq_factor"), "yarn": ()}
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """RoPE scaling of a Hugging Face config (``rope_scaling``, or ``rope_parameters`` in transformers 5).
+
+    Field meanings and defaults follow transformers ``modeling_rope_utils``; the
+    frequencies themselves are computed by `jaxinfer.models.rope`.
+
+    Attributes:
+      rope_type: ``"linear"`` (position interpolation, Chen et al. 2023), ``"dynamic"``
+        (dynamic NTK), ``"llama3"`` (Llama 3.1) or ``"yarn"`` (Peng et al. 2023).
+      factor: context extension factor (> 0).
+      original_max_position_embeddings: pre-training context (llama3, yarn); defaults
+        to the config's ``max_position_embeddings``.
+      low_freq_factor, high_freq_factor: llama3 band edges (high > low).
+      beta_fast, beta_slow: yarn ramp bounds in rotations (32, 1 when unset or 0).
+      attention_factor: yarn cos/sin scale; None: derived from factor, mscale, mscale_all_dim.
+      mscale, mscale_all_dim: yarn (DeepSeek style) attention-factor terms.
+      truncate: yarn: floor/ceil the correction range (True).
+    """
+
+    rope_type: str
+    factor: float
+    original_max_position_embeddings: int | None = None
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+    @classmethod
+    def from_hf(cls, d: dict[str, Any] | None, max_position_embeddings: int,
+                original_max_position_embeddings: int | None = None) -> "RopeScaling | None":
+        """Parse a HF RoPE dict; None for plain RoPE (absent, empty or type ``"default"``).
+
+        ``rope_type`` wins over the legacy ``type`` key. ``original_max_position_embeddings``
+        comes from the dict, else the config's top level (passed in), else
+        ``max_position_embeddings``; a yarn ``factor`` of None is their ratio (as in transformers).
+
+        Raises:
+          ValueError: an unsupported type (named in the message), a missing required
+            key, ``partial_rotary_factor`` other than 1, or inconsistent values.
+        """
+        d = d or {}
+        rope_type = d.get("rope_type", d.get("type")) or "default"
+        if rope_type == "default":
+            return None
+        if rope_type not in ROPE_SCALING_TYPES:
+            raise ValueError(f"RoPE scaling type {rope_type!r} is not supported; supported: "
+                             f"{', '.join(ROPE_SCALING_TYPES)} (or none)")
+        missing = [k for k in _ROPE_REQUIRED[rope_type] if d.get(k) is None]
+        if missing:
+            raise ValueError(f"RoPE scaling type {rope_type!r} needs {', '.join(missing)}")
+        if d.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ValueError(f"partial_rotary_factor {d['partial_rotary_factor']} is not supported (only 1.0)")
+        orig = None
+        if rope_type in ("llama3", "yarn"):
+            orig = int(d.get("original_max_position_embeddings") or original_max_position_embeddings
+                       or max_position_embeddings)
+        factor = d.get("factor")
+        if factor is None:  # yarn only (others require it): the context extension ratio
+            factor = max_position_embeddings / orig
+        out = cls(rope_type=rope_type, factor=float(factor), original_max_position_embeddings=orig,
+                  low_freq_factor=_opt_float(d.get("low_freq_factor")),
+                  high_freq_factor=_opt_float(d.get("high_freq_factor")),
+                  beta_fast=float(d.get("beta_fast") or 32), beta_slow=float(d.get("beta_slow") or 1),
+                  attention_factor=_opt_float(d.get("attention_factor")), mscale=_opt_float(d.get("mscale")),
+                  mscale_all_dim=_opt_float(d.get("mscale_all_dim")), truncate=bool(d.get("truncate", True)))
+        if out.factor <= 0:
+            raise ValueError(f"RoPE scaling factor must be > 0, got {out.factor}")
+        if rope_type == "llama3" and not out.high_freq_factor > out.low_freq_factor:
+            raise ValueError(f"llama3 RoPE needs high_freq_factor > low_freq_factor, got "
+                             f"{out.high_freq_factor} and {out.low_freq_factor}")
+        return out
+
+    def to_hf(self) -> dict[str, Any]:
+        """The HF dict (``rope_type`` plus the fields its type uses); `from_hf` inverts it."""
+        keys = {"linear": ("factor",), "dynamic": ("factor",),
+                "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+                "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor",
+                         "mscale", "mscale_all_dim", "truncate")}[self.rope_type]
+        out = {"rope_type": self.rope_type}
+        out.update({k: getattr(self, k) for k in keys if getattr(self, k) is not None})
+        if out.get("truncate") is True:  # the default; older transformers do not know the key
+            del out["truncate"]
+        return out
+
+
+def _opt_float(v: Any) -> float | None:
+    return None if v is None else float(v)
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -20,7 +118,7 @@ class ModelConfig:
 
     Attributes mirror ``LlamaConfig``: ``hidden_size`` D, ``num_attention_heads`` N,
     ``num_key_value_heads`` K (GQA), ``head_dim`` H, ``intermediate_size`` F,
-    ``vocab_size`` V, ``num_hidden_layers`` L.
+    ``vocab_size`` V, ``num_hidden_layers`` L. ``rope_scaling``: None for plain RoPE.
     """
 
     vocab_size: int
@@ -36,13 +134,18 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    rope_scaling: RopeScaling | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], generation_config: dict[str, Any] | None = None) -> "ModelConfig":
         """Build from a HF ``config.json`` dict (and optional ``generation_config.json``).
 
         EOS ids are the union of the config's and the generation config's ``eos_token_id``
-        (either may be an int or a list): serving case SC-13.
+        (either may be an int or a list): serving case SC-13. RoPE scaling is read from
+        ``rope_parameters`` (transformers 5) or ``rope_scaling`` (`RopeScaling.from_hf`).
+
+        Raises:
+          ValueError: an unsupported RoPE scaling type or malformed RoPE scaling fields.
         """
         n_heads = d["num_attention_heads"]
         head_dim = d.get("head_dim") or d["hidden_size"] // n_heads
@@ -68,6 +171,8 @@ class ModelConfig:
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=tuple(eos),
+            rope_scaling=RopeScaling.from_hf(rope, d.get("max_position_embeddings", 4096),
+                                             d.get("original_max_position_embeddings")),
         )
 
     @classmethod
@@ -92,6 +197,7 @@ class ModelConfig:
             "num_key_value_heads": self.num_key_value_heads,
             "head_dim": self.head_dim,
             "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling.to_hf() if self.rope_scaling else None,
             "rms_norm_eps": self.rms_norm_eps,
             "max_position_embeddings": self.max_position_embeddings,
             "tie_word_embeddings": self.tie_word_embeddings,
@@ -99,6 +205,22 @@ class ModelConfig:
             "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) != 1 else self.eos_token_ids[0],
             "hidden_act": "silu",
         }
+
+    @property
+    def max_context_len(self) -> int:
+        """Longest sequence the model serves, in tokens (vLLM's rule for RoPE scaling).
+
+        ``max_position_embeddings`` times ``factor`` for linear and dynamic scaling (their
+        configs keep the pre-training length there), ``original_max_position_embeddings``
+        times ``factor`` for yarn, else ``max_position_embeddings`` (llama3 configs already
+        give the extended length).
+        """
+        rs = self.rope_scaling
+        if rs is None or rs.rope_type == "llama3":
+            return self.max_position_embeddings
+        if rs.rope_type == "yarn":
+            return int(rs.original_max_position_embeddings * rs.factor)
+        return int(self.max_position_embeddings * rs.factor)
 
     @property
     def kv_bytes_per_token(self) -> int:

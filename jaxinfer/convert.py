@@ -75,7 +75,8 @@ def gguf_config(reader) -> ModelConfig:
     """Hyperparameters from GGUF metadata (``llama.*`` and ``tokenizer.ggml.*`` keys).
 
     Raises:
-      ValueError: an architecture other than ``llama``, or RoPE scaling (unsupported).
+      ValueError: an architecture other than ``llama``, or RoPE scaling (read from Hugging Face
+        checkpoints only).
     """
     def field(key, default=None):
         f = reader.fields.get(key)
@@ -85,7 +86,7 @@ def gguf_config(reader) -> ModelConfig:
     if arch != "llama":
         raise ValueError(f"GGUF architecture {arch!r} is not supported (only 'llama')")
     if field("llama.rope.scaling.type") not in (None, "none") or "rope_freqs.weight" in _tensor_names(reader):
-        raise ValueError("GGUF uses RoPE scaling, which jaxinfer does not implement")
+        raise ValueError("GGUF RoPE scaling is not supported; convert the Hugging Face checkpoint instead")
     n_head = field("llama.attention.head_count")
     d = field("llama.embedding_length")
     eos = field("tokenizer.ggml.eos_token_id")
@@ -156,18 +157,19 @@ def hf_config(src: Path) -> ModelConfig:
     """`ModelConfig` of a Hugging Face folder (``config.json`` + ``generation_config.json``).
 
     Raises:
-      ValueError: ``model_type`` other than ``llama``, RoPE scaling, or biases.
+      ValueError: ``model_type`` other than ``llama``, an unsupported RoPE scaling type
+        (llama3, linear, dynamic and yarn are supported: `jaxinfer.config.RopeScaling`), or biases.
     """
     d = json.loads((src / "config.json").read_text())
     if d.get("model_type") != "llama":
         raise ValueError(f"{src}: model_type {d.get('model_type')!r} is not supported (only 'llama')")
-    rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise ValueError(f"{src}: RoPE scaling {rope} is not implemented by jaxinfer")
     if d.get("attention_bias") or d.get("mlp_bias"):
         raise ValueError(f"{src}: attention/MLP biases are not supported")
     gen = src / "generation_config.json"
-    return ModelConfig.from_dict(d, json.loads(gen.read_text()) if gen.exists() else None)
+    try:
+        return ModelConfig.from_dict(d, json.loads(gen.read_text()) if gen.exists() else None)
+    except ValueError as e:
+        raise ValueError(f"{src}: {e}") from e
 
 
 def read_safetensors(src: Path) -> Iterator[tuple[str, np.ndarray]]:

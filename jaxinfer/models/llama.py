@@ -1,8 +1,8 @@
 """Llama-family decoder (Flax linen) that runs one ragged, paged step.
 
 Follows Hugging Face ``LlamaForCausalLM`` numerically: RMSNorm (Zhang & Sennrich 2019),
-rotate-half RoPE (Su et al. 2021) with theta from the config, GQA (Ainslie et al. 2023),
-SwiGLU MLP (Shazeer 2020), tied or untied LM head. Layers are stacked and run under
+rotate-half RoPE (Su et al. 2021) with theta and scaling from the config (`jaxinfer.models.rope`),
+GQA (Ainslie et al. 2023), SwiGLU MLP (Shazeer 2020), tied or untied LM head. Layers are stacked and run under
 ``nn.scan`` so compile time does not grow with depth; the KV cache rides in the scan
 carry (never as scan xs/ys, which would copy it).
 
@@ -31,6 +31,7 @@ import jax.numpy as jnp
 
 from jaxinfer.attention import AttentionBackend, AttentionMetadata, paged_attention
 from jaxinfer.config import ModelConfig
+from jaxinfer.models.rope import apply_rope, rope_tables
 
 _init = nn.initializers.normal(0.02)
 # Matmul operands in the model dtype (bf16 or f32), accumulation and output in float32:
@@ -55,21 +56,6 @@ class RMSNorm(nn.Module):
         x32 = x.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         return y * scale.astype(jnp.float32)
-
-
-def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """cos, sin [T, H] for rotate-half RoPE at integer ``positions`` [T] (float32)."""
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-    freqs = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
-    emb = jnp.concatenate([freqs, freqs], axis=-1)
-    return jnp.cos(emb), jnp.sin(emb)
-
-
-def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """x [T, heads, H] rotated by position (HF ``apply_rotary_pos_emb``)."""
-    half = x.shape[-1] // 2
-    rot = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return (x * cos[:, None, :] + rot * sin[:, None, :]).astype(x.dtype)
 
 
 class Attention(nn.Module):
@@ -156,7 +142,7 @@ class LlamaForCausalLM(nn.Module):
         embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=self.dtype, param_dtype=self.param_dtype,
                          embedding_init=_part(_init, ("vocab", "embed")), name="embed")
         x = embed(token_ids).astype(jnp.float32)
-        cos, sin = rope_tables(meta.positions, c.head_dim, c.rope_theta)
+        cos, sin = rope_tables(meta.positions, c)
         stack = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
                         in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
                         metadata_params={nn.PARTITION_NAME: "layers"})
