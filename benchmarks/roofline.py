@@ -6,14 +6,20 @@ Measures (JAX, the engine's dtype, default float32):
     model's own decode matmuls, 32 x D x F and the 32 x D x V logits);
   * memory bandwidth (GB/s): a read-only reduction, a copy into a fresh buffer, and a
     donated in-place update, of a 256 MiB array (bytes read + written / time);
-  * the decode step: ``LLM`` with 32 sequences (prompt ``--prompt-len``), every step after
-    their prefill timed on its own (``engine.step`` wall time, host work included).
+  * the decode step: ``LLM`` with 32 sequences (prompts of each ``--prompt-lens``, so mean
+    contexts of ~300 and ~2,000 by default), every step after their prefill timed on its
+    own (``engine.step`` wall time, host work included), with the engine's per-phase split
+    (schedule / prepare / execute / update, ``LLMEngine.stats.phase_seconds``) and the
+    host share = (schedule + prepare + update) / step;
+  * the dense-layer probe (`benchmarks/dense_probe.py`, the model's layout): the step's
+    matmuls alone at the same row count, recorded as ``decode.dense_probe_ms``; each
+    decode entry reports ``step_over_probe`` = median step / probe.
 Model FLOPs per decode token = 2 x (matmul weights) + attention 4 x N x H x context per
 layer; bytes per step = weights read once + every sequence's K/V read + new K/V written.
 MFU = achieved FLOP/s / matmul peak; bandwidth utilization = bytes/s / read bandwidth.
 Writes JSON to ``benchmarks/results/roofline-<date>-<platform>.json``.
 
-Usage: python benchmarks/roofline.py [--batch 32] [--prompt-len 256] [--decode-steps 32] [--quick]
+Usage: python benchmarks/roofline.py [--batch 32] [--prompt-lens 256 2000] [--decode-steps 32] [--quick]
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from dense_probe import probe_ms  # benchmarks/ is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,6 +76,14 @@ def bandwidth_gb_s(nbytes: int, dtype, reps: int) -> dict:
             "inplace_gb_s": 2 * nbytes / min(times) / 1e9}
 
 
+def cfg_kv_bytes(model: str, dtype) -> int:
+    """K+V bytes per token of ``model`` (resolved like `LLM`) in ``dtype``."""
+    from jaxinfer.config import ModelConfig
+    from jaxinfer.weights import resolve_model
+
+    return ModelConfig.from_dir(resolve_model(model)).kv_bytes_per_token * jnp.dtype(dtype).itemsize // 4
+
+
 def decode_model_cost(cfg, contexts: list[int], itemsize: int) -> dict:
     """FLOPs and bytes of one decode step over sequences with the given context lengths.
 
@@ -100,16 +115,40 @@ def decode_steps(llm, batch: int, prompt_len: int, steps: int) -> dict:
     while any(r.num_output_tokens == 0 for r in e.requests.values()):
         e.step()
     times, contexts = [], []
+    phases0 = dict(e.stats.phase_seconds)
     while len(times) < steps and len(e.scheduler.running) == batch:
         ctx = [r.num_tokens for r in e.scheduler.running]
         t0 = time.perf_counter()
         e.step()
         times.append(time.perf_counter() - t0)
         contexts.append(ctx)
+    phases = {k: 1e3 * (v - phases0[k]) / max(1, len(times)) for k, v in e.stats.phase_seconds.items()}
     for rid in list(e.requests):
         e.abort_request(rid)
     e.step()
-    return {"times": times, "contexts": contexts}
+    return {"times": times, "contexts": contexts, "phase_ms": phases}
+
+
+def decode_entry(llm, cfg, args, prompt_len: int, dtype, probe: float, mm: dict, bw: dict) -> dict:
+    """Time decode steps at ``prompt_len`` and set them against the probe and both floors."""
+    dec = decode_steps(llm, args.batch, prompt_len, args.decode_steps)
+    costs = [decode_model_cost(cfg, c, dtype.itemsize) for c in dec["contexts"]]
+    step_s = statistics.median(dec["times"])
+    flops = statistics.median(c["flops"] for c in costs)
+    nbytes = statistics.median(c["bytes"] for c in costs)
+    host = sum(dec["phase_ms"][k] for k in ("schedule", "prepare", "update"))
+    return {"prompt_len": prompt_len, "step_ms_median": 1e3 * step_s, "step_ms_min": 1e3 * min(dec["times"]),
+            "tokens_per_s": args.batch / step_s, "gflop_per_step": flops / 1e9, "gflop_s": flops / step_s / 1e9,
+            "gb_per_step": nbytes / 1e9, "gb_s": nbytes / step_s / 1e9,
+            "mean_context": float(np.mean(dec["contexts"])), "num_steps_timed": len(dec["times"]),
+            "dense_probe_ms": probe, "step_over_probe": 1e3 * step_s / probe,
+            "phase_ms_per_step": dec["phase_ms"], "host_share": host / sum(dec["phase_ms"].values()),
+            "utilization": {"mfu_vs_square_peak": flops / step_s / 1e9 / mm["square"]["gflop_s"],
+                            "mfu_vs_m32_peak": flops / step_s / 1e9 / mm["m32_2048"]["gflop_s"],
+                            "bandwidth_vs_read": nbytes / step_s / 1e9 / bw["read_gb_s"],
+                            "bandwidth_vs_copy": nbytes / step_s / 1e9 / bw["copy_gb_s"],
+                            "compute_floor_ms": 1e3 * flops / (mm["square"]["gflop_s"] * 1e9),
+                            "memory_floor_ms": 1e3 * nbytes / (bw["read_gb_s"] * 1e9)}}
 
 
 def main() -> None:
@@ -117,7 +156,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--prompt-lens", type=int, nargs="+", default=[256, 2000])
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="smaller shapes, fewer steps (exercise the script)")
@@ -129,7 +168,11 @@ def main() -> None:
     big = 1024 if args.quick else 2048
     if args.quick:
         args.decode_steps, args.reps = 8, 2
-    llm = LLM(args.model, dtype=args.dtype, max_model_len=1024, max_num_seqs=args.batch, max_num_batched_tokens=512)
+        args.prompt_lens = [min(n, 256) for n in args.prompt_lens][:1]
+    max_len = 16 * -(-(max(args.prompt_lens) + args.decode_steps + 64) // 16)
+    kv = (args.batch + 1) * max_len * cfg_kv_bytes(args.model, dtype)
+    llm = LLM(args.model, dtype=args.dtype, max_model_len=max(1024, max_len), max_num_seqs=args.batch,
+              max_num_batched_tokens=512, kv_cache_memory=int(kv / 0.8))
     cfg = llm.engine.model_config
     D, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     mm = {"square": matmul_gflops(big, big, big, dtype, args.reps),
@@ -137,26 +180,15 @@ def main() -> None:
           "m32_mlp": matmul_gflops(args.batch, D, F, dtype, args.reps),
           "m32_logits": matmul_gflops(args.batch, D, V, dtype, args.reps)}
     bw = bandwidth_gb_s((64 if args.quick else 256) << 20, dtype, args.reps)
-    dec = decode_steps(llm, args.batch, args.prompt_len, args.decode_steps)
-    costs = [decode_model_cost(cfg, c, dtype.itemsize) for c in dec["contexts"]]
-    step_s = statistics.median(dec["times"])
-    flops = statistics.median(c["flops"] for c in costs)
-    nbytes = statistics.median(c["bytes"] for c in costs)
-    achieved = {"step_ms_median": 1e3 * step_s, "step_ms_min": 1e3 * min(dec["times"]),
-                "tokens_per_s": args.batch / step_s, "gflop_per_step": flops / 1e9, "gflop_s": flops / step_s / 1e9,
-                "gb_per_step": nbytes / 1e9, "gb_s": nbytes / step_s / 1e9,
-                "mean_context": float(np.mean(dec["contexts"])), "num_steps_timed": len(dec["times"])}
+    probe = probe_ms(cfg, "scan", args.batch, dtype, args.reps)
+    decode = {str(n): decode_entry(llm, cfg, args, n, dtype, probe, mm, bw) for n in args.prompt_lens}
+    first = decode[str(args.prompt_lens[0])]
     result = {
         "benchmark": "roofline", "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "device": str(jax.devices()[0]), "jax": jax.__version__, "dtype": args.dtype, "model": args.model,
-        "backend": llm.engine.runner.backend, "batch": args.batch, "prompt_len": args.prompt_len,
-        "matmul": mm, "bandwidth": bw, "decode": achieved,
-        "utilization": {"mfu_vs_square_peak": achieved["gflop_s"] / mm["square"]["gflop_s"],
-                        "mfu_vs_m32_peak": achieved["gflop_s"] / mm["m32_2048"]["gflop_s"],
-                        "bandwidth_vs_read": achieved["gb_s"] / bw["read_gb_s"],
-                        "bandwidth_vs_copy": achieved["gb_s"] / bw["copy_gb_s"],
-                        "compute_floor_ms": 1e3 * flops / (mm["square"]["gflop_s"] * 1e9),
-                        "memory_floor_ms": 1e3 * nbytes / (bw["read_gb_s"] * 1e9)},
+        "backend": llm.engine.runner.backend, "batch": args.batch, "prompt_lens": args.prompt_lens,
+        "matmul": mm, "bandwidth": bw, "decode": first, "decode_by_prompt_len": decode,
+        "utilization": first["utilization"],
         "quick": args.quick,
     }
     print(json.dumps(result, indent=2))

@@ -37,6 +37,9 @@ from jaxinfer.static_scheduler import StaticScheduler
 logger = logging.getLogger(__name__)
 
 
+STEP_PHASES = ("schedule", "prepare", "execute", "update")
+
+
 class EngineStats:
     """Counters the metrics endpoint and benchmarks read (monotonic totals), and the KV
     slots held at the end of the last step (``kv_slots``: (reserved, filled), a gauge)."""
@@ -56,6 +59,9 @@ class EngineStats:
         # from another thread never sees the dict change size
         self.finished: collections.Counter[str] = collections.Counter({r.value: 0 for r in FinishReason})
         self.kv_slots: tuple[int, int] = (0, 0)  # one tuple: a scrape never sees half an update
+        # Wall seconds per phase of `LLMEngine.step` (host work vs. the runner's call, which
+        # includes the device work and the one read back): where a step's time goes.
+        self.phase_seconds: dict[str, float] = dict.fromkeys(STEP_PHASES, 0.0)
 
 
 class LLMEngine:
@@ -200,7 +206,12 @@ class LLMEngine:
 
     # ----- the step -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Schedule, execute, update. Returns outputs of requests that advanced or ended."""
+        """Schedule, execute, update. Returns outputs of requests that advanced or ended.
+
+        Each phase's wall time is added to ``stats.phase_seconds`` (``schedule`` includes
+        the outputs of requests that ended while scheduling; ``update`` includes stop
+        rules and detokenization).
+        """
         t0 = time.perf_counter()
         outputs, self._pending_outputs = self._pending_outputs, []
         sched = self.scheduler.schedule()
@@ -208,15 +219,23 @@ class LLMEngine:
             self.stats.timeouts += req.finish_reason == FinishReason.TIMEOUT
             self.stats.rejected += req.finish_reason == FinishReason.REJECTED
             outputs.append(self._finish_output(req))
+        phases = self.stats.phase_seconds
+        t1 = time.perf_counter()
+        phases["schedule"] += t1 - t0
         if sched.scheduled:
             self._sample_fragmentation()
             # counted before update advances num_computed_tokens (else a prompt's last chunk is missed)
             prefill = sum(n for r, n in sched.scheduled if r.num_computed_tokens < r.num_prompt_tokens)
             inputs = batch_mod.prepare(sched, self.layout)
+            t2 = time.perf_counter()
             result = self.runner.execute(inputs)
+            t3 = time.perf_counter()
             outputs.extend(self._update(sched, result))
             self.stats.num_steps += 1
             self.stats.prefill_tokens += prefill
+            phases["prepare"] += t2 - t1
+            phases["execute"] += t3 - t2
+            phases["update"] += time.perf_counter() - t3
         self.stats.kv_slots = self._kv_slots()
         self.stats.step_seconds += time.perf_counter() - t0
         return outputs
