@@ -14,7 +14,7 @@
 #      (the oracle tests need the converted SmolLM2, ~336 MB, over the 64 MiB carry limit,
 #      and the GPU machine has no network; this is their stand-in)
 #   5. tests/test_oracle.py with JAXINFER_TEST_BACKEND=pallas, only if weights/ holds the
-#      converted model and the oracle is in shared/ or ../shared/      -> oracle.log
+#      converted model (reference outputs: tests/data/)                -> oracle.log
 # and writes summary.txt (exit code of each step). Everything lands flat in
 # ${OUT:-benchmarks/results/gpu/$(date +%F)} (8 files without step 5, the most the device
 # tool brings back). Usage: bash benchmarks/gpu_check.sh

@@ -4,7 +4,7 @@ Two measurements in one run, same engine:
   * mixed: N prompts of varied lengths (uniform 32..512 tokens), max_tokens 128,
     output tokens/s over the whole call (prefill included), mean step time;
   * decode: B sequences decoding together after their prefill (decode-only tok/s),
-    the figure comparable to transformers' decode throughput in shared/facts.md.
+    the figure comparable to transformers' batched decode throughput.
 Writes JSON to benchmarks/results/offline-<date>-<device>.json with the commit, dtype,
 device, JAX version and settings.
 

@@ -3,8 +3,7 @@
 The mesh has two named axes (`MESH_AXES`): ``data`` (data-parallel replicas, each with
 its own scheduler and KV pool) and ``model`` (tensor parallelism inside a replica).
 Axis types are Auto (``jax.sharding.Mesh``'s default), so XLA's SPMD partitioner
-inserts the collectives itself (shared/facts.md: ``jax.make_mesh`` would default to
-Explicit axes).
+inserts the collectives itself (``jax.make_mesh`` would default to Explicit axes).
 
 Tensor parallelism follows Megatron-LM (Shoeybi et al. 2019, "Megatron-LM: Training
 Multi-Billion Parameter Language Models Using Model Parallelism", sections 3-4):

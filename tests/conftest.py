@@ -1,5 +1,5 @@
 """Test-session setup: 8 fake CPU devices for mesh tests, a shared compilation cache,
-and fixtures for the real default model."""
+and fixtures for the real default model and its reference outputs (``tests/data/``)."""
 from __future__ import annotations
 
 import os
@@ -11,7 +11,18 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-ORACLE = ROOT.parent / "shared" / "oracle"
+DATA = ROOT / "tests" / "data"  # reference outputs; tests/data/README.md says how they were made
+
+
+def load_reference() -> dict:
+    """``tests/data/smollm2_greedy.json``: transformers' float32 greedy outputs for SmolLM2-135M-Instruct.
+
+    Raises:
+      FileNotFoundError: the file is missing (it is committed; a missing file is an error, not a skip).
+    """
+    import json
+
+    return json.loads((DATA / "smollm2_greedy.json").read_text())
 
 
 @pytest.fixture(scope="session")
@@ -24,9 +35,5 @@ def smollm2_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def oracle() -> dict:
-    import json
-
-    path = ORACLE / "smollm2_greedy.json"
-    if not path.exists():
-        pytest.skip("shared/oracle not present")
-    return json.loads(path.read_text())
+    """The reference outputs (`load_reference`); never skips."""
+    return load_reference()

@@ -2,7 +2,8 @@
 
 References: a tiny random ``LlamaForCausalLM`` written here by transformers (its state dict
 mapped onto our tree by hand below), llama.cpp's own q/k permutation, transformers' GGUF
-loader (dequantization + un-permutation) for the real model, and the oracle's config.
+loader (dequantization + un-permutation) for the real model, and the reference outputs'
+config (tests/data/).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import load_reference
 from jaxinfer.checkpoint import load_params, param_shapes, save_params
 from jaxinfer.config import ModelConfig
 from jaxinfer.convert import build_tree, convert, main, unpermute_qk
@@ -21,7 +23,7 @@ from jaxinfer.tokenizer import Tokenizer
 from jaxinfer.weights import DEFAULT_GGUF_SHA256, resolve_model
 
 REPO = Path(__file__).resolve().parents[1]
-ORACLE = json.loads((REPO.parent / "shared" / "oracle" / "smollm2_greedy.json").read_text())
+ORACLE = load_reference()
 
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")

@@ -1,4 +1,4 @@
-"""The real SmolLM2-135M-Instruct against transformers' reference outputs (shared/oracle).
+"""The real SmolLM2-135M-Instruct against transformers' reference outputs (tests/data/).
 
 float32: every record's greedy tokens exactly (one at a time, all in one call, and with
 a pool so small that preemption happens); last-prompt-position logits within 1e-3; chat
@@ -70,12 +70,12 @@ def test_greedy_under_preemption(llm, oracle):
 
 
 def test_last_prompt_logits(llm, oracle, smollm2_dir):
-    from conftest import ORACLE
+    from conftest import DATA
 
     for rec in records(oracle):
         if not rec.get("full_logits_npy"):
             continue
-        ref = np.load(ORACLE / rec["full_logits_npy"])
+        ref = np.load(DATA / rec["full_logits_npy"])
         out = llm.generate([rec["prompt_ids"]], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)[0]
         np.testing.assert_allclose(out.outputs[0].logits[0], ref, atol=1e-3)
 

@@ -1,22 +1,23 @@
 """Tokenizer wrapper and streaming detokenizer.
 
-References: the oracle's prompt ids and texts (made with transformers from the GGUF), the
-tokenizer's own one-shot ``decode`` for the streaming invariant, and small tokenizers built
-here with the ``tokenizers`` library for the BOS / chat template cases (SC-23, SC-24).
+References: the reference prompt ids and texts in tests/data/ (made with transformers from
+the GGUF), the tokenizer's own one-shot ``decode`` for the streaming invariant, and small
+tokenizers built here with the ``tokenizers`` library for the BOS / chat template cases
+(SC-23, SC-24).
 """
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
 import pytest
 
+from conftest import load_reference
 from helpers import assert_imports_no_jax
 from jaxinfer.tokenizer import IncrementalDetokenizer, Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
-ORACLE = json.loads((REPO.parent / "shared" / "oracle" / "smollm2_greedy.json").read_text())["results"]
+ORACLE = load_reference()["results"]
 
 MULTIBYTE = "Café naïve résumé — 東京は日本の首都です。emoji: 🎉🚀👩‍👩‍👧 ok ñ ü ß Ωμέγα, 한국어 😀!"
 

@@ -1,7 +1,7 @@
 """Offer load to a server: closed-loop concurrency or open-loop Poisson / gamma arrivals.
 
   * Closed loop (``request_rate=None``): ``concurrency`` workers, each sending its next
-    request as soon as its previous one ends (the brief's "N concurrent clients").
+    request as soon as its previous one ends ("N concurrent clients").
   * Open loop (``request_rate=R``): requests start at arrival times whose gaps are drawn
     from a gamma distribution with shape ``burstiness`` and mean ``1 / R`` seconds
     (``burstiness = 1`` is a Poisson process; < 1 burstier, > 1 more regular; vLLM's

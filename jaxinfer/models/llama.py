@@ -9,7 +9,7 @@ carry (never as scan xs/ys, which would copy it).
 Precision: ``dtype`` (float32 or bfloat16) is the storage and matmul-operand dtype of
 weights and KV; every matmul accumulates in float32, and the residual stream, norms,
 RoPE, softmax and logits are float32 (bf16 operands with f32 accumulation is also the
-fastest matmul on the project's CPUs, per shared/facts.md).
+fastest matmul on the CPUs it was measured on).
 
 Parameter tree (``params`` collection; L stacked on axis 0; logical axis names in
 brackets, mapped to mesh axes in one place by the sharding module):
