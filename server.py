@@ -3,7 +3,9 @@
 HTTP listens at once (``GET /live`` is 200); the model loads and every bucket compiles in
 the engine thread meanwhile, and ``/health`` and every POST answer 503 + Retry-After until
 that is done. SIGTERM drains: new requests are refused, in-flight ones get
-``--shutdown-timeout`` seconds to finish, then the process exits (status 0).
+``--shutdown-timeout`` seconds to finish, then the process exits (status 0); the log
+says how many were in flight and how the drain ended. Start-up logs one line of
+effective settings and the warm-up's progress.
 Flags map one-to-one onto `EngineConfig` / `CacheConfig` / `SchedulerConfig` / `ServerConfig`.
 Binds 127.0.0.1 unless ``--host`` says otherwise.
 """
@@ -33,54 +35,86 @@ def parse_bytes(text: str) -> int:
     return int(float(m.group(1)) * 1024 ** " kmgt".index((m.group(2) or " ").lower()))
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every flag's default once: appended as ``(default: X)`` unless the help text
+    already says ``default:`` itself (for defaults that depend on something else)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default:" in text or action.default is argparse.SUPPRESS:
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    from jaxinfer.config import BLOCK_SIZE, BLOCK_SIZES, DEFAULT_GPU_MEMORY_UTILIZATION, DTYPES
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     model = p.add_argument_group("model")
     model.add_argument("--model", default=DEFAULT_MODEL, help="name under weights/, a converted folder, a HF "
                        "checkpoint folder or a .gguf file")
     model.add_argument("--served-model-name", default=None, help="name clients send as `model` (default: --model)")
-    model.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    model.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    model.add_argument("--tokenizer", default=None, help="folder (or name under weights/) to load the tokenizer and "
+                       "chat template from (default: the model's folder)")
+    model.add_argument("--dtype", default="auto", choices=DTYPES,
+                       help="weights, activations and KV cache; auto: bfloat16 on GPU/TPU, float32 on CPU")
     model.add_argument("--attention-backend", default=None, choices=["xla", "pallas"],
                        help="default: pallas on GPU, xla elsewhere")
-    model.add_argument("--seed", type=int, default=0)
-    model.add_argument("--max-logprobs", type=int, default=20)
-    model.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
-                       help="compile every bucket before serving")
+    model.add_argument("--seed", type=int, default=0, help="seed of requests that give none")
+    model.add_argument("--max-logprobs", type=int, default=20, help="largest top logprobs a request may ask for")
     cache = p.add_argument_group("KV cache")
-    cache.add_argument("--kv-cache-memory", type=parse_bytes, default=None, help="KV budget, e.g. 2GiB")
-    cache.add_argument("--num-blocks", type=int, default=None, help="explicit KV pool size (overrides the budget)")
+    cache.add_argument("--gpu-memory-utilization", type=float, default=None,
+                       help="fraction of device memory for weights, activations and KV cache together; does not "
+                       f"apply on CPU (default: {DEFAULT_GPU_MEMORY_UTILIZATION}; on CPU a 1 GiB KV budget)")
+    cache.add_argument("--kv-cache-memory", type=parse_bytes, default=None,
+                       help="KV budget per device, e.g. 2GiB (default: from --gpu-memory-utilization)")
+    cache.add_argument("--num-blocks", type=int, default=None,
+                       help="explicit KV pool size, overrides the budgets (default: from the budget)")
+    cache.add_argument("--block-size", type=int, default=BLOCK_SIZE, choices=BLOCK_SIZES, help="tokens per KV block")
     cache.add_argument("--watermark", type=float, default=0.15, help="fraction of blocks kept free at admission")
     cache.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                        help="reuse KV blocks of shared prompt prefixes (--no-prefix-caching turns it off)")
     sched = p.add_argument_group("scheduler")
-    sched.add_argument("--max-model-len", type=int, default=None, help="default: min(4096, model context)")
-    sched.add_argument("--max-num-seqs", type=int, default=32)
-    sched.add_argument("--max-num-batched-tokens", type=int, default=512)
+    sched.add_argument("--max-model-len", type=int, default=None,
+                       help="prompt + output tokens (default: min(4096, model context))")
+    sched.add_argument("--max-num-seqs", type=int, default=32, help="sequences running at once")
+    sched.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per step (prefill + decode)")
     sched.add_argument("--max-queue-len", type=int, default=256, help="waiting requests before 429")
-    sched.add_argument("--scheduler", default="continuous", choices=["continuous", "static"],
-                       help="continuous batching, or the static-batching baseline (benchmarks)")
-    sched.add_argument("--batch-timeout", type=float, default=0.1,
-                       help="static scheduler: seconds the oldest request waits for a full batch")
     par = p.add_argument_group("parallelism (docs/distributed.md)")
     par.add_argument("--tensor-parallel-size", type=int, default=1, help="devices per replica (Megatron TP)")
     par.add_argument("--data-parallel-size", type=int, default=1, help="replicas, each with its own KV pool")
-    par.add_argument("--coordinator-address", default=None, help="HOST:PORT of process 0 (multi-host)")
-    par.add_argument("--num-processes", type=int, default=None, help="processes in a multi-host run")
-    par.add_argument("--process-id", type=int, default=None, help="this process's rank (0 serves HTTP)")
+    par.add_argument("--coordinator-address", default=None,
+                     help="HOST:PORT of process 0 (multi-host; default: single process or from the environment)")
+    par.add_argument("--num-processes", type=int, default=None,
+                     help="processes in a multi-host run (default: from the environment)")
+    par.add_argument("--process-id", type=int, default=None,
+                     help="this process's rank, 0 serves HTTP (default: from the environment)")
     server = p.add_argument_group("server")
-    server.add_argument("--host", default="127.0.0.1")
-    server.add_argument("--port", type=int, default=8000)
-    server.add_argument("--api-key", default=None, help="require `Authorization: Bearer <key>` on /v1")
+    server.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    server.add_argument("--port", type=int, default=8000, help="TCP port")
+    server.add_argument("--api-key", default=None,
+                        help="require `Authorization: Bearer <key>` on /v1 (default: none, no authentication)")
     server.add_argument("--max-queue-wait", type=float, default=30.0, help="seconds unadmitted before 429")
-    server.add_argument("--request-timeout", type=float, default=None, help="default per-request deadline (s)")
+    server.add_argument("--request-timeout", type=float, default=None,
+                        help="per-request deadline in seconds (default: none)")
     server.add_argument("--truncate-prompt", default="none", choices=["none", "left"],
                         help="over-long prompts: 400, or keep the last tokens")
     server.add_argument("--shutdown-timeout", type=float, default=30.0, help="SIGTERM grace period (s)")
     server.add_argument("--max-request-bytes", type=parse_bytes, default=16 << 20,
-                        help="larger request bodies get 413 before parsing (e.g. 16MiB)")
-    server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+                        help="larger request bodies get 413 before parsing (default: 16MiB)")
+    server.add_argument("--disable-log-requests", action="store_true",
+                        help="no log line per request received and finished")
+    server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                        help="log level")
+    adv = p.add_argument_group("advanced (benchmarks and debugging)")
+    adv.add_argument("--scheduler", default="continuous", choices=["continuous", "static"],
+                     help="continuous batching, or the static-batching baseline")
+    adv.add_argument("--batch-timeout", type=float, default=0.1,
+                     help="static scheduler: seconds the oldest request waits for a full batch")
+    adv.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
+                     help="dummy: random weights of the model's shapes")
+    adv.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                     help="compile every bucket before serving")
     return p
 
 
@@ -102,9 +136,10 @@ def engine_config(args, model_config):
     if max_model_len is None:
         max_model_len = min(4096, model_config.max_position_embeddings)
     return EngineConfig(
-        model_path=args.model, dtype=args.dtype,
+        model_path=args.model, dtype=args.dtype, tokenizer=args.tokenizer,
         cache=CacheConfig(num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory, watermark=args.watermark,
-                          enable_prefix_caching=args.prefix_caching),
+                          enable_prefix_caching=args.prefix_caching, block_size=args.block_size,
+                          gpu_memory_utilization=args.gpu_memory_utilization),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_model_len=max_model_len, max_queue_len=args.max_queue_len,
                                   scheduler=args.scheduler, batch_timeout_s=args.batch_timeout),
@@ -121,15 +156,18 @@ def parallel_config(args):
 
 
 def engine_builder(args):
-    """A zero-argument callable that loads, builds and warms up the engine (run in the engine thread)."""
+    """A zero-argument callable that loads, builds and warms up the engine (run in the engine
+    thread). ``--dtype auto`` is resolved there, once JAX knows its devices."""
 
     def build():
-        from jaxinfer.builder import build_engine, load_model
+        from jaxinfer.builder import build_engine, load_model, resolve_dtype
         from jaxinfer.config import EngineConfig
 
-        probe = EngineConfig(model_path=args.model, dtype=args.dtype, parallel=parallel_config(args))
+        resolved = argparse.Namespace(**{**vars(args), "dtype": resolve_dtype(args.dtype)})
+        probe = EngineConfig(model_path=args.model, dtype=resolved.dtype, parallel=parallel_config(args),
+                             tokenizer=args.tokenizer)
         model_config, params, tokenizer, _ = load_model(probe, args.load_format)
-        return build_engine(engine_config(args, model_config), load_format=args.load_format,
+        return build_engine(engine_config(resolved, model_config), load_format=args.load_format,
                             model_config=model_config, params=params, tokenizer=tokenizer)
 
     return build
@@ -154,20 +192,63 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+class Drain:
+    """The SIGTERM drain: refuse new requests, give in-flight ones ``shutdown_timeout``
+    seconds, abort what is left `DRAIN_MARGIN_S` before uvicorn would cut it, and say
+    so in the log: ``draining N requests (shutdown timeout T s)``, then ``drained: N
+    finished`` or ``shutdown timeout: K aborted, M finished``. N counts client requests
+    (one HTTP request with ``n`` choices is one)."""
+
+    def __init__(self, async_engine, shutdown_timeout: float):
+        self.async_engine = async_engine
+        self.shutdown_timeout = shutdown_timeout
+        self.started = False
+        self.in_flight = 0
+        self.aborted = 0
+        self._timer: threading.Timer | None = None
+
+    def start(self) -> None:
+        """Begin draining (first signal only)."""
+        if self.started:
+            return
+        self.started = True
+        self.async_engine.start_draining()  # /health and new requests: 503 from now on
+        self.in_flight = self.async_engine.num_in_flight_groups()
+        logger.info("draining %d requests (shutdown timeout %g s)", self.in_flight, self.shutdown_timeout)
+        # Just before uvicorn would cancel handlers (a bare 500 / a cut stream), abort what
+        # is left so clients get a 503 envelope or an error event + [DONE].
+        self._timer = threading.Timer(max(0.0, self.shutdown_timeout - DRAIN_MARGIN_S), self._abort_rest)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _abort_rest(self) -> None:
+        self.aborted = self.async_engine.num_in_flight_groups()
+        self.async_engine.abort_all()
+
+    def finish(self) -> None:
+        """Log the outcome (once uvicorn has stopped)."""
+        if not self.started:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        if self.aborted:
+            logger.info("shutdown timeout: %d aborted, %d finished", self.aborted,
+                        max(0, self.in_flight - self.aborted))
+        else:
+            logger.info("drained: %d finished", self.in_flight)
+
+
 def serve(app, async_engine, config, sock: socket.socket | None = None) -> None:
-    """Run uvicorn until SIGTERM / SIGINT, draining in-flight requests first (on ``sock``
-    when given, else on ``config.host:config.port``)."""
+    """Run uvicorn until SIGTERM / SIGINT, draining in-flight requests first (`Drain`; on
+    ``sock`` when given, else on ``config.host:config.port``)."""
     import uvicorn
+
+    drain = Drain(async_engine, config.shutdown_timeout)
 
     class DrainingServer(uvicorn.Server):
         def handle_exit(self, sig, frame):
             if not self.should_exit:
-                async_engine.start_draining()  # /health and new requests: 503 from now on
-                # Just before uvicorn would cancel handlers (a bare 500 / a cut stream), abort what
-                # is left so clients get a 503 envelope or an error event + [DONE].
-                timer = threading.Timer(max(0.0, config.shutdown_timeout - DRAIN_MARGIN_S), async_engine.abort_all)
-                timer.daemon = True
-                timer.start()
+                drain.start()
             super().handle_exit(sig, frame)
 
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=logging.getLogger().level,
@@ -176,7 +257,10 @@ def serve(app, async_engine, config, sock: socket.socket | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     server = DrainingServer(uv_config)
     threading.Thread(target=exit_if_never_ready, args=(async_engine, server), daemon=True).start()
-    server.run(sockets=[sock] if sock is not None else None)
+    try:
+        server.run(sockets=[sock] if sock is not None else None)
+    finally:
+        drain.finish()
     if getattr(server, "engine_failed_at_start", False):
         sys.exit(1)  # the engine failed while loading or warming up (logged above)
 
@@ -224,7 +308,7 @@ def main(argv: list[str] | None = None) -> None:
         sock = listen_socket(config.host, config.port)
     except OSError as e:
         parser.error(f"cannot listen on {config.host}:{config.port}: {e}")
-    async_engine = AsyncEngine(engine_builder(args))
+    async_engine = AsyncEngine(engine_builder(args), log_requests=not args.disable_log_requests)
     app = create_app(async_engine, config)
     logger.info("listening on http://%s:%d (model %s loads in the background)", config.host, config.port, args.model)
     try:

@@ -30,6 +30,7 @@ import time
 import traceback
 from typing import AsyncIterator, Callable, Sequence
 
+from jaxinfer import request_log
 from jaxinfer.engine import LLMEngine
 from jaxinfer.errors import QueueFullError, RequestError
 from jaxinfer.outputs import RequestOutput
@@ -142,9 +143,12 @@ class AsyncEngine:
     Args:
       engine_or_builder: an `LLMEngine`, or a zero-argument callable returning one (called
         in the engine thread, so loading and warm-up do not block the event loop).
+      log_requests: log one line per accepted and per finished request
+        (`jaxinfer.request_log`; ``--disable-log-requests`` turns it off).
     """
 
-    def __init__(self, engine_or_builder: LLMEngine | Callable[[], LLMEngine]):
+    def __init__(self, engine_or_builder: LLMEngine | Callable[[], LLMEngine], log_requests: bool = True):
+        self.log_requests = log_requests
         if isinstance(engine_or_builder, LLMEngine) or not callable(engine_or_builder):
             self._builder = lambda e=engine_or_builder: e
         else:
@@ -190,6 +194,11 @@ class AsyncEngine:
     def num_in_flight(self) -> int:
         """Engine requests added and not yet finished (approximate; read across threads)."""
         return len(self._streams)
+
+    def num_in_flight_groups(self) -> int:
+        """Client requests (groups of engine requests, one per HTTP request) not yet finished
+        (approximate; read across threads). What the SIGTERM drain reports."""
+        return len({id(s) for s in self._streams.copy().values()})
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Abort whatever is still running, stop the thread and wait for it (seconds)."""
@@ -339,6 +348,8 @@ class AsyncEngine:
             engine.add_request(spec.request_id, spec.prompt_token_ids, spec.params, prompt=spec.prompt,
                                deadline=spec.deadline, max_queue_wait=spec.max_queue_wait)
             self._streams[spec.request_id] = stream
+            if self.log_requests:
+                request_log.log_added(spec.request_id, len(spec.prompt_token_ids), spec.params)
         self._post([(stream, _ACCEPTED)])
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
@@ -349,6 +360,8 @@ class AsyncEngine:
                 continue
             if out.finished:
                 del self._streams[out.request_id]
+                if self.log_requests:
+                    request_log.log_finished(out)
             items.append((stream, out))
         self._post(items)
 

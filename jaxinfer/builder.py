@@ -1,25 +1,45 @@
 """Assemble an `LLMEngine` from an `EngineConfig`: weights, tokenizer, KV pool, runner.
 
-Owns the KV pool sizing rule (blocks from a memory budget), the attention-backend
-default (pallas on GPU, xla elsewhere) and the warm-up call. ``load_format="dummy"``
+Owns the KV pool sizing rule (blocks from a memory budget: ``--gpu-memory-utilization``
+of the device minus weights and an activation estimate), the ``dtype="auto"`` and
+attention-backend defaults (bfloat16 and pallas on GPU; float32 and xla on CPU), the
+start-up line of effective settings and the warm-up call (with progress). ``load_format="dummy"``
 builds random weights of the right shapes (performance work without a checkpoint).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import math
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
-from jaxinfer.config import CacheConfig, EngineConfig, ModelConfig
+from jaxinfer.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, auto_dtype
 from jaxinfer.engine import LLMEngine
 from jaxinfer.model_runner import ModelRunner
+from jaxinfer.warmup_progress import WarmupProgress
 
 logger = logging.getLogger(__name__)
 
 CPU_DEFAULT_KV_BYTES = 1 << 30  # 1 GiB when the device reports no memory size
+XLA_WORKSPACE_BYTES = 256 << 20  # compiler scratch, cuBLAS/cuDNN workspaces: a fixed allowance
+
+
+def resolve_dtype(dtype: str) -> str:
+    """``"auto"`` -> `jaxinfer.config.auto_dtype` of the first device's platform (logged:
+    ``dtype auto -> float32 (cpu)``); ``"float32"`` / ``"bfloat16"`` unchanged.
+
+    Call it after ``jax.distributed`` is initialised (it asks JAX for its devices).
+    """
+    if dtype != "auto":
+        return dtype
+    platform = jax.devices()[0].platform
+    resolved = auto_dtype(platform)
+    logger.info("dtype auto -> %s (%s)", resolved, platform)
+    return resolved
 
 
 def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: str, tensor_parallel_size: int = 1) -> int:
@@ -31,40 +51,108 @@ def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: str, tensor_par
     return 2 * cfg.num_hidden_layers * block_size * k_dev * cfg.head_dim * jnp.dtype(dtype).itemsize
 
 
-def kv_budget_bytes(device_memory: int, memory_fraction: float, weight_bytes: int) -> int:
-    """Per-device KV budget: ``device_memory * memory_fraction - weight_bytes`` (bytes per
-    device; negative when the weights do not fit). Blocks = budget // `kv_bytes_per_block`.
-    Shared by `plan_num_blocks` and ``python -m jaxinfer.plan``."""
-    return int(device_memory * memory_fraction) - weight_bytes
+def activation_reserve_bytes(cfg: ModelConfig, sched: SchedulerConfig) -> int:
+    """Estimated peak activation memory of one step, in bytes per device (an upper-side
+    estimate; vLLM measures it with a profiling run instead).
+
+    One layer's live float32 activations for the whole token budget T =
+    ``max_num_batched_tokens`` (layers run in a scan, so one layer's worth is live):
+    T * (4 D + 2 F + (N + 2 K) H) * 4 bytes, doubled for XLA temporaries; plus the
+    sampler's float32 logits and their softmax / sort / logprob copies, 4 * S * V * 4
+    bytes for S = ``max_num_seqs`` rows; plus `XLA_WORKSPACE_BYTES`.
+    """
+    per_token = 4 * cfg.hidden_size + 2 * cfg.intermediate_size + (
+        cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+    layer = 2 * sched.max_num_batched_tokens * per_token * 4
+    logits = 4 * sched.max_num_seqs * cfg.vocab_size * 4
+    return layer + logits + XLA_WORKSPACE_BYTES
+
+
+def kv_budget_bytes(device_memory: int, memory_fraction: float, weight_bytes: int, reserve_bytes: int = 0) -> int:
+    """Per-device KV budget: ``device_memory * memory_fraction - weight_bytes - reserve_bytes``
+    (bytes per device; negative when the weights do not fit). Blocks = budget //
+    `kv_bytes_per_block`. Shared by `plan_num_blocks` and ``python -m jaxinfer.plan``."""
+    return int(device_memory * memory_fraction) - weight_bytes - reserve_bytes
+
+
+def device_memory_bytes() -> int | None:
+    """Memory JAX's allocator may use on the first device (``memory_stats()["bytes_limit"]``),
+    or None where the device reports none (CPU). On GPU this is by default 75% of the
+    device (``XLA_PYTHON_CLIENT_MEM_FRACTION``): raise that to give the server more."""
+    stats = jax.devices()[0].memory_stats() or {}
+    return stats.get("bytes_limit") or None
+
+
+def kv_pool_budget(cache: CacheConfig, device_memory: int | None, weight_bytes: int,
+                   reserve_bytes: int) -> tuple[int, str]:
+    """The KV budget in bytes per device and where it came from (a pure function).
+
+    Precedence: ``cache.kv_cache_memory``; else, with ``device_memory`` bytes known (an
+    accelerator), ``gpu_memory_utilization * device_memory - weight_bytes -
+    reserve_bytes`` (vLLM's ``--gpu-memory-utilization``: weights, activations and KV
+    together stay under that fraction); else `CPU_DEFAULT_KV_BYTES` (an explicit
+    ``gpu_memory_utilization`` is then logged as not applying). ``num_blocks`` is
+    handled by `plan_num_blocks` before this is asked.
+    """
+    if cache.kv_cache_memory is not None:
+        return cache.kv_cache_memory, "--kv-cache-memory"
+    if device_memory:
+        util = cache.memory_utilization
+        budget = kv_budget_bytes(device_memory, util, weight_bytes, reserve_bytes)
+        return budget, (f"gpu_memory_utilization {util:g} x {device_memory / 2**30:.2f} GiB - weights "
+                        f"{weight_bytes / 2**30:.2f} GiB - activations {reserve_bytes / 2**30:.2f} GiB")
+    if cache.gpu_memory_utilization is not None:
+        logger.info("--gpu-memory-utilization does not apply on CPU (no device memory size): KV budget %d GiB "
+                    "(set --kv-cache-memory or --num-blocks to change it)", CPU_DEFAULT_KV_BYTES >> 30)
+    return CPU_DEFAULT_KV_BYTES, "default CPU budget"
 
 
 def plan_num_blocks(cfg: ModelConfig, cache: CacheConfig, dtype: str, weight_bytes: int = 0,
-                    tensor_parallel_size: int = 1) -> tuple[int, str]:
+                    tensor_parallel_size: int = 1, scheduler: SchedulerConfig | None = None) -> tuple[int, str]:
     """Number of KV blocks (including the null block) and a sentence saying why.
 
     Per-device accounting: ``weight_bytes`` is what one device holds, ``kv_cache_memory``
     is a per-device budget, and a block costs `kv_bytes_per_block` on each device of
-    the TP group. Precedence: explicit ``num_blocks``; ``kv_cache_memory`` bytes; else
-    ``kv_cache_memory_fraction`` of the device's memory minus the weights; else 1 GiB.
+    the TP group. Precedence: explicit ``num_blocks``; else `kv_pool_budget` of the
+    device's memory with `activation_reserve_bytes` of ``scheduler`` (default limits
+    when None).
+
+    Raises:
+      ValueError: the budget holds fewer than 2 blocks.
     """
     per_block = kv_bytes_per_block(cfg, cache.block_size, dtype, tensor_parallel_size)
     if cache.num_blocks is not None:
         return cache.num_blocks, f"{cache.num_blocks} blocks (set explicitly)"
-    if cache.kv_cache_memory is not None:
-        budget, why = cache.kv_cache_memory, "--kv-cache-memory"
-    else:
-        stats = jax.devices()[0].memory_stats() or {}
-        limit = stats.get("bytes_limit")
-        if limit:
-            budget = kv_budget_bytes(limit, cache.kv_cache_memory_fraction, weight_bytes)
-            why = f"{cache.kv_cache_memory_fraction:.0%} of device memory minus weights"
-        else:
-            budget, why = CPU_DEFAULT_KV_BYTES, "default CPU budget"
+    reserve = activation_reserve_bytes(cfg, scheduler or SchedulerConfig())
+    budget, why = kv_pool_budget(cache, device_memory_bytes(), weight_bytes, reserve)
     if budget // per_block < 2:  # block 0 is the null block: nothing could ever run
         raise ValueError(f"the KV budget ({why}: {budget} bytes) holds {max(0, budget // per_block)} blocks of "
                          f"{per_block} bytes; at least 2 are needed (block 0 is the null block)")
     n = budget // per_block
     return n, f"{n} blocks x {per_block / 2**20:.2f} MiB per device = {n * per_block / 2**30:.2f} GiB ({why})"
+
+
+def max_concurrency_at_full_length(num_blocks: int, block_size: int, watermark: float, max_model_len: int) -> int:
+    """Sequences of ``max_model_len`` tokens the KV pool holds at once:
+    floor(usable / ceil(max_model_len / block_size)), where usable = the blocks past the
+    null block minus the admission watermark (ceil(watermark * (num_blocks - 1)), as
+    `jaxinfer.scheduler.Scheduler` keeps free). ``max_num_seqs`` caps running sequences
+    separately."""
+    usable = num_blocks - 1
+    usable -= math.ceil(watermark * usable)
+    return max(0, usable) // math.ceil(max_model_len / block_size)
+
+
+def settings_line(config: EngineConfig, backend: str, num_blocks: int) -> str:
+    """The one start-up line of effective settings (``num_blocks`` per replica)."""
+    sc, cc = config.scheduler, config.cache
+    conc = max_concurrency_at_full_length(num_blocks, cc.block_size, cc.watermark, sc.max_model_len)
+    par = config.parallel
+    layout = f" tp={par.tensor_parallel_size} dp={par.data_parallel_size}" if par.world_size > 1 else ""
+    return (f"model={config.model_path} dtype={config.dtype} backend={backend}{layout} "
+            f"max_model_len={sc.max_model_len} max_num_seqs={sc.max_num_seqs} "
+            f"max_num_batched_tokens={sc.max_num_batched_tokens} kv_blocks={num_blocks} "
+            f"(block_size {cc.block_size}) max_concurrency_at_full_length={conc}")
 
 
 def check_model_fits(config: EngineConfig, model_config: ModelConfig) -> None:
@@ -108,14 +196,16 @@ def load_model(config: EngineConfig, load_format: str = "auto", weights_dir: str
 
     path = Path(config.model_path)
     if load_format == "dummy" and path.suffix == ".json" and path.is_file():
-        return ModelConfig.from_dict(json.loads(path.read_text())), None, None, None
+        tokenizer = None if config.tokenizer is None else load_tokenizer(config.tokenizer, weights_dir)
+        return ModelConfig.from_dict(json.loads(path.read_text())), None, tokenizer, None
     folder = resolve_model(config.model_path, weights_dir)
     model_config = ModelConfig.from_dir(folder)
-    tokenizer = None
-    if (folder / "tokenizer.json").exists() or (folder / "tokenizer_config.json").exists():
-        from jaxinfer.tokenizer import Tokenizer
-
-        tokenizer = Tokenizer.from_dir(folder)
+    if config.tokenizer is not None:
+        tokenizer = load_tokenizer(config.tokenizer, weights_dir)
+    elif has_tokenizer(folder):
+        tokenizer = load_tokenizer(folder, weights_dir)
+    else:
+        tokenizer = None
     shardings = None
     if load_format != "dummy" and (config.parallel.world_size > 1 or jax.process_count() > 1):
         from jaxinfer import sharding  # restore each array straight into its shards
@@ -123,41 +213,72 @@ def load_model(config: EngineConfig, load_format: str = "auto", weights_dir: str
         par = config.parallel
         mesh = sharding.make_mesh(par.tensor_parallel_size, par.data_parallel_size)
         shardings = sharding.param_shardings(model_config, mesh)
-    params = None if load_format == "dummy" else load_params(folder / "params", dtype=config.dtype,
+    params = None if load_format == "dummy" else load_params(folder / "params", dtype=resolve_dtype(config.dtype),
                                                              shardings=shardings)
     return model_config, params, tokenizer, folder
 
 
+def has_tokenizer(folder: Path) -> bool:
+    return (folder / "tokenizer.json").exists() or (folder / "tokenizer_config.json").exists()
+
+
+def load_tokenizer(path_or_name: str | Path, weights_dir: str = "weights"):
+    """The tokenizer (and its chat template) of a folder, or of a model name under
+    ``weights_dir`` (``--tokenizer``).
+
+    Raises:
+      ValueError: neither a folder with tokenizer files nor such a name.
+    """
+    from jaxinfer.tokenizer import Tokenizer
+
+    for folder in (Path(path_or_name), Path(weights_dir) / str(path_or_name)):
+        if folder.is_dir() and has_tokenizer(folder):
+            return Tokenizer.from_dir(folder)
+    raise ValueError(f"no tokenizer at {str(path_or_name)!r}: expected a folder with tokenizer.json or "
+                     f"tokenizer_config.json, or the name of a model under {weights_dir}/")
+
+
 def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir: str = "weights",
-                 model_config: ModelConfig | None = None, params=None, tokenizer=None) -> LLMEngine:
+                 model_config: ModelConfig | None = None, params=None, tokenizer=None,
+                 use_tqdm: bool | None = None) -> LLMEngine:
     """Load (or take) weights and tokenizer, size the KV pool, build and warm up the engine.
+
+    Logs one line of effective settings (`settings_line`) and the warm-up's progress
+    (`jaxinfer.warmup_progress.WarmupProgress`).
 
     Args:
       load_format: "auto" (orbax checkpoint) or "dummy" (random weights).
       model_config, params, tokenizer: pass all three to skip loading (tests).
+      use_tqdm: a tqdm bar for the warm-up (None: only when stderr is a terminal).
     """
     enable_compilation_cache()
+    config = dataclasses.replace(config, dtype=resolve_dtype(config.dtype))
     if model_config is None:
         model_config, params, tokenizer, _ = load_model(config, load_format, weights_dir)
     check_model_fits(config, model_config)
+    backend = config.attention_backend or default_backend()
     if config.parallel.world_size > 1 or jax.process_count() > 1:  # mesh: TP and/or DP replicas
         from jaxinfer.dp_router import build_parallel_engine
 
-        return build_parallel_engine(config, model_config, params, tokenizer)
+        engine = build_parallel_engine(config, model_config, params, tokenizer)
+        replica = getattr(engine, "engines", [engine])[0]
+        logger.info("%s", settings_line(config, backend, replica.block_manager.num_blocks))
+        return engine
     if params is None:
         from jaxinfer.params import init_params
 
         params = init_params(model_config, config.dtype, seed=config.seed)
     params = jax.device_put(params)
     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
-    num_blocks, why = plan_num_blocks(model_config, config.cache, config.dtype, weight_bytes)
+    num_blocks, why = plan_num_blocks(model_config, config.cache, config.dtype, weight_bytes,
+                                      scheduler=config.scheduler)
     logger.info("KV cache: %s", why)
-    backend = config.attention_backend or default_backend()
+    logger.info("%s", settings_line(config, backend, num_blocks))
     runner = ModelRunner(model_config, params, num_blocks, config.cache.block_size, config.dtype, backend,
                          config.max_logprobs, config.return_logits)
     engine = LLMEngine(config, model_config, runner, num_blocks, tokenizer)
     engine.kv_cache_description = why
     if config.warmup:
-        engine.warmup()
+        engine.warmup(progress=WarmupProgress(use_tqdm))
     return engine
 

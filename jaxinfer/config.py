@@ -12,6 +12,17 @@ from pathlib import Path
 from typing import Any
 
 BLOCK_SIZE = 16  # tokens per KV block (PagedAttention, Kwon et al. 2023)
+BLOCK_SIZES = (8, 16, 32, 64, 128)  # accepted block sizes (each tested end to end on CPU)
+DTYPES = ("auto", "float32", "bfloat16")
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
+
+
+def auto_dtype(platform: str) -> str:
+    """The dtype ``"auto"`` stands for on a JAX platform: float32 on ``"cpu"`` (XLA:CPU
+    computes bfloat16 slowly and it keeps CPU results equal to the float32 reference),
+    bfloat16 on accelerators (``"gpu"``, ``"tpu"``, ...), as vLLM does for float32/bf16
+    checkpoints."""
+    return "float32" if platform == "cpu" else "bfloat16"
 
 ROPE_SCALING_TYPES = ("llama3", "linear", "dynamic", "yarn")
 _ROPE_REQUIRED = {"linear": ("factor",), "dynamic": ("factor",),
@@ -233,10 +244,14 @@ class CacheConfig:
     """Paged KV cache sizing.
 
     Attributes:
-      block_size: tokens per block (16).
+      block_size: tokens per block (16; one of `BLOCK_SIZES`).
       num_blocks: explicit pool size including the null block 0; overrides the budget.
-      kv_cache_memory: budget in bytes for K and V of all layers (None: use
-        ``kv_cache_memory_fraction`` of device memory, or 1 GiB on CPU).
+      kv_cache_memory: budget in bytes for K and V of all layers (None: from
+        ``gpu_memory_utilization`` on an accelerator, or 1 GiB on CPU).
+      gpu_memory_utilization: fraction of the device's memory for weights, activations
+        and the KV cache together (vLLM's meaning); None: 0.9
+        (`DEFAULT_GPU_MEMORY_UTILIZATION`). Ignored on CPU and when ``num_blocks`` or
+        ``kv_cache_memory`` is set.
       watermark: fraction of blocks kept free when admitting new prefills (0.15).
       enable_prefix_caching: reuse KV blocks of shared prompt prefixes (on by default).
     """
@@ -244,7 +259,7 @@ class CacheConfig:
     block_size: int = BLOCK_SIZE
     num_blocks: int | None = None
     kv_cache_memory: int | None = None
-    kv_cache_memory_fraction: float = 0.5
+    gpu_memory_utilization: float | None = None
     watermark: float = 0.15
     enable_prefix_caching: bool = True
 
@@ -255,8 +270,16 @@ class CacheConfig:
             raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {self.num_blocks}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory must be a positive number of bytes, got {self.kv_cache_memory}")
-        if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
-            raise ValueError(f"kv_cache_memory_fraction must be in (0, 1], got {self.kv_cache_memory_fraction}")
+        util = self.gpu_memory_utilization
+        if util is not None and not 0.0 < util <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {util}")
+        if self.block_size not in BLOCK_SIZES:
+            raise ValueError(f"block_size must be one of {', '.join(map(str, BLOCK_SIZES))}, got {self.block_size}")
+
+    @property
+    def memory_utilization(self) -> float:
+        """``gpu_memory_utilization``, or its default 0.9 when unset."""
+        return DEFAULT_GPU_MEMORY_UTILIZATION if self.gpu_memory_utilization is None else self.gpu_memory_utilization
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,7 +358,13 @@ class ParallelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-    """Everything the engine needs, as one tree."""
+    """Everything the engine needs, as one tree.
+
+    ``dtype`` is ``"float32"``, ``"bfloat16"`` or ``"auto"`` (`auto_dtype` of the devices'
+    platform; `jaxinfer.builder.resolve_dtype` replaces it before anything is built; the
+    entry points ``server.py`` and `LLM` default to it). ``tokenizer``: a folder or a name under ``weights/`` to load the
+    tokenizer and chat template from instead of the model's folder (None: the model's).
+    """
 
     model_path: str
     dtype: str = "float32"
@@ -348,9 +377,10 @@ class EngineConfig:
     warmup: bool = True
     return_logits: bool = False  # debug/tests: keep each sampled position's raw logits
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
+    tokenizer: str | None = None
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.attention_backend not in (None, "xla", "pallas"):
             raise ValueError(f"attention_backend must be 'xla' or 'pallas', got {self.attention_backend!r}")

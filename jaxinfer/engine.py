@@ -102,12 +102,15 @@ class LLMEngine:
                            pool_tokens, sc.max_model_len)
 
     # ----- warm-up ------------------------------------------------------------------------
-    def warmup(self) -> float:
-        """Compile every bucket ahead of time; returns seconds spent."""
+    def warmup(self, progress=None) -> float:
+        """Compile every bucket ahead of time; returns seconds spent. ``progress(done, total)``,
+        when given, is called after each bucket (`jaxinfer.warmup_progress.WarmupProgress`)."""
         t0 = time.perf_counter()
         buckets = self.layout.ladders.all_buckets()
-        for b in buckets:
+        for i, b in enumerate(buckets):
             self.runner.compile(batch_mod.StepInputs(b, batch_mod.empty_inputs(b, self.layout)))
+            if progress is not None:
+                progress(i + 1, len(buckets))
         dt = time.perf_counter() - t0
         logger.info("warm-up: compiled %d buckets (tokens %s x context blocks %s) in %.1f s", len(buckets),
                     self.layout.ladders.token_ladder, self.layout.ladders.width_ladder, dt)

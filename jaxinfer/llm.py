@@ -1,19 +1,21 @@
 """`LLM`: the offline API in vLLM's shape (``from jaxinfer import LLM, SamplingParams``).
 
-Builds an engine, submits a batch of prompts, steps until all finish (with a tqdm bar),
+Builds an engine, submits a batch of prompts, steps until all finish (with a tqdm bar
+counting prompts, each done when all its ``n`` sequences are),
 and returns one `RequestOutput` per prompt in input order. ``n > 1`` fans out into
 independent engine requests (seeds ``seed + i``) merged back into one output.
 """
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Sequence
 
 from tqdm.auto import tqdm
 
 from jaxinfer import chat
 from jaxinfer.builder import build_engine
-from jaxinfer.config import CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
+from jaxinfer.config import BLOCK_SIZE, CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
 from jaxinfer.errors import RequestError
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams, choice_seed
@@ -27,47 +29,65 @@ class LLM:
     Args:
       model: a name under ``weights/`` (prepared on first use) or a path to a converted
         folder or a Hugging Face checkpoint folder.
-      dtype: "float32" or "bfloat16".
+      dtype: "auto" (bfloat16 on GPU/TPU, float32 on CPU; logged), "float32" or "bfloat16".
+      tokenizer: a folder (or a model name under ``weights/``) to take the tokenizer and
+        chat template from instead of the model's folder (or, with ``model_config``, a
+        `jaxinfer.tokenizer.Tokenizer` to use as is).
       max_model_len: prompt + output limit (default min(4096, the model's context)).
       max_num_seqs, max_num_batched_tokens: scheduler limits.
       kv_cache_memory: KV budget in bytes; num_blocks: explicit pool size (overrides).
+      gpu_memory_utilization: fraction of device memory for weights, activations and KV
+        (default 0.9; does not apply on CPU). block_size: tokens per KV block (16).
       watermark: fraction of blocks kept free at admission.
       enable_prefix_caching: reuse KV blocks of shared prompt prefixes.
       attention_backend: "xla" or "pallas" (default: pallas on GPU, xla otherwise).
       warmup: compile every bucket at start-up.
+      use_tqdm: show the warm-up's progress bar (generate takes its own ``use_tqdm``).
       load_format: "auto" or "dummy" (random weights).
       tensor_parallel_size, data_parallel_size: devices per replica and replicas
         (`ParallelConfig`, `jaxinfer.sharding`); generate works the same with any.
       engine_kwargs: model_config/params/tokenizer to skip loading (tests).
     """
 
-    def __init__(self, model: str = DEFAULT_MODEL, dtype: str = "float32", *, max_model_len: int | None = None,
+    def __init__(self, model: str = DEFAULT_MODEL, dtype: str = "auto", *, max_model_len: int | None = None,
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 512, kv_cache_memory: int | None = None,
                  num_blocks: int | None = None, watermark: float = 0.15, attention_backend: str | None = None,
                  seed: int = 0, warmup: bool = True, return_logits: bool = False, load_format: str = "auto",
                  weights_dir: str | None = None, max_queue_len: int = 1 << 30, enable_prefix_caching: bool = True,
-                 tensor_parallel_size: int = 1, data_parallel_size: int = 1, **engine_kwargs):
-        from jaxinfer.builder import load_model
+                 tensor_parallel_size: int = 1, data_parallel_size: int = 1, tokenizer: str | None = None,
+                 gpu_memory_utilization: float | None = None, block_size: int = BLOCK_SIZE, use_tqdm: bool = True,
+                 **engine_kwargs):
+        from jaxinfer.builder import load_model, load_tokenizer, resolve_dtype
         from jaxinfer.weights import default_weights_dir
 
         weights_dir = str(weights_dir or default_weights_dir())
         parallel = ParallelConfig(tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size)
-        probe = EngineConfig(model_path=str(model), dtype=dtype, parallel=parallel)
+        EngineConfig(model_path=str(model), dtype=dtype)  # a bad dtype is refused before JAX is asked
+        if tokenizer is not None and not isinstance(tokenizer, (str, Path)):  # a Tokenizer object (tests)
+            engine_kwargs["tokenizer"], tokenizer = tokenizer, None
+        elif tokenizer is not None:
+            tokenizer = str(tokenizer)
+        dtype = resolve_dtype(dtype)
+        probe = EngineConfig(model_path=str(model), dtype=dtype, parallel=parallel, tokenizer=tokenizer)
         if "model_config" not in engine_kwargs:
             mc, params, tok, _ = load_model(probe, load_format, weights_dir)
             engine_kwargs.update(model_config=mc, params=params, tokenizer=tok)
+        elif tokenizer is not None:
+            engine_kwargs["tokenizer"] = load_tokenizer(tokenizer, weights_dir)
         mc = engine_kwargs["model_config"]
         if max_model_len is None:
             max_model_len = min(4096, mc.max_position_embeddings)
         config = EngineConfig(
             model_path=str(model), dtype=dtype,
             cache=CacheConfig(num_blocks=num_blocks, kv_cache_memory=kv_cache_memory, watermark=watermark,
-                              enable_prefix_caching=enable_prefix_caching),
+                              enable_prefix_caching=enable_prefix_caching, block_size=block_size,
+                              gpu_memory_utilization=gpu_memory_utilization),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                       max_model_len=max_model_len, max_queue_len=max_queue_len),
             attention_backend=attention_backend, seed=seed, warmup=warmup, return_logits=return_logits,
-            parallel=parallel)
-        self.engine = build_engine(config, load_format=load_format, weights_dir=weights_dir, **engine_kwargs)
+            parallel=parallel, tokenizer=tokenizer)
+        self.engine = build_engine(config, load_format=load_format, weights_dir=weights_dir, use_tqdm=use_tqdm,
+                                   **engine_kwargs)
         self._counter = 0
 
     def get_tokenizer(self):
@@ -135,14 +155,19 @@ class LLM:
             raise TypeError("sampling_params must be SamplingParams objects")
         ids = self._submit(items, sampling_params)
         mine = {r for rids in ids for r in rids}
+        prompt_of = {r: i for i, rids in enumerate(ids) for r in rids}
+        left = [len(rids) for rids in ids]  # unfinished sequences per prompt
         finished: dict[str, RequestOutput] = {}
         try:
-            with tqdm(total=len(mine), desc="Generating", disable=not use_tqdm) as bar:
+            with tqdm(total=len(ids), desc="Generating", unit="prompt", disable=not use_tqdm) as bar:
                 while len(finished) < len(mine):
                     for out in self.engine.step():
                         if out.finished and out.request_id in mine and out.request_id not in finished:
                             finished[out.request_id] = out
-                            bar.update(1)
+                            i = prompt_of[out.request_id]
+                            left[i] -= 1
+                            if not left[i]:  # the bar counts prompts: all n sequences of this one are done
+                                bar.update(1)
         except BaseException:  # Ctrl+C in a notebook: abort this call's requests, keep the LLM usable
             for rid in mine - finished.keys():
                 self.engine.abort_request(rid)  # blocks freed now; later calls skip their outputs

@@ -14,8 +14,9 @@ same that sizes the KV pool of a running engine:
   KV/block/device = 2 * L * block_size * K_dev * H * itemsize  (K_dev = K/TP, or K)
   blocks = floor((memory * (1 - reserve) - weights/device) / (KV/block/device))
   sequences/replica = floor((blocks - 1) / ceil(max_model_len / block_size))
-  (block 0 is the null block). ``--kv-reserve-fraction`` is ``1 - kv_cache_memory_fraction``
-  of the engine (default 0.5: room for activations, compiler scratch and the runtime).
+  (block 0 is the null block). ``--kv-reserve-fraction`` (default 0.5) is the share of
+  device memory kept for activations, compiler scratch and the runtime; a conservative
+  planning figure (the engine itself uses ``--gpu-memory-utilization`` and an activation estimate).
 Memory sizes: ``80GB`` = 80e9 bytes, ``80GiB`` = 80 * 2**30, or a plain byte count.
 
 When a plan does not fit, the CLI tries the other tensor-parallel sizes that split both the
@@ -34,11 +35,11 @@ import re
 import sys
 from pathlib import Path
 
-from jaxinfer.config import BLOCK_SIZE, CacheConfig, ModelConfig
+from jaxinfer.config import BLOCK_SIZE, ModelConfig
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-DEFAULT_RESERVE = 1.0 - CacheConfig().kv_cache_memory_fraction
+DEFAULT_RESERVE = 0.5
 
 
 def parse_bytes(text: str) -> int:

@@ -4,6 +4,7 @@ Not a test module: a subprocess target, so signals reach a real uvicorn main thr
 """
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from jaxinfer.async_engine import AsyncEngine  # noqa: E402
 
 
 def main() -> None:
+    logging.basicConfig(level="INFO", format="%(levelname)s %(name)s: %(message)s")  # the drain's lines
     port = int(sys.argv[1])
     grace = float(sys.argv[2]) if len(sys.argv) > 2 else 10.0
     async_engine = AsyncEngine(lambda: fake_engine(max_model_len=2048, num_blocks=257, step_delay=0.01))

@@ -152,6 +152,8 @@ def test_sigterm_drains_in_flight_streams(fake_server_process):
     text = "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1])
     assert text == tokenizer().decode(expected_ids([1000], 100))  # finished in full during the drain
     assert proc.wait(15) == 0
+    log = proc.stdout.read().decode(errors="replace")
+    assert "draining 1 requests (shutdown timeout 10 s)" in log and "drained: 1 finished" in log, log[-2000:]
 
 
 @pytest.mark.parametrize("fake_server_process", [2.0], indirect=True)
@@ -180,3 +182,5 @@ def test_sigterm_past_grace_period_answers_503_and_error_events(fake_server_proc
     assert proc.wait(15) == 0
     log = proc.stdout.read().decode(errors="replace")
     assert "Traceback" not in log and "CancelledError" not in log, log[-2000:]
+    assert "draining 2 requests (shutdown timeout 2 s)" in log, log[-2000:]
+    assert "shutdown timeout: 2 aborted, 0 finished" in log, log[-2000:]

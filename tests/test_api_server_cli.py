@@ -39,6 +39,50 @@ def test_flags_map_onto_config_fields():
     assert (sc.max_model_len, sc.max_num_seqs, sc.max_num_batched_tokens, sc.max_queue_len) == (1024, 4, 256, 5)
 
 
+def test_new_flags_map_onto_config_fields():
+    args = server.build_parser().parse_args(["--gpu-memory-utilization", "0.7", "--block-size", "32",
+                                              "--tokenizer", "tok/dir", "--disable-log-requests"])
+    e = server.engine_config(args, model_config())
+    assert (e.cache.gpu_memory_utilization, e.cache.block_size, e.tokenizer) == (0.7, 32, "tok/dir")
+    assert args.disable_log_requests
+    d = server.engine_config(server.build_parser().parse_args([]), model_config())
+    assert (d.dtype, d.cache.gpu_memory_utilization, d.cache.memory_utilization, d.cache.block_size) == (
+        "auto", None, 0.9, 16)
+    assert not server.build_parser().parse_args([]).disable_log_requests
+
+
+def help_blocks(text: str) -> dict[str, str]:
+    """``--help`` output -> {flag: its help text (joined lines)}, and group titles as ``[title]``."""
+    blocks, current = {}, None
+    for line in text.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            current = f"[{line[:-1]}]"
+            blocks[current] = ""
+        elif line.startswith("  -"):
+            current = line.split()[0].rstrip(",")
+            blocks[current] = line
+        elif current is not None:
+            blocks[current] += " " + line.strip()
+    return blocks
+
+
+def test_help_shows_every_default_once_and_an_advanced_group(capsys):
+    with pytest.raises(SystemExit):
+        server.build_parser().parse_args(["--help"])
+    text = capsys.readouterr().out
+    blocks = help_blocks(text)
+    flags = [a.option_strings[0] for a in server.build_parser()._actions if a.option_strings[0] != "-h"]
+    for flag in flags:
+        assert blocks[flag].count("default:") == 1, (flag, blocks[flag])
+    assert "(default: auto)" in blocks["--dtype"] and "(default: 16)" in blocks["--block-size"]
+    assert "default: 0.9" in blocks["--gpu-memory-utilization"]
+    groups = [k for k in blocks if k.startswith("[")]
+    advanced = [g for g in groups if g.startswith("[advanced")]
+    assert len(advanced) == 1
+    in_advanced = [k for k in list(blocks)[list(blocks).index(advanced[0]) + 1:] if not k.startswith("[")]
+    assert {"--scheduler", "--batch-timeout"} <= set(in_advanced)
+
+
 def test_max_model_len_default_follows_the_model():
     args = server.build_parser().parse_args([])
     short = dataclasses.replace(model_config(), max_position_embeddings=2048)
@@ -64,11 +108,13 @@ def test_bad_flags_are_refused():
                                    ["--num-blocks", "1"], ["--max-model-len", "1"], ["--max-queue-len", "-1"],
                                    ["--max-queue-len", "0"], ["--max-queue-wait", "0"], ["--api-key="],
                                    ["--served-model-name="], ["--max-model-len", "0"], ["--max-num-batched-tokens", "1"],
-                                   ["--kv-cache-memory", "0"], ["--request-timeout", "0"], ["--dtype", "float16"]])
+                                   ["--kv-cache-memory", "0"], ["--request-timeout", "0"], ["--dtype", "float16"],
+                                   ["--gpu-memory-utilization", "0"], ["--gpu-memory-utilization", "1.5"],
+                                   ["--gpu-memory-utilization", "-0.2"], ["--block-size", "12"]])
 def test_flags_the_config_rejects_exit_2_before_loading(flags, capsys):
     parser = server.build_parser()
     with pytest.raises(SystemExit) as exc:
-        server.check_flags(parser, parser.parse_args(flags))
+        server.check_flags(parser, parser.parse_args(flags))  # argparse's choices or the config's checks
     assert exc.value.code == 2
     assert "error:" in capsys.readouterr().err
 

@@ -53,7 +53,7 @@ def test_planner_llama3_70b_on_8x80gb_bf16_tp8_by_hand(capsys):
     assert p.blocks_per_sequence == 4096 // 16 == 256
     assert p.max_concurrent_sequences == (blocks - 1) // 256 == 324
     assert p.replicated_axes == ()
-    # the CLI prints the same numbers (default reserve 0.5 = 1 - the engine's kv_cache_memory_fraction)
+    # the CLI prints the same numbers (default reserve 0.5)
     assert plan.main(["--model", str(CONFIGS / "llama-3-70b.json"), "--devices", "8", "--device-memory", "80GB",
                       "--tensor-parallel-size", "8", "--dtype", "bfloat16", "--max-model-len", "4096", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

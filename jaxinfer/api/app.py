@@ -3,7 +3,8 @@
 The app owns nothing global: its metrics registry, config and engine handle live on
 ``app.state``, so tests can run several apps in one process. The lifespan starts the engine
 thread if nobody did (loading and warm-up then run in the background while HTTP already
-answers ``/live``) and shuts it down on exit.
+answers ``/live``) and shuts it down on exit. Probes (``/health``, ``/live``) are kept out
+of the access log (`jaxinfer.api.access_log`).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import logging
 from fastapi import FastAPI
 
 from jaxinfer.api import routes
+from jaxinfer.api.access_log import install_probe_filter
 from jaxinfer.api.body_limit import BodySizeLimit
 from jaxinfer.api.config import ServerConfig
 from jaxinfer.api.errors import install_error_handlers
@@ -46,8 +48,11 @@ def create_app(async_engine: AsyncEngine, server_config: ServerConfig | None = N
     ctx = ServingContext(async_engine, config, Metrics(async_engine, config.served_model_name))
     async_engine.add_ready_callback(lambda engine: check_chat_template(engine.tokenizer))
 
+    install_probe_filter()  # /health and /live polls stay out of the access log
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        install_probe_filter()  # again, in case logging was configured since (idempotent)
         async_engine.start()
         yield
         await asyncio.to_thread(async_engine.shutdown)

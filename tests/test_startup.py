@@ -1,0 +1,207 @@
+"""Start-up says what happens, and the flags vLLM users expect (issue 11): ``dtype="auto"``,
+KV sizing from ``gpu_memory_utilization``, other block sizes, ``tokenizer`` from another
+folder, the effective-settings line, warm-up progress, prompt-counting progress bars.
+Tiny random models (CPU)."""
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+
+import pytest
+
+from api_helpers import fake_engine
+from api_helpers import tokenizer as api_tokenizer
+from helpers import tiny_config
+from jaxinfer import LLM, SamplingParams
+from jaxinfer import llm as llm_mod
+from jaxinfer.builder import (CPU_DEFAULT_KV_BYTES, kv_pool_budget, load_model, max_concurrency_at_full_length,
+                              resolve_dtype)
+from jaxinfer.config import CacheConfig, EngineConfig, auto_dtype
+from jaxinfer.params import init_params
+from jaxinfer.warmup_progress import WarmupProgress
+
+CFG = tiny_config(vocab=256)
+PARAMS = init_params(CFG, scale=5.0, seed=1)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+PROMPTS = [[5, 17, 99, 3], list(range(1, 30))]
+
+
+def tiny(**kw) -> LLM:
+    args = dict(max_model_len=128, max_num_seqs=2, max_num_batched_tokens=32, num_blocks=48, model_config=CFG,
+                params=PARAMS, tokenizer=None, warmup=False, use_tqdm=False)
+    args.update(kw)
+    return LLM("tiny", **args)
+
+
+# ----- dtype auto -------------------------------------------------------------------------
+def test_auto_dtype_per_platform():
+    assert [auto_dtype(p) for p in ("cpu", "gpu", "tpu")] == ["float32", "bfloat16", "bfloat16"]
+    assert resolve_dtype("bfloat16") == "bfloat16" and resolve_dtype("float32") == "float32"
+
+
+def test_llm_dtype_auto_is_float32_on_cpu_and_logged(caplog):
+    caplog.set_level(logging.INFO, logger="jaxinfer")
+    llm = tiny()
+    assert llm.engine.config.dtype == "float32" and llm.engine.runner.dtype.name == "float32"
+    assert "dtype auto -> float32 (cpu)" in caplog.text
+    assert tiny(dtype="bfloat16").engine.runner.dtype.name == "bfloat16"  # explicit still honoured
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        tiny(dtype="float16")
+
+
+# ----- KV sizing ---------------------------------------------------------------------------
+def test_gpu_memory_utilization_sizes_the_pool_from_device_memory():
+    gib = 2**30
+    budget, why = kv_pool_budget(CacheConfig(gpu_memory_utilization=0.8), 80 * gib, weight_bytes=16 * gib,
+                                 reserve_bytes=2 * gib)
+    assert budget == 64 * gib - 16 * gib - 2 * gib and "gpu_memory_utilization 0.8" in why
+    default, _ = kv_pool_budget(CacheConfig(), 80 * gib, weight_bytes=16 * gib, reserve_bytes=2 * gib)
+    assert default == int(80 * gib * 0.9) - 18 * gib  # vLLM's default 0.9
+    explicit, why = kv_pool_budget(CacheConfig(kv_cache_memory=3 * gib, gpu_memory_utilization=0.5), 80 * gib,
+                                   16 * gib, 2 * gib)
+    assert (explicit, why) == (3 * gib, "--kv-cache-memory")
+
+
+def test_gpu_memory_utilization_does_not_apply_on_cpu(caplog):
+    caplog.set_level(logging.INFO, logger="jaxinfer")
+    assert kv_pool_budget(CacheConfig(), None, 10, 10)[0] == CPU_DEFAULT_KV_BYTES
+    assert "does not apply on CPU" not in caplog.text  # not asked for: nothing to say
+    assert kv_pool_budget(CacheConfig(gpu_memory_utilization=0.5), None, 10, 10)[0] == CPU_DEFAULT_KV_BYTES
+    assert "--gpu-memory-utilization does not apply on CPU" in caplog.text
+
+
+@pytest.mark.parametrize("util", [0.0, -0.1, 1.01])
+def test_gpu_memory_utilization_outside_0_1_is_refused(util):
+    with pytest.raises(ValueError, match="gpu_memory_utilization must be in"):
+        CacheConfig(gpu_memory_utilization=util)
+
+
+def test_max_concurrency_at_full_length_by_hand():
+    # 257 blocks: 256 past the null block, watermark ceil(0.15 * 256) = 39 kept free -> 217 usable;
+    # a 256-token sequence needs 16 blocks of 16 -> 13 at once
+    assert max_concurrency_at_full_length(257, 16, 0.15, 256) == 217 // 16 == 13
+    assert max_concurrency_at_full_length(257, 16, 0.0, 256) == 16
+    assert max_concurrency_at_full_length(257, 32, 0.0, 250) == 256 // 8 == 32  # ceil(250 / 32) = 8
+    assert max_concurrency_at_full_length(10, 16, 0.15, 4096) == 0
+
+
+def test_settings_line_at_start_up(caplog):
+    caplog.set_level(logging.INFO, logger="jaxinfer")
+    tiny()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model=")]
+    usable = 47 - math.ceil(0.15 * 47)  # watermark of the 47 blocks past the null block
+    assert lines == [f"model=tiny dtype=float32 backend=xla max_model_len=128 max_num_seqs=2 "
+                     f"max_num_batched_tokens=32 kv_blocks=48 (block_size 16) "
+                     f"max_concurrency_at_full_length={usable // (128 // 16)}"]
+
+
+# ----- block sizes ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def llm16():
+    return tiny()
+
+
+@pytest.fixture(scope="module")
+def reference_tokens(llm16):
+    return [o.outputs[0].token_ids for o in llm16.generate(PROMPTS, GREEDY, use_tqdm=False)]
+
+
+@pytest.mark.parametrize("block_size,backend", [
+    (8, "xla"), (32, "xla"), pytest.param(64, "xla", marks=pytest.mark.slow),
+    pytest.param(128, "xla", marks=pytest.mark.slow), pytest.param(8, "pallas", marks=pytest.mark.slow),
+    pytest.param(32, "pallas", marks=pytest.mark.slow)])
+def test_other_block_sizes_give_the_same_greedy_text(reference_tokens, block_size, backend):
+    """Same pool in tokens (48 blocks of 16), other page size: same greedy tokens, prefix
+    cache included (the second call hits it)."""
+    llm = tiny(num_blocks=1 + 47 * 16 // block_size, block_size=block_size, attention_backend=backend)
+    for _ in range(2):
+        outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == reference_tokens
+    assert llm.engine.runner.kv_shape[2] == block_size
+
+
+def test_unsupported_block_size_is_refused():
+    with pytest.raises(ValueError, match="block_size must be one of 8, 16, 32, 64, 128"):
+        CacheConfig(block_size=12)
+
+
+# ----- tokenizer from another folder --------------------------------------------------------
+def test_tokenizer_from_another_folder(tmp_path, smollm2_dir):
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (smollm2_dir / name).exists():
+            shutil.copy(smollm2_dir / name, tok_dir / name)
+    (tmp_path / "model.json").write_text(__import__("json").dumps(CFG.to_hf_dict()))
+    original = api_tokenizer()
+    text = "Hello, paged attention!"
+    _, _, tok, _ = load_model(EngineConfig(model_path=str(tmp_path / "model.json"), tokenizer=str(tok_dir)), "dummy")
+    assert tok.encode(text) == original.encode(text)
+    llm = tiny(tokenizer=str(tok_dir))
+    msgs = [{"role": "user", "content": "hi"}]
+    assert llm.get_tokenizer().apply_chat_template(msgs) == original.apply_chat_template(msgs)
+    with pytest.raises(ValueError, match="no tokenizer at"):
+        tiny(tokenizer=str(tmp_path / "nowhere"))
+
+
+# ----- progress -------------------------------------------------------------------------------
+def test_warmup_reports_every_bucket_and_ends_at_total():
+    engine = fake_engine(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=256)
+    calls = []
+    engine.warmup(progress=lambda done, total: calls.append((done, total)))
+    total = len(engine.layout.ladders.all_buckets())
+    assert total > 1 and calls == [(i, total) for i in range(1, total + 1)]
+
+
+def test_warmup_progress_logs_at_a_modest_rate(caplog):
+    caplog.set_level(logging.INFO, logger="jaxinfer")
+    progress = WarmupProgress(use_tqdm=False)
+    for i in range(1, 101):
+        progress(i, 100)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("warm-up: ")]
+    assert 2 <= len(lines) <= 11 and lines[-1].startswith("warm-up: 100/100 buckets, done in")
+    assert "ETA" in lines[0]
+    assert WarmupProgress.eta_text(12, 77, 12.0) == "ETA 65 s"  # 1 s per bucket so far, 65 left
+
+
+def test_llm_shows_the_warmup_bar(monkeypatch):
+    bars = recording_tqdm(monkeypatch, "jaxinfer.warmup_progress")
+    monkeypatch.setattr("jaxinfer.model_runner.ModelRunner.compile", lambda self, inputs: None)  # bar only
+    llm = tiny(warmup=True, use_tqdm=True)
+    total = len(llm.engine.layout.ladders.all_buckets())
+    assert [(b.total, b.n, b.kwargs["disable"]) for b in bars] == [(total, total, False)]
+
+
+def recording_tqdm(monkeypatch, module):
+    bars = []
+
+    class Bar:
+        def __init__(self, total, **kwargs):
+            self.total, self.n, self.kwargs, self.updates = total, 0, kwargs, []
+            bars.append(self)
+
+        def update(self, k=1):
+            self.n += k
+            self.updates.append(k)
+
+        def close(self):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    monkeypatch.setattr(f"{module}.tqdm", Bar)
+    return bars
+
+
+def test_generate_progress_counts_prompts_not_sequences(llm16, monkeypatch):
+    llm = llm16
+    bars = recording_tqdm(monkeypatch, llm_mod.__name__)
+    sp = SamplingParams(n=3, temperature=0.0, max_tokens=3, ignore_eos=True)
+    outs = llm.generate(PROMPTS[:2], sp, use_tqdm=True)
+    assert [len(o.outputs) for o in outs] == [3, 3]
+    assert (bars[0].total, bars[0].n, bars[0].updates) == (2, 2, [1, 1])  # 2 prompts of 6 sequences
