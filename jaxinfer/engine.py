@@ -26,6 +26,7 @@ from jaxinfer import batch as batch_mod
 from jaxinfer.block_manager import BlockManager
 from jaxinfer.buckets import BucketLadders
 from jaxinfer.config import EngineConfig, ModelConfig
+from jaxinfer.drain_rate import DrainRate
 from jaxinfer.engine_snapshot import EngineSnapshot
 from jaxinfer.errors import CONTEXT_LENGTH_EXCEEDED, SHORTEN_HINT, QueueFullError, RequestError
 from jaxinfer.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
@@ -59,6 +60,7 @@ class EngineStats:
         # from another thread never sees the dict change size
         self.finished: collections.Counter[str] = collections.Counter({r.value: 0 for r in FinishReason})
         self.kv_slots: tuple[int, int] = (0, 0)  # one tuple: a scrape never sees half an update
+        self.retry_after_s = 1.0  # the waiting queue's drain time at the measured rate (a gauge)
         # Wall seconds per phase of `LLMEngine.step` (host work vs. the runner's call, which
         # includes the device work and the one read back): where a step's time goes.
         self.phase_seconds: dict[str, float] = dict.fromkeys(STEP_PHASES, 0.0)
@@ -91,6 +93,9 @@ class LLMEngine:
             block_size=cc.block_size, vocab_size=model_config.vocab_size, max_model_len=sc.max_model_len,
             max_logit_bias=config.max_logit_bias, table_covers_new_tokens=backend == "pallas")
         self.requests: dict[str, Request] = {}
+        self._drain = DrainRate()  # admissions per second, for Retry-After
+        self._drain.record(time.monotonic(), 0)  # the measurement starts now
+        self._admitted_seen = 0
         self._detok: dict[str, object] = {}
         self._pending_outputs: list[RequestOutput] = []
         self._rng = np.random.default_rng(config.seed)
@@ -134,7 +139,9 @@ class LLMEngine:
             raise RequestError(f"duplicate request id {request_id!r}", param="request_id")
         max_tokens = self._validate(prompt_token_ids, params)
         if len(self.scheduler.waiting) >= self.config.scheduler.max_queue_len:
-            raise QueueFullError(f"waiting queue is full ({self.config.scheduler.max_queue_len} requests)")
+            wait = self._drain.seconds_to_drain(len(self.scheduler.waiting), time.monotonic())
+            raise QueueFullError(f"waiting queue is full ({self.config.scheduler.max_queue_len} requests)",
+                                 retry_after=wait)
         seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63))
         now = time.monotonic()
         req = Request(request_id, list(prompt_token_ids), params, seed=seed & (2**64 - 1), max_tokens=max_tokens,
@@ -240,8 +247,17 @@ class LLMEngine:
             phases["execute"] += t3 - t2
             phases["update"] += time.perf_counter() - t3
         self.stats.kv_slots = self._kv_slots()
+        self._record_drain()
         self.stats.step_seconds += time.perf_counter() - t0
         return outputs
+
+    def _record_drain(self) -> None:
+        """Feed this step's admissions to the drain-rate estimate behind ``Retry-After``."""
+        now = time.monotonic()
+        admitted = self.scheduler.num_admitted
+        self._drain.record(now, admitted - self._admitted_seen)
+        self._admitted_seen = admitted
+        self.stats.retry_after_s = self._drain.seconds_to_drain(len(self.scheduler.waiting), now)
 
     def _update(self, sched: SchedulerOutput, result: dict) -> list[RequestOutput]:
         rows = {id(req): i for i, (req, _) in enumerate(sched.scheduled)}
@@ -352,4 +368,5 @@ class LLMEngine:
             prefix_cache_hits=sched.prefix_hits, prompt_tokens=st.prompt_tokens, prefill_tokens=st.prefill_tokens,
             generation_tokens=st.generation_tokens, compilations=self.runner.num_compilations,
             timeouts=st.timeouts, aborted=st.aborted, finished=dict(st.finished),
-            fragmentation_step_sum=st.fragmentation_sum, fragmentation_steps=st.fragmentation_samples)
+            fragmentation_step_sum=st.fragmentation_sum, fragmentation_steps=st.fragmentation_samples,
+            retry_after_s=st.retry_after_s)

@@ -31,6 +31,8 @@ class EngineSnapshot:
       finished: finish reason (``jaxinfer.request.FinishReason`` value) -> requests ended so.
       fragmentation_step_sum, fragmentation_steps: the per-step fragmentation samples
         (sum of ratios, number of steps) for a mean over an interval.
+      retry_after_s: seconds the waiting queue needs to drain at the measured admission
+        rate (`jaxinfer.drain_rate.DrainRate`), the ``Retry-After`` of a 429.
     """
 
     num_running: int = 0
@@ -51,6 +53,7 @@ class EngineSnapshot:
     finished: Mapping[str, int] = dataclasses.field(default_factory=dict)
     fragmentation_step_sum: float = 0.0
     fragmentation_steps: int = 0
+    retry_after_s: float = 1.0
 
     @property
     def kv_cache_usage_ratio(self) -> float:
@@ -68,12 +71,15 @@ class EngineSnapshot:
     @classmethod
     def merge(cls, snapshots: Iterable["EngineSnapshot"]) -> "EngineSnapshot":
         """The snapshot of several replicas: every field summed (``finished`` per reason),
-        so the ratios are pooled over all replicas' blocks."""
+        so the ratios are pooled over all replicas' blocks; ``retry_after_s`` is the
+        smallest (the router sends a retry to the replica that drains first)."""
         totals: dict = {}
         finished: collections.Counter = collections.Counter()
+        retry = []
         for snap in snapshots:
             for f in dataclasses.fields(cls):
-                if f.name != "finished":
+                if f.name not in ("finished", "retry_after_s"):
                     totals[f.name] = totals.get(f.name, 0) + getattr(snap, f.name)
             finished.update(snap.finished)
-        return cls(**totals, finished=dict(finished))
+            retry.append(snap.retry_after_s)
+        return cls(**totals, finished=dict(finished), retry_after_s=min(retry, default=1.0))

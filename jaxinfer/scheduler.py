@@ -78,6 +78,7 @@ class Scheduler:
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.num_admitted = 0  # admissions from the waiting queue (re-admissions included): its drain
 
     # ----- queue management -------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -195,6 +196,7 @@ class Scheduler:
             if bm.num_free_blocks - total - taken_from_pool < headroom:
                 break
             self.waiting.popleft()
+            self.num_admitted += 1
             bm.touch(hits)
             req.block_ids = hits + bm.allocate(need)
             req.num_computed_tokens = num_cached

@@ -50,6 +50,7 @@ class StaticScheduler:
         self.num_preemptions = 0  # always 0: static batching never preempts
         self.prefix_queries = self.prefix_hits = 0  # always 0: static batching shares no blocks
         self.num_batches = 0
+        self.num_admitted = 0  # requests taken from the waiting queue into a batch
         self.num_failed = 0  # requests that got no reservation (FinishReason.ERROR)
 
     # ----- queue management -------------------------------------------------------------
@@ -124,6 +125,7 @@ class StaticScheduler:
         failed = []
         for _ in range(min(len(self.waiting), self.config.max_num_seqs)):
             req = self.waiting.popleft()
+            self.num_admitted += 1
             if not self.block_manager.can_allocate(self.reserve_blocks):
                 self.finish(req, FinishReason.ERROR)
                 self.num_failed += 1

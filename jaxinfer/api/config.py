@@ -23,7 +23,8 @@ class ServerConfig:
       truncate_prompt: ``"none"`` (over-long prompts are a 400) or ``"left"`` (keep the
         last tokens that leave room for ``max_tokens``).
       shutdown_timeout: grace period in seconds for in-flight requests after SIGTERM.
-      retry_after: seconds suggested in ``Retry-After`` on 429.
+      retry_after: the least ``Retry-After`` (seconds) on 429; the engine suggests more when
+        its measured admission rate says the queue needs longer (`jaxinfer.drain_rate`).
       max_request_bytes: larger request bodies get 413 before they are parsed (None: no limit).
     """
 

@@ -227,12 +227,20 @@ def _check_failure(out: RequestOutput, ctx: ServingContext, stream: OutputStream
     raise _failure_error(reason, ctx)
 
 
+def _retry_after(ctx: ServingContext) -> float:
+    """``Retry-After`` for a 429: the waiting queue's drain time at the engine's measured
+    admission rate (`jaxinfer.drain_rate`), never below ``config.retry_after``."""
+    engine = ctx.async_engine.engine
+    measured = engine.snapshot().retry_after_s if engine is not None else 0.0
+    return max(measured, ctx.config.retry_after)
+
+
 def _failure_error(reason: str, ctx: ServingContext) -> APIError:
     if reason == "timeout":
         return timeout_error(None)
     if reason == "rejected":
         ctx.metrics.reject("queue_wait_expired")
-        return queue_wait_error(ctx.config.max_queue_wait, ctx.config.retry_after)
+        return queue_wait_error(ctx.config.max_queue_wait, _retry_after(ctx))
     if reason == "error":  # the static-batching baseline could not reserve max_model_len of KV
         return APIError(503, "the KV cache cannot hold this request's max_model_len reservation (static batching)",
                         code="kv_cache_exhausted", retry_after=ctx.config.retry_after)
