@@ -11,13 +11,13 @@
 #      bfloat16 (tokens and logits)                                   -> engine.log, backend_check.json
 #      and on a 2-layer Llama-3-8B layout in bfloat16, with a decode-throughput probe
 #      per backend (64 sequences)                                     -> backend_check_llama3-8b-2l.json
-#      (the oracle tests need the converted SmolLM2, ~336 MB, over the 64 MiB carry limit,
-#      and the GPU machine has no network; this is their stand-in)
+#      (a stand-in for the oracle tests on a GPU host that has neither the converted
+#      SmolLM2, ~336 MB, nor network access to fetch it)
 #   5. tests/test_oracle.py with JAXINFER_TEST_BACKEND=pallas, only if weights/ holds the
 #      converted model (reference outputs: tests/data/)                -> oracle.log
 # and writes summary.txt (exit code of each step). Everything lands flat in
-# ${OUT:-benchmarks/results/gpu/$(date +%F)} (8 files without step 5, the most the device
-# tool brings back). Usage: bash benchmarks/gpu_check.sh
+# ${OUT:-benchmarks/results/gpu/$(date +%F)} (8 files without step 5).
+# Usage: bash benchmarks/gpu_check.sh
 set -u
 cd "$(dirname "$0")/.."
 OUT_DIR="${OUT:-benchmarks/results/gpu/$(date +%F)}"
