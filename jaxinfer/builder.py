@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 from pathlib import Path
 
 import jax
@@ -24,7 +25,24 @@ from jaxinfer.warmup_progress import WarmupProgress
 
 logger = logging.getLogger(__name__)
 
-CPU_DEFAULT_KV_BYTES = 1 << 30  # 1 GiB when the device reports no memory size
+CPU_DEFAULT_KV_BYTES = 4 << 30  # KV budget on a CPU (no device memory size): 4 GiB,
+CPU_KV_MAX_RAM_FRACTION = 0.25  # but never more than a quarter of the machine's memory
+
+
+def cpu_default_kv_bytes() -> int:
+    """The default KV budget on a CPU: `CPU_DEFAULT_KV_BYTES`, capped at
+    `CPU_KV_MAX_RAM_FRACTION` of physical memory (a small laptop keeps room to work).
+
+    4 GiB holds ~5,800 blocks of SmolLM2-135M in float32: about 100 requests of 512 + 256
+    tokens at once above the 15% watermark, where 1 GiB held 26 and turned a 32-client
+    load away."""
+    try:
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not POSIX: no cap
+        return CPU_DEFAULT_KV_BYTES
+    return min(CPU_DEFAULT_KV_BYTES, int(ram * CPU_KV_MAX_RAM_FRACTION))
+
+
 XLA_WORKSPACE_BYTES = 256 << 20  # compiler scratch, cuBLAS/cuDNN workspaces: a fixed allowance
 
 
@@ -90,7 +108,7 @@ def kv_pool_budget(cache: CacheConfig, device_memory: int | None, weight_bytes: 
     Precedence: ``cache.kv_cache_memory``; else, with ``device_memory`` bytes known (an
     accelerator), ``gpu_memory_utilization * device_memory - weight_bytes -
     reserve_bytes`` (vLLM's ``--gpu-memory-utilization``: weights, activations and KV
-    together stay under that fraction); else `CPU_DEFAULT_KV_BYTES` (an explicit
+    together stay under that fraction); else `cpu_default_kv_bytes` (an explicit
     ``gpu_memory_utilization`` is then logged as not applying). ``num_blocks`` is
     handled by `plan_num_blocks` before this is asked.
     """
@@ -102,9 +120,9 @@ def kv_pool_budget(cache: CacheConfig, device_memory: int | None, weight_bytes: 
         return budget, (f"gpu_memory_utilization {util:g} x {device_memory / 2**30:.2f} GiB - weights "
                         f"{weight_bytes / 2**30:.2f} GiB - activations {reserve_bytes / 2**30:.2f} GiB")
     if cache.gpu_memory_utilization is not None:
-        logger.info("--gpu-memory-utilization does not apply on CPU (no device memory size): KV budget %d GiB "
-                    "(set --kv-cache-memory or --num-blocks to change it)", CPU_DEFAULT_KV_BYTES >> 30)
-    return CPU_DEFAULT_KV_BYTES, "default CPU budget"
+        logger.info("--gpu-memory-utilization does not apply on CPU (no device memory size): KV budget %.1f GiB "
+                    "(set --kv-cache-memory or --num-blocks to change it)", cpu_default_kv_bytes() / 2**30)
+    return cpu_default_kv_bytes(), "default CPU budget (4 GiB, at most a quarter of RAM)"
 
 
 def plan_num_blocks(cfg: ModelConfig, cache: CacheConfig, dtype: str, weight_bytes: int = 0,

@@ -247,7 +247,7 @@ class CacheConfig:
       block_size: tokens per block (16; one of `BLOCK_SIZES`).
       num_blocks: explicit pool size including the null block 0; overrides the budget.
       kv_cache_memory: budget in bytes for K and V of all layers (None: from
-        ``gpu_memory_utilization`` on an accelerator, or 1 GiB on CPU).
+        ``gpu_memory_utilization`` on an accelerator, or 4 GiB on CPU, at most a quarter of RAM).
       gpu_memory_utilization: fraction of the device's memory for weights, activations
         and the KV cache together (vLLM's meaning); None: 0.9
         (`DEFAULT_GPU_MEMORY_UTILIZATION`). Ignored on CPU and when ``num_blocks`` or

@@ -15,7 +15,7 @@ from api_helpers import tokenizer as api_tokenizer
 from helpers import tiny_config
 from jaxinfer import LLM, SamplingParams
 from jaxinfer import llm as llm_mod
-from jaxinfer.builder import (CPU_DEFAULT_KV_BYTES, kv_pool_budget, load_model, max_concurrency_at_full_length,
+from jaxinfer.builder import (cpu_default_kv_bytes, kv_pool_budget, load_model, max_concurrency_at_full_length,
                               resolve_dtype)
 from jaxinfer.config import CacheConfig, EngineConfig, auto_dtype
 from jaxinfer.params import init_params
@@ -65,9 +65,9 @@ def test_gpu_memory_utilization_sizes_the_pool_from_device_memory():
 
 def test_gpu_memory_utilization_does_not_apply_on_cpu(caplog):
     caplog.set_level(logging.INFO, logger="jaxinfer")
-    assert kv_pool_budget(CacheConfig(), None, 10, 10)[0] == CPU_DEFAULT_KV_BYTES
+    assert kv_pool_budget(CacheConfig(), None, 10, 10)[0] == cpu_default_kv_bytes()
     assert "does not apply on CPU" not in caplog.text  # not asked for: nothing to say
-    assert kv_pool_budget(CacheConfig(gpu_memory_utilization=0.5), None, 10, 10)[0] == CPU_DEFAULT_KV_BYTES
+    assert kv_pool_budget(CacheConfig(gpu_memory_utilization=0.5), None, 10, 10)[0] == cpu_default_kv_bytes()
     assert "--gpu-memory-utilization does not apply on CPU" in caplog.text
 
 
