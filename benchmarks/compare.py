@@ -28,7 +28,9 @@ on 127.0.0.1, so the KV fragmentation gauge covers that scenario only (warm-up i
 
 Writes ``benchmarks/results/<date>-<device>/``: ``compare.json`` (per scenario and system:
 the command line, output_throughput_tok_s, ttft_ms / tpot_ms / itl_ms / e2el_ms with mean,
-p50, p95, p99, kv_fragmentation, request counts by outcome; then ``ratios`` and
+p50, p95, p99, kv_fragmentation, request counts by outcome, ``cpu_busy_before``: the share
+of the CPU other work used just before the server started, flagged in compare.md above
+`BUSY_CPU`; then ``ratios`` and
 ``acceptance``, see `ratios` / `acceptance`), ``compare.md`` (README tables), per-run JSON /
 markdown / CDF plots under ``runs/``, one CDF plot per scenario, server logs under ``logs/``.
 Full run: ``make bench`` (``python benchmarks/compare.py``); smoke run: ``--quick``.
@@ -49,8 +51,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:  # llamacpp_peer sits next to this script
-    sys.path.insert(0, str(HERE))
+# llamacpp_peer sits next to this script; jaxinfer is this checkout's (not another installed copy)
+sys.path[:0] = [p for p in (str(HERE), str(HERE.parent)) if p not in sys.path]
 
 import llamacpp_peer  # noqa: E402
 
@@ -63,6 +65,7 @@ TARGET_NUM_REQUESTS = 128
 SYSTEMS = ("jaxinfer", "jaxinfer-static", "llamacpp", "hf-transformers")
 DEFAULT_SYSTEMS = ("jaxinfer", "jaxinfer-static", "llamacpp")  # transformers: ~15 min more per scenario
 SERVER_DEFAULT_MAX_NUM_SEQS = SchedulerConfig().max_num_seqs
+BUSY_CPU = 0.25  # compare.md flags runs that started while other work used more of the CPU than this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -340,6 +343,7 @@ def run_one(system: str, scen: Scenario, a, out: Path) -> tuple[dict, str]:
     """Start ``system``'s server for ``scen``, run the load, stop it; (compare.json entry, run label)."""
     cmd = server_command(system, llamacpp_peer.free_port(), a, scen)
     label = f"{scen.name}-{system}"
+    busy_cpu = cpu_busy_fraction()  # before our server starts: other work on this machine
     print(f"== {label}: {scen.clients} clients, {scen.workload.num_requests} requests\n   {display_command(cmd)}",
           flush=True)
     with llamacpp_peer.running(cmd, out / "logs" / f"{label}.log", a.startup_timeout_s) as url:
@@ -349,7 +353,8 @@ def run_one(system: str, scen: Scenario, a, out: Path) -> tuple[dict, str]:
         run = run_benchmark(cfg, scen.workload, label=label, out_dir=out / "runs", warmup_requests=a.warmup_requests,
                             slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms, server_info=system_info(system, cmd))
     print(report.markdown_table([(label, run["summary"])]), flush=True)
-    entry = {"concurrency": scen.clients, "command": display_command(cmd), **system_entry(run["summary"])}
+    entry = {"concurrency": scen.clients, "command": display_command(cmd), **system_entry(run["summary"]),
+             "cpu_busy_before": busy_cpu}
     return entry, label
 
 
@@ -445,13 +450,19 @@ def compare_markdown(result: dict) -> str:
                   f"{s['why']}.\n")
     if (m.get("llamacpp") or {}).get("available") is False:
         md.append(f"llama.cpp not measured: {m['llamacpp']['reason']}\n")
+    busy = [f"{scen}-{name} ({e['cpu_busy_before']:.0%})" for scen, systems in result["scenarios"].items()
+            for name, e in systems.items() if (e.get("cpu_busy_before") or 0) > BUSY_CPU]
+    if busy:
+        md.append(f"Other work was using the CPU just before these runs (share of all cores busy): {', '.join(busy)}; "
+                  "their numbers are not comparable (llama.cpp's spinning thread pool slows down many-fold "
+                  "when it shares its cores).\n")
     for scen, systems in result["scenarios"].items():
         md.append(f"\n### {scen}\n\n")
         rows = [(f"{name} (c={e['concurrency']})", _as_summary(e)) for name, e in systems.items()]
         md.append(report.markdown_table(rows))
     if result.get("ratios"):
-        md.append("\n### Ratios (first system over second)\n\n| scenario | pair | output tok/s | TTFT p99 | TPOT p50 |\n"
-                  "|---|---|---|---|---|\n")
+        md.append("\n### Ratios (first system over second)\n\n"
+                  "| scenario | pair | output tok/s | TTFT p99 | TPOT p50 |\n|---|---|---|---|---|\n")
         for scen, pairs in result["ratios"].items():
             for pair, r in pairs.items():
                 md.append(f"| {scen} | {pair} | {_fmt(r['output_throughput'])} | {_fmt(r['ttft_p99'])} "
@@ -462,6 +473,22 @@ def compare_markdown(result: dict) -> str:
             verdict = {True: "pass", False: "FAIL", None: "not measured"}[line["pass"]]
             md.append(f"| {line['line']} | {line['target']} | {_fmt(line['value'], '.3g')} | {verdict} |\n")
     return "".join(md)
+
+
+def cpu_busy_fraction(interval_s: float = 1.0) -> float | None:
+    """Share of all CPU time (0-1) that was not idle over the next ``interval_s`` seconds,
+    from ``/proc/stat`` (idle + iowait count as idle); None where there is no ``/proc/stat``."""
+    def sample() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields[:8]), fields[3] + fields[4]  # total (without guest, already in user), idle + iowait
+
+    try:
+        t0, i0 = sample()
+        time.sleep(interval_s)
+        t1, i1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    return 1.0 - (i1 - i0) / (t1 - t0) if t1 > t0 else None
 
 
 def _as_summary(e: dict) -> dict:
