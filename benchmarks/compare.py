@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import importlib.util
 import json
 import math
 import os
@@ -51,10 +52,20 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-# llamacpp_peer sits next to this script; jaxinfer is this checkout's (not another installed copy)
-sys.path[:0] = [p for p in (str(HERE), str(HERE.parent)) if p not in sys.path]
+if str(HERE.parent) not in sys.path:  # this checkout's jaxinfer, not another installed copy
+    sys.path.insert(0, str(HERE.parent))
 
-import llamacpp_peer  # noqa: E402
+
+def _sibling(name: str):
+    """``benchmarks/<name>.py`` as a module (benchmarks/ is not a package; its folder stays off sys.path)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+llamacpp_peer = _sibling("llamacpp_peer")
 
 from jaxinfer.bench import load, metadata, report, workloads  # noqa: E402
 from jaxinfer.bench.serve import run_benchmark  # noqa: E402
