@@ -30,6 +30,10 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not real_model and not slow" $(PYTEST_ARGS)
 
+# The serving comparison (benchmarks/compare.py): jaxinfer continuous and static batching and
+# llama.cpp's server in one run. The first run also builds llama.cpp (benchmarks/llamacpp_peer.py,
+# cached in $LLAMACPP_HOME or ~/.cache/jaxinfer/llamacpp, ~10 min on 2 cores); if that is not
+# possible it says why and the comparison goes on without it.
 bench: setup
 	$(PY) benchmarks/compare.py $(ARGS)
 

@@ -1,134 +1,233 @@
-"""The serving comparison: jaxinfer (continuous batching) vs jaxinfer (static batching,
-same engine, same KV budget) vs Hugging Face transformers (static batches), on this machine.
+"""The serving comparison: jaxinfer (continuous batching) vs jaxinfer (static batching, same
+engine, same KV budget) vs llama.cpp's server (F16 GGUF of the same weights, CPU) and,
+optionally, Hugging Face transformers (static batches), in one run on this machine.
 
 Scenarios (closed loop; prompts are random token ids; ``ignore_eos`` so lengths are exact):
-  1. ``fixed``: ``--concurrency`` (32) clients, 512-token prompts, 256-token outputs.
-  2. ``sharegpt``: same concurrency, ShareGPT-like lognormal lengths (see
-     `jaxinfer.bench.workloads`), prompts <= 512 and outputs <= 511 tokens.
-  3. ``overload``: 4x the concurrency the KV pool can hold, scenario 1's lengths.
-Queues: scenarios 1-2 let every client wait (``--timeout-s``); overload keeps a short queue
-(``--overload-queue-len``, ``--max-queue-wait``) so excess clients get 429 at once.
-Both jaxinfer modes get the same KV pool: ``--num-blocks`` = enough blocks for
-``concurrency`` requests of 512 + 256 tokens (+ the null block), ``max_model_len`` 1024.
-Static batching reserves ``max_model_len`` per member, so fewer members fit: the rest
-fail (HTTP 503). The transformers server runs scenario 1 only by default (its static
-batches are the slowest part; ``--hf-scenarios`` changes that).
+  * ``single``: 1 client, 128-token prompts, 128-token outputs (latency of one stream).
+  * ``fixed8``: 8 clients, 512 / 256.
+  * ``fixed``: ``--concurrency`` (32) clients, 512 / 256.
+  * ``sharegpt``: same clients, ShareGPT-like lognormal lengths (`jaxinfer.bench.workloads`),
+    prompts <= 512 and outputs <= 511 tokens.
+  * ``c128``: 128 clients, 512 / 256; the KV pool holds all 128 (continuous batching should
+    serve every one of them; static batching reserves ``max_model_len`` per member, so only
+    ``pool / max_model_len`` of them fit and the rest fail with 503).
+  * ``overload``: 4x the clients the KV pool holds, ``fixed``'s lengths, short queue.
+`SCENARIOS` says which systems run which scenario; ``--systems`` / ``--scenarios`` select.
+Queues: every scenario but overload lets clients wait (``--timeout-s``); overload keeps a
+short queue (``--overload-queue-len``, ``--max-queue-wait``) so excess clients get 429.
 
-Every (system, scenario) gets a fresh server subprocess on 127.0.0.1 (free port), so the
-server's KV fragmentation gauge covers that scenario only (its warm-up requests included).
+Servers. jaxinfer runs ``server.py`` with its defaults plus what a scenario needs:
+``--max-model-len`` (1024), ``--no-prefix-caching``, queue limits, ``--max-num-seqs`` when the
+scenario has more clients than the default 32 (static batching: always, it is the batch
+size), and, where both jaxinfer modes run, the same ``--num-blocks`` for both: enough for
+the scenario's clients at its longest request (+ the null block). llama.cpp (built by
+`llamacpp_peer`, skipped with a printed reason if it cannot be built) gets ``-np`` = the
+scenario's clients, ``-c`` = clients x ``max_model_len`` and all CPU threads; requests to it
+carry ``cache_prompt: false`` (no prefix reuse). Every (scenario, system) gets a fresh server
+on 127.0.0.1, so the KV fragmentation gauge covers that scenario only (warm-up included).
+
 Writes ``benchmarks/results/<date>-<device>/``: ``compare.json`` (per scenario and system:
-output_throughput_tok_s, ttft_ms / tpot_ms / itl_ms / e2el_ms with mean, p50, p95, p99,
-kv_fragmentation, request counts by outcome), ``compare.md`` (README table), per-run
-JSON / markdown / CDF plots under ``runs/`` and one CDF plot per scenario.
-
-The request counts (``--num-requests``) are scaled down from the brief's 128 so the
-whole comparison fits in about 20 minutes on the 2-core development CPU; the metadata
-says so (``scaled_down``). Full run: ``make bench`` or
-``python benchmarks/compare.py``; a smoke run: ``python benchmarks/compare.py --quick``.
+the command line, output_throughput_tok_s, ttft_ms / tpot_ms / itl_ms / e2el_ms with mean,
+p50, p95, p99, kv_fragmentation, request counts by outcome, ``cpu_busy_before``: the share
+of the CPU other work used just before the server started, flagged in compare.md above
+`BUSY_CPU`; then ``ratios`` and
+``acceptance``, see `ratios` / `acceptance`), ``compare.md`` (README tables), per-run JSON /
+markdown / CDF plots under ``runs/``, one CDF plot per scenario, server logs under ``logs/``.
+Full run: ``make bench`` (``python benchmarks/compare.py``); smoke run: ``--quick``.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
+import dataclasses
 import datetime
+import importlib.util
 import json
 import math
 import os
+import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
-
-from jaxinfer.bench import load, metadata, report, workloads
-from jaxinfer.bench.serve import run_benchmark
-from jaxinfer.config import ModelConfig
-
-ROOT = Path(__file__).resolve().parents[1]
-BRIEF_NUM_REQUESTS = 128
-SYSTEMS = ("jaxinfer", "jaxinfer-static", "hf-transformers")
-SCENARIOS = ("fixed", "sharegpt", "overload")
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:  # this checkout's jaxinfer, not another installed copy
+    sys.path.insert(0, str(HERE.parent))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _sibling(name: str):
+    """``benchmarks/<name>.py`` as a module (benchmarks/ is not a package; its folder stays off sys.path)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
 
 
-def queue_limits(scenario: str, a) -> tuple[int, float]:
-    """(max queue length, max queue wait s). Scenarios 1-2 queue every client (nobody should
-    be turned away at the designed load); overload keeps a short queue so excess clients get
-    429 + Retry-After at once instead of waiting, which keeps admitted requests' TTFT bounded."""
-    if scenario == "overload":
+llamacpp_peer = _sibling("llamacpp_peer")
+
+from jaxinfer.bench import load, metadata, report, workloads  # noqa: E402
+from jaxinfer.bench.serve import run_benchmark  # noqa: E402
+from jaxinfer.config import ModelConfig, SchedulerConfig  # noqa: E402
+
+ROOT = HERE.parent
+TARGET_NUM_REQUESTS = 128
+SYSTEMS = ("jaxinfer", "jaxinfer-static", "llamacpp", "hf-transformers")
+DEFAULT_SYSTEMS = ("jaxinfer", "jaxinfer-static", "llamacpp")  # transformers: ~15 min more per scenario
+SERVER_DEFAULT_MAX_NUM_SEQS = SchedulerConfig().max_num_seqs
+BUSY_CPU = 0.25  # compare.md flags runs that started while other work used more of the CPU than this
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """One closed-loop scenario.
+
+    Attributes:
+      name: key in compare.json.
+      clients: closed-loop clients (concurrent requests offered).
+      pool_clients: requests of ``--input-len`` + ``--output-len`` tokens the shared jaxinfer
+        KV pool holds, and the batch size of static batching / transformers (``clients``
+        except for overload).
+      workload: requests to send (lengths in tokens).
+      systems: systems that run it (when selected).
+    """
+
+    name: str
+    clients: int
+    pool_clients: int
+    workload: workloads.WorkloadConfig
+    systems: tuple[str, ...]
+
+    @property
+    def same_kv_budget(self) -> bool:
+        """Both jaxinfer modes run it, so both get the same explicit ``--num-blocks``."""
+        return "jaxinfer-static" in self.systems
+
+
+SCENARIOS = ("single", "fixed8", "fixed", "sharegpt", "c128", "overload")
+
+
+def scenarios(a) -> dict[str, Scenario]:
+    """The scenario table for the parsed arguments (``--quick`` shrinks clients and lengths)."""
+    s = 8 if a.quick else 1  # quick: fewer clients
+    fixed = dict(name="fixed", input_len=a.input_len, output_len=a.output_len, seed=a.seed)
+    wl = workloads.WorkloadConfig
+    sharegpt = wl(name="sharegpt", num_requests=a.num_requests, max_input_len=a.max_model_len // 2,
+                  max_output_len=a.max_model_len // 2 - 1, seed=a.seed)
+    c128 = max(128 // s, 1)
+    table = [
+        Scenario("single", 1, 1, wl(name="fixed", num_requests=a.single_requests, input_len=a.single_input_len,
+                                    output_len=a.single_output_len, seed=a.seed),
+                 ("jaxinfer", "llamacpp", "hf-transformers")),
+        Scenario("fixed8", max(8 // s, 1), max(8 // s, 1), wl(num_requests=a.num_requests, **fixed),
+                 ("jaxinfer", "llamacpp", "hf-transformers")),
+        Scenario("fixed", a.concurrency, a.concurrency, wl(num_requests=a.num_requests, **fixed),
+                 ("jaxinfer", "jaxinfer-static", "llamacpp", "hf-transformers")),
+        Scenario("sharegpt", a.concurrency, a.concurrency, sharegpt,
+                 ("jaxinfer", "jaxinfer-static", "llamacpp", "hf-transformers")),
+        Scenario("c128", c128, c128, wl(num_requests=max(a.num_requests, c128), **fixed),
+                 ("jaxinfer", "jaxinfer-static")),
+        Scenario("overload", 4 * a.concurrency, a.concurrency, wl(num_requests=2 * a.num_requests, **fixed),
+                 ("jaxinfer", "jaxinfer-static")),
+    ]
+    return {sc.name: sc for sc in table}
+
+
+def num_blocks(scen: Scenario, a, block_size: int = 16) -> int:
+    """KV pool blocks holding ``pool_clients`` requests of ``input_len + output_len`` tokens,
+    + the null block (ShareGPT-like requests vary around that; the longest need more)."""
+    return scen.pool_clients * math.ceil((a.input_len + a.output_len) / block_size) + 1
+
+
+def queue_limits(scen: Scenario, a) -> tuple[int, float]:
+    """(max queue length, max queue wait s). Every scenario but overload queues every client
+    (nobody should be turned away at the designed load); overload keeps a short queue so
+    excess clients get 429 + Retry-After at once, which keeps admitted requests' TTFT bounded."""
+    if scen.name == "overload":
         return a.overload_queue_len, a.max_queue_wait
-    return a.max_queue_len, a.timeout_s
+    return max(a.max_queue_len, scen.clients), a.timeout_s
 
 
-def server_command(system: str, port: int, a, scenario: str = "fixed") -> list[str]:
-    """The command line that starts ``system`` on ``port`` (same model and limits for both jaxinfer modes)."""
-    queue_len, queue_wait = queue_limits(scenario, a)
+def jaxinfer_command(system: str, port: int, a, scen: Scenario) -> list[str]:
+    """``server.py`` for one scenario: server defaults plus what the scenario needs (module docstring)."""
+    queue_len, queue_wait = queue_limits(scen, a)
+    cmd = [sys.executable, str(a.server_script), "--port", str(port), "--model", a.model,
+           "--max-model-len", str(a.max_model_len), "--no-prefix-caching",
+           "--max-queue-len", str(queue_len), "--max-queue-wait", str(queue_wait),
+           "--shutdown-timeout", "5", "--log-level", "warning"]
+    if system == "jaxinfer-static":
+        cmd += ["--scheduler", "static", "--max-num-seqs", str(scen.pool_clients)]
+    elif scen.pool_clients > SERVER_DEFAULT_MAX_NUM_SEQS:
+        cmd += ["--max-num-seqs", str(scen.pool_clients)]
+    if scen.same_kv_budget:
+        cmd += ["--num-blocks", str(num_blocks(scen, a))]
+    if a.max_num_batched_tokens:
+        cmd += ["--max-num-batched-tokens", str(a.max_num_batched_tokens)]
+    return cmd
+
+
+def server_command(system: str, port: int, a, scen: Scenario) -> list[str]:
+    """The command line that starts ``system`` on ``port`` for ``scen``."""
+    if system == "llamacpp":
+        server, gguf = a.llamacpp
+        return llamacpp_peer.server_command(server, gguf, port, scen.clients, a.max_model_len, a.llamacpp_threads,
+                                            served_name=a.model)
     if system == "hf-transformers":
-        return [sys.executable, str(ROOT / "benchmarks" / "hf_server.py"), "--port", str(port),
-                "--max-batch-size", str(a.concurrency), "--batch-timeout-s", str(a.batch_timeout_s),
+        queue_len, _ = queue_limits(scen, a)
+        return [sys.executable, str(HERE / "hf_server.py"), "--port", str(port),
+                "--max-batch-size", str(scen.pool_clients), "--batch-timeout-s", str(a.batch_timeout_s),
                 "--served-model-name", a.model, "--max-queue-len", str(queue_len)] + (
                     ["--threads", str(a.hf_threads)] if a.hf_threads else [])
-    return [sys.executable, str(a.server_script), "--port", str(port), "--model", a.model,
-            "--max-num-seqs", str(a.concurrency), "--max-num-batched-tokens", str(a.max_num_batched_tokens),
-            "--max-model-len", str(a.max_model_len), "--num-blocks", str(a.num_blocks),
-            "--max-queue-len", str(queue_len), "--max-queue-wait", str(queue_wait),
-            "--shutdown-timeout", "5", "--log-level", "warning",
-            "--scheduler", "static" if system == "jaxinfer-static" else "continuous"]
+    return jaxinfer_command(system, port, a, scen)
 
 
-@contextlib.contextmanager
-def running_server(cmd: list[str], log_path: Path, startup_timeout_s: float):
-    """Start a server subprocess, wait until ``GET /health`` is 200, yield its base URL,
-    then SIGTERM it (SIGKILL after 30 s)."""
-    port = int(cmd[cmd.index("--port") + 1])
-    url = f"http://127.0.0.1:{port}"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            wait_healthy(url, proc, startup_timeout_s)
-            yield url
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+def display_command(cmd: list[str]) -> str:
+    """``cmd`` as one shell line, with this checkout shown as ``.``, the llama.cpp cache as
+    ``$LLAMACPP_HOME`` and the Python interpreter as ``python`` (results name no outside path)."""
+    swaps = [(sys.executable, "python"), (str(llamacpp_peer.home()), "$LLAMACPP_HOME"), (str(ROOT), ".")]
+    out = []
+    for part in cmd:
+        for old, new in swaps:
+            if part == old or part.startswith(old + os.sep):
+                part = new + part[len(old):]
+                break
+        out.append(part)
+    return " ".join(p if p.startswith("$LLAMACPP_HOME") else shlex.quote(p) for p in out)
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> float:
-    """Seconds until ``/health`` answered 200. Raises if the process died or time ran out."""
-    t0 = time.monotonic()
-    with httpx.Client(timeout=5.0) as c:
-        while time.monotonic() - t0 < timeout_s:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with status {proc.returncode} during start-up")
-            with contextlib.suppress(httpx.HTTPError):
-                if c.get(url + "/health").status_code == 200:
-                    return time.monotonic() - t0
-            time.sleep(1.0)
-    raise TimeoutError(f"{url} not healthy after {timeout_s:g} s")
+def device_label() -> str:
+    """``<gpu-name>`` from nvidia-smi, else ``cpu<cores>``."""
+    gpu = gpu_info()
+    return gpu["name"].lower().replace(" ", "-") if gpu else f"cpu{os.cpu_count()}"
 
 
-def scenario_setup(name: str, a) -> tuple[workloads.WorkloadConfig, int]:
-    """(workload, closed-loop concurrency) of a scenario."""
-    if name == "sharegpt":
-        wl = workloads.WorkloadConfig(name="sharegpt", num_requests=a.num_requests, max_input_len=a.max_model_len // 2,
-                                      max_output_len=a.max_model_len // 2 - 1, seed=a.seed)
-        return wl, a.concurrency
-    wl = workloads.WorkloadConfig(name="fixed", num_requests=a.num_requests * (2 if name == "overload" else 1),
-                                  input_len=a.input_len, output_len=a.output_len, seed=a.seed)
-    return wl, a.concurrency * (4 if name == "overload" else 1)
+def gpu_info() -> dict | None:
+    """The first GPU's name and memory (MiB) from nvidia-smi, or None without one."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        line = subprocess.check_output(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                                       text=True).splitlines()[0]
+        name, mem = (x.strip() for x in line.split(","))
+        return {"name": name, "memory_mib": int(mem)}
+    except (subprocess.CalledProcessError, OSError, ValueError, IndexError):
+        return None
+
+
+def system_info(system: str, cmd: list[str]) -> dict:
+    """What the metadata records about a server under test."""
+    if system == "hf-transformers":
+        engine = {"backend": "transformers generate (torch, eager)", "dtype": "float32", "batching": "static"}
+    elif system == "llamacpp":
+        engine = {"backend": f"llama.cpp llama-server (CPU build, GGML_NATIVE; vendored in llama-cpp-python "
+                             f"{llamacpp_peer.LLAMA_CPP_PYTHON_VERSION})",
+                  "dtype": "float16 weights (F16 GGUF of the same Q4_1 checkpoint), float16 KV",
+                  "batching": "continuous (-np slots)", "request_extra": llamacpp_peer.REQUEST_EXTRA}
+    else:
+        engine = {"backend": "jaxinfer (attention: server default, pallas on GPU / xla otherwise)", "dtype": "float32",
+                  "batching": "static" if system == "jaxinfer-static" else "continuous"}
+    return {"system": system, "command": display_command(cmd), "device": device_label(), "gpu": gpu_info(), **engine}
 
 
 def system_entry(summary: dict) -> dict:
@@ -144,56 +243,95 @@ def system_entry(summary: dict) -> dict:
             "duration_s": summary["duration_s"]}
 
 
-def device_label() -> str:
-    """``<gpu-name>`` from nvidia-smi, else ``cpu<cores>``."""
-    gpu = gpu_info()
-    return gpu["name"].lower().replace(" ", "-") if gpu else f"cpu{os.cpu_count()}"
+def _ratio(num, den) -> float | None:
+    return None if num is None or den is None or den == 0 else num / den
 
 
-def gpu_info() -> dict | None:
-    """The first GPU's name and memory (MiB) from nvidia-smi, or None without one."""
-    if not shutil.which("nvidia-smi"):
-        return None
-    with contextlib.suppress(subprocess.CalledProcessError, OSError, ValueError):
-        line = subprocess.check_output(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-                                       text=True).splitlines()[0]
-        name, mem = (x.strip() for x in line.split(","))
-        return {"name": name, "memory_mib": int(mem)}
-    return None
+def pair_ratios(a: dict, b: dict) -> dict:
+    """``a`` over ``b`` (compare.json entries): output tok/s, TTFT p99, TPOT p50 (None where missing)."""
+    return {"output_throughput": _ratio(a["output_throughput_tok_s"], b["output_throughput_tok_s"]),
+            "ttft_p99": _ratio(a["ttft_ms"]["p99"], b["ttft_ms"]["p99"]),
+            "tpot_p50": _ratio(a["tpot_ms"]["p50"], b["tpot_ms"]["p50"])}
 
 
-def system_info(system: str, cmd: list[str]) -> dict:
-    """What the metadata records about a server under test."""
-    if system == "hf-transformers":
-        engine = {"backend": "transformers generate (torch, eager)", "dtype": "float32", "batching": "static"}
-    else:
-        engine = {"backend": "jaxinfer (attention: server default, pallas on GPU / xla otherwise)", "dtype": "float32",
-                  "batching": "static" if system == "jaxinfer-static" else "continuous"}
-    return {"system": system, "command": " ".join(cmd[1:]), "device": device_label(), "gpu": gpu_info(), **engine}
+RATIO_PAIRS = (("jaxinfer", "llamacpp"), ("jaxinfer", "jaxinfer-static"), ("jaxinfer", "hf-transformers"))
+
+
+def ratios(result_scenarios: dict) -> dict:
+    """``{scenario: {"jaxinfer/<other>": pair_ratios}}`` for every pair in `RATIO_PAIRS` both measured."""
+    out = {}
+    for scen, systems in result_scenarios.items():
+        pairs = {f"{x}/{y}": pair_ratios(systems[x], systems[y]) for x, y in RATIO_PAIRS
+                 if x in systems and y in systems}
+        if pairs:
+            out[scen] = pairs
+    return out
+
+
+# (text, scenario, pair or None, quantity, "min"/"max", target)
+ACCEPTANCE = (
+    ("32 clients, 512/256: >= 1.5x llama.cpp output tok/s", "fixed", "jaxinfer/llamacpp", "output_throughput",
+     "min", 1.5),
+    ("32 clients, 512/256: <= 0.5x llama.cpp TTFT p99", "fixed", "jaxinfer/llamacpp", "ttft_p99", "max", 0.5),
+    ("8 clients, 512/256: >= 1.3x llama.cpp output tok/s", "fixed8", "jaxinfer/llamacpp", "output_throughput",
+     "min", 1.3),
+    ("1 client, 128/128: TPOT p50 <= llama.cpp's", "single", "jaxinfer/llamacpp", "tpot_p50", "max", 1.0),
+    ("fixed lengths: continuous >= 1.1x static output tok/s", "fixed", "jaxinfer/jaxinfer-static",
+     "output_throughput", "min", 1.1),
+    ("fixed lengths: continuous TTFT p99 <= 1/3 of static", "fixed", "jaxinfer/jaxinfer-static", "ttft_p99",
+     "max", 1 / 3),
+    ("ShareGPT-like lengths: continuous >= 2x static output tok/s", "sharegpt", "jaxinfer/jaxinfer-static",
+     "output_throughput", "min", 2.0),
+    ("ShareGPT-like lengths: continuous TTFT p99 <= 1/3 of static", "sharegpt", "jaxinfer/jaxinfer-static",
+     "ttft_p99", "max", 1 / 3),
+    ("128 clients: 0 failed requests (continuous)", "c128", None, "errors", "max", 0),
+    ("128 clients: KV fragmentation <= 2% (continuous)", "c128", None, "kv_fragmentation", "max", 0.02),
+)
+
+
+def acceptance(result_scenarios: dict, result_ratios: dict) -> list[dict]:
+    """Each `ACCEPTANCE` line with its measured value and ``pass``: True / False, or None when
+    not measured (system or scenario not run). Single-system lines read jaxinfer's entry."""
+    out = []
+    for text, scen, pair, qty, kind, target in ACCEPTANCE:
+        if pair is not None:
+            value = result_ratios.get(scen, {}).get(pair, {}).get(qty)
+        else:
+            e = result_scenarios.get(scen, {}).get("jaxinfer")
+            value = None if e is None else (e["counts"]["total"] - e["counts"]["ok"] if qty == "errors" else e[qty])
+        ok = None if value is None else (value >= target if kind == "min" else value <= target)
+        out.append({"line": text, "scenario": scen, "quantity": f"{pair} {qty}" if pair else f"jaxinfer {qty}",
+                    "target": f"{'>=' if kind == 'min' else '<='} {target:.3g}", "value": value, "pass": ok})
+    return out
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    p.add_argument("--systems", nargs="+", default=list(DEFAULT_SYSTEMS), choices=SYSTEMS)
     p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
-    p.add_argument("--hf-scenarios", nargs="+", default=["fixed"], choices=SCENARIOS)
-    p.add_argument("--concurrency", type=int, default=32, help="clients; also max_num_seqs / max batch size")
+    p.add_argument("--hf-scenarios", nargs="+", default=["fixed"], choices=SCENARIOS,
+                   help="scenarios hf-transformers runs when it is in --systems")
+    p.add_argument("--concurrency", type=int, default=32, help="clients of fixed / sharegpt (overload: 4x)")
     p.add_argument("--num-requests", type=int, default=64,
-                   help=f"measured requests per scenario (overload: twice this); the brief asks {BRIEF_NUM_REQUESTS}")
+                   help=f"measured requests per scenario (overload: twice; c128: at least 128); "
+                        f"the target is {TARGET_NUM_REQUESTS}")
+    p.add_argument("--single-requests", type=int, default=16, help="measured requests of the 1-client scenario")
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--single-input-len", type=int, default=128)
+    p.add_argument("--single-output-len", type=int, default=128)
     p.add_argument("--warmup-requests", type=int, default=4)
-    p.add_argument("--max-model-len", type=int, default=1024)
-    p.add_argument("--max-num-batched-tokens", type=int, default=512)
+    p.add_argument("--max-model-len", type=int, default=1024, help="jaxinfer; also llama.cpp's context per slot")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="jaxinfer (default: the server's)")
     p.add_argument("--max-queue-len", type=int, default=256)
     p.add_argument("--max-queue-wait", type=float, default=30.0,
-                   help="jaxinfer, overload scenario: seconds queued before 429 (scenarios 1-2 wait --timeout-s)")
+                   help="jaxinfer, overload scenario: seconds queued before 429 (others wait --timeout-s)")
     p.add_argument("--overload-queue-len", type=int, default=8, help="overload scenario: waiting requests before 429")
     p.add_argument("--overload-max-retries", type=int, default=0,
-                   help="overload scenario: clients resend a 429 after its Retry-After up to this many times "
-                        "(0, the default of the committed results: a 429 is final)")
+                   help="overload scenario: clients resend a 429 after its Retry-After up to this many times")
+    p.add_argument("--llamacpp-threads", type=int, default=None, help="llama.cpp -t / -tb (default: CPU count)")
     p.add_argument("--batch-timeout-s", type=float, default=0.1, help="hf-transformers: batch formation wait")
     p.add_argument("--hf-threads", type=int, default=None, help="hf-transformers: torch threads (default torch's)")
     p.add_argument("--slo-ttft-ms", type=float, default=10_000.0)
@@ -204,14 +342,43 @@ def parse_args(argv=None):
     p.add_argument("--server-script", type=Path, default=ROOT / "server.py", help="jaxinfer server entry point")
     p.add_argument("--out", default=None, help="default benchmarks/results/<date>-<device>")
     p.add_argument("--quick", action="store_true",
-                   help="smoke run: 4 clients, 8 requests, 64-token prompts, 16-token outputs")
+                   help="smoke run: clients / 8, 8 requests (single: 2), 64/16 and 32/16 tokens")
     a = p.parse_args(argv)
     if a.quick:
         a.concurrency, a.num_requests, a.input_len, a.output_len, a.warmup_requests = 4, 8, 64, 16, 1
-        a.max_model_len, a.max_num_batched_tokens = 256, 128
-    a.blocks_per_request = math.ceil((a.input_len + a.output_len) / 16)
-    a.num_blocks = a.concurrency * a.blocks_per_request + 1  # + the null block
+        a.single_requests, a.single_input_len, a.single_output_len, a.max_model_len = 2, 32, 16, 256
     return a
+
+
+def run_one(system: str, scen: Scenario, a, out: Path) -> tuple[dict, str]:
+    """Start ``system``'s server for ``scen``, run the load, stop it; (compare.json entry, run label)."""
+    cmd = server_command(system, llamacpp_peer.free_port(), a, scen)
+    label = f"{scen.name}-{system}"
+    busy_cpu = cpu_busy_fraction()  # before our server starts: other work on this machine
+    print(f"== {label}: {scen.clients} clients, {scen.workload.num_requests} requests\n   {display_command(cmd)}",
+          flush=True)
+    with llamacpp_peer.running(cmd, out / "logs" / f"{label}.log", a.startup_timeout_s) as url:
+        cfg = load.LoadConfig(url, a.model, concurrency=scen.clients, timeout_s=a.timeout_s, seed=a.seed,
+                              max_retries=a.overload_max_retries if scen.name == "overload" else 0,
+                              extra_body=dict(llamacpp_peer.REQUEST_EXTRA) if system == "llamacpp" else None)
+        run = run_benchmark(cfg, scen.workload, label=label, out_dir=out / "runs", warmup_requests=a.warmup_requests,
+                            slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms, server_info=system_info(system, cmd))
+    print(report.markdown_table([(label, run["summary"])]), flush=True)
+    entry = {"concurrency": scen.clients, "command": display_command(cmd), **system_entry(run["summary"]),
+             "cpu_busy_before": busy_cpu}
+    return entry, label
+
+
+def plan(a) -> list[tuple[Scenario, list[str]]]:
+    """(scenario, systems to run) in order, from ``--scenarios`` / ``--systems`` / ``--hf-scenarios``."""
+    table = scenarios(a)
+    out = []
+    for name in a.scenarios:
+        scen = table[name]
+        systems = [s for s in a.systems if s in scen.systems and (s != "hf-transformers" or name in a.hf_scenarios)]
+        if systems:
+            out.append((scen, systems))
+    return out
 
 
 def main(argv=None) -> dict:
@@ -219,39 +386,32 @@ def main(argv=None) -> dict:
     t_start = time.monotonic()
     name = f"{datetime.date.today()}-{device_label()}{'-quick' if a.quick else ''}"
     out = Path(a.out) if a.out else ROOT / "benchmarks" / "results" / name
+    todo = plan(a)
+    llama_note = prepare_llamacpp(a, todo)
     kv_block_bytes = 16 * ModelConfig.from_dir(ROOT / "weights" / a.model).kv_bytes_per_token  # float32
     meta = metadata.collect(a.model, {"device": device_label(), "gpu": gpu_info()})
-    meta.update(settings={k: v for k, v in vars(a).items()},
-                kv_budget={"num_blocks": a.num_blocks, "bytes_float32": (a.num_blocks - 1) * kv_block_bytes,
-                           "holds": f"{a.concurrency} requests of {a.input_len}+{a.output_len} tokens"},
-                scaled_down={"brief_num_requests": BRIEF_NUM_REQUESTS, "num_requests": a.num_requests,
-                             "overload_num_requests": 2 * a.num_requests,
-                             "why": "the brief's 128 requests per scenario do not fit in 20 minutes on this CPU"}
-                if a.num_requests < BRIEF_NUM_REQUESTS else None)
+    meta.update(settings={k: display_command([str(v)]) if isinstance(v, Path) else v
+                          for k, v in vars(a).items() if k != "llamacpp"}, quick=a.quick, llamacpp=llama_note,
+                kv_budget={sc.name: {"num_blocks": num_blocks(sc, a),
+                                     "bytes_float32": (num_blocks(sc, a) - 1) * kv_block_bytes,
+                                     "holds": f"{sc.pool_clients} requests of {a.input_len}+{a.output_len} tokens"}
+                           for sc, _ in todo if sc.same_kv_budget},
+                scaled_down={"target_num_requests": TARGET_NUM_REQUESTS, "num_requests": a.num_requests,
+                             "why": "128 requests per scenario take too long on a 2-core CPU"}
+                if a.num_requests < TARGET_NUM_REQUESTS else None)
     result = {"metadata": meta, "scenarios": {}}
-    for scen in a.scenarios:
-        wl, conc = scenario_setup(scen, a)
-        per_system, cdf_runs = {}, []
-        for system in a.systems:
-            if system == "hf-transformers" and scen not in a.hf_scenarios:
+    for scen, systems in todo:
+        per_system, labels = {}, []
+        for system in systems:
+            if system == "llamacpp" and a.llamacpp is None:
                 continue
-            port = free_port()
-            cmd = server_command(system, port, a, scen)
-            label = f"{scen}-{system}"
-            print(f"== {label}: {conc} clients, {wl.num_requests} requests", flush=True)
-            with running_server(cmd, out / "logs" / f"{label}.log", a.startup_timeout_s) as url:
-                retries = a.overload_max_retries if scen == "overload" else 0
-                cfg = load.LoadConfig(url, a.model, concurrency=conc, timeout_s=a.timeout_s, seed=a.seed,
-                                      max_retries=retries)
-                info = system_info(system, cmd)
-                run = run_benchmark(cfg, wl, label=label, out_dir=out / "runs", warmup_requests=a.warmup_requests,
-                                    slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms, server_info=info)
-            per_system[system] = {"concurrency": conc, **system_entry(run["summary"])}
-            cdf_runs.append((system, run["summary"], label))
-            print(report.markdown_table([(label, run["summary"])]), flush=True)
+            per_system[system], label = run_one(system, scen, a, out)
+            labels.append((system, label))
         if per_system:
-            result["scenarios"][scen] = per_system
-            _write_scenario_plot(out, scen, cdf_runs)
+            result["scenarios"][scen.name] = per_system
+            _write_scenario_plot(out, scen.name, labels)
+    result["ratios"] = ratios(result["scenarios"])
+    result["acceptance"] = acceptance(result["scenarios"], result["ratios"])
     meta["elapsed_s"] = time.monotonic() - t_start
     report.write_json(out / "compare.json", result)
     (out / "compare.md").write_text(compare_markdown(result))
@@ -260,32 +420,86 @@ def main(argv=None) -> dict:
     return result
 
 
-def _write_scenario_plot(out: Path, scen: str, runs) -> None:
+def prepare_llamacpp(a, todo) -> dict | None:
+    """Build llama.cpp if a planned scenario runs it; sets ``a.llamacpp`` to (server, gguf) or
+    None. Returns what the metadata records (None when llama.cpp was not asked for)."""
+    a.llamacpp = None
+    if not any("llamacpp" in systems for _, systems in todo):
+        return None
+    reasons = []
+    a.llamacpp = llamacpp_peer.ensure_llamacpp(log=lambda m: (print(m, flush=True), reasons.append(m)))
+    return {"available": a.llamacpp is not None, "version": f"llama-cpp-python {llamacpp_peer.LLAMA_CPP_PYTHON_VERSION}"
+            " vendored llama.cpp", "reason": None if a.llamacpp else reasons[-1]}
+
+
+def _write_scenario_plot(out: Path, scen: str, labels) -> None:
     """One CDF figure per scenario, every system as a line (from the per-run JSON files)."""
     from jaxinfer.bench.client import RequestResult
 
     series = []
-    for system, _, label in runs:
+    for system, label in labels:
         raw = json.loads((out / "runs" / f"{label}.json").read_text())["requests"]
         series.append((system, [RequestResult(**{k: v for k, v in r.items() if k != "tpot"}) for r in raw]))
     if series:
         report.plot_cdfs(out / f"{scen}_cdf.png", series)
 
 
+def _fmt(v, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
 def compare_markdown(result: dict) -> str:
-    """The README table: one section per scenario, one row per system."""
-    md = [f"Measured {result['metadata']['date']} on {result['metadata']['host']['cpu']} "
-          f"({result['metadata']['host']['cpu_count']} cores), commit "
-          f"{(result['metadata']['git']['commit'] or 'unknown')[:10]}.\n"]
-    if result["metadata"].get("scaled_down"):
-        s = result["metadata"]["scaled_down"]
-        md.append(f"Scaled down: {s['num_requests']} requests per scenario ({s['overload_num_requests']} for overload) "
-                  f"instead of {s['brief_num_requests']}: {s['why']}.\n")
+    """The README tables: one section per scenario (one row per system), then ratios and acceptance."""
+    m = result["metadata"]
+    md = [f"Measured {m['date']} on {m['host']['cpu']} ({m['host']['cpu_count']} cores), commit "
+          f"{(m['git']['commit'] or 'unknown')[:10]}.\n"]
+    if m.get("quick"):
+        md.append("Smoke run (--quick): tiny counts and lengths; the ratios below mean nothing.\n")
+    if m.get("scaled_down"):
+        s = m["scaled_down"]
+        md.append(f"Scaled down: {s['num_requests']} requests per scenario instead of {s['target_num_requests']}: "
+                  f"{s['why']}.\n")
+    if (m.get("llamacpp") or {}).get("available") is False:
+        md.append(f"llama.cpp not measured: {m['llamacpp']['reason']}\n")
+    busy = [f"{scen}-{name} ({e['cpu_busy_before']:.0%})" for scen, systems in result["scenarios"].items()
+            for name, e in systems.items() if (e.get("cpu_busy_before") or 0) > BUSY_CPU]
+    if busy:
+        md.append(f"Other work was using the CPU just before these runs (share of all cores busy): {', '.join(busy)}; "
+                  "their numbers are not comparable (llama.cpp's spinning thread pool slows down many-fold "
+                  "when it shares its cores).\n")
     for scen, systems in result["scenarios"].items():
         md.append(f"\n### {scen}\n\n")
         rows = [(f"{name} (c={e['concurrency']})", _as_summary(e)) for name, e in systems.items()]
         md.append(report.markdown_table(rows))
+    if result.get("ratios"):
+        md.append("\n### Ratios (first system over second)\n\n"
+                  "| scenario | pair | output tok/s | TTFT p99 | TPOT p50 |\n|---|---|---|---|---|\n")
+        for scen, pairs in result["ratios"].items():
+            for pair, r in pairs.items():
+                md.append(f"| {scen} | {pair} | {_fmt(r['output_throughput'])} | {_fmt(r['ttft_p99'])} "
+                          f"| {_fmt(r['tpot_p50'])} |\n")
+    if result.get("acceptance"):
+        md.append("\n### Acceptance\n\n| line | target | measured | result |\n|---|---|---|---|\n")
+        for line in result["acceptance"]:
+            verdict = {True: "pass", False: "FAIL", None: "not measured"}[line["pass"]]
+            md.append(f"| {line['line']} | {line['target']} | {_fmt(line['value'], '.3g')} | {verdict} |\n")
     return "".join(md)
+
+
+def cpu_busy_fraction(interval_s: float = 1.0) -> float | None:
+    """Share of all CPU time (0-1) that was not idle over the next ``interval_s`` seconds,
+    from ``/proc/stat`` (idle + iowait count as idle); None where there is no ``/proc/stat``."""
+    def sample() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields[:8]), fields[3] + fields[4]  # total (without guest, already in user), idle + iowait
+
+    try:
+        t0, i0 = sample()
+        time.sleep(interval_s)
+        t1, i1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    return 1.0 - (i1 - i0) / (t1 - t0) if t1 > t0 else None
 
 
 def _as_summary(e: dict) -> dict:

@@ -1,0 +1,225 @@
+"""benchmarks/compare.py (the serving comparison) and benchmarks/llamacpp_peer.py (llama.cpp as
+its peer system): ratios and acceptance lines computed by hand, which systems run which
+scenario, the jaxinfer command lines read back through server.py's own flag parser (one KV
+budget for both batching modes), llama-server's command line, the build's failure report
+and cache, the server start / health / stop cycle on a stand-in server and, when llama.cpp
+has been built on this machine, the real llama-server answering the load generator.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from jaxinfer.bench import load, workloads
+from jaxinfer.bench.workloads import WorkloadConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_benchmark(name: str):
+    """Import ``benchmarks/<name>.py`` (not a package) as a module."""
+    path = ROOT / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def entry(tok_s, ttft_p99, tpot_p50, ok=10, total=10, frag=None):
+    """A compare.json system entry with the fields ratios / acceptance read."""
+    lat = {"mean": None, "p50": None, "median": None, "p95": None, "p99": None}
+    return {"concurrency": 1, "output_throughput_tok_s": tok_s, "ttft_ms": {**lat, "p99": ttft_p99},
+            "tpot_ms": {**lat, "p50": tpot_p50, "median": tpot_p50}, "itl_ms": lat, "e2el_ms": lat,
+            "kv_fragmentation": frag, "counts": {"ok": ok, "total": total}}
+
+
+def test_compare_ratios_and_acceptance_by_hand():
+    compare = load_benchmark("compare")
+    scen = {"fixed": {"jaxinfer": entry(150.0, 1000.0, 50.0), "llamacpp": entry(100.0, 2500.0, 40.0),
+                      "jaxinfer-static": entry(120.0, 4000.0, 30.0)},
+            "single": {"jaxinfer": entry(80.0, 200.0, 12.0), "llamacpp": entry(83.0, 250.0, 10.0)},
+            "c128": {"jaxinfer": entry(90.0, 5.0, 5.0, ok=127, total=128, frag=0.015),
+                     "jaxinfer-static": entry(60.0, 9.0, 5.0, ok=96, total=128)}}
+    r = compare.ratios(scen)
+    assert r["fixed"]["jaxinfer/llamacpp"] == pytest.approx(
+        {"output_throughput": 1.5, "ttft_p99": 0.4, "tpot_p50": 1.25})
+    assert r["fixed"]["jaxinfer/jaxinfer-static"]["output_throughput"] == pytest.approx(1.25)
+    assert set(r) == {"fixed", "single", "c128"} and set(r["single"]) == {"jaxinfer/llamacpp"}
+    by_line = {(a["scenario"], a["quantity"]): a for a in compare.acceptance(scen, r)}
+    assert by_line[("fixed", "jaxinfer/llamacpp output_throughput")]["pass"] is True  # 1.5 >= 1.5
+    assert by_line[("fixed", "jaxinfer/llamacpp ttft_p99")]["pass"] is True  # 0.4 <= 0.5
+    assert by_line[("fixed", "jaxinfer/jaxinfer-static output_throughput")]["pass"] is True  # 1.25 >= 1.1
+    assert by_line[("fixed", "jaxinfer/jaxinfer-static ttft_p99")]["pass"] is True  # 0.25 <= 1/3
+    assert by_line[("single", "jaxinfer/llamacpp tpot_p50")]["pass"] is False  # 12 ms > 10 ms
+    assert by_line[("fixed8", "jaxinfer/llamacpp output_throughput")]["pass"] is None  # not run
+    assert by_line[("sharegpt", "jaxinfer/jaxinfer-static ttft_p99")]["pass"] is None
+    errors = by_line[("c128", "jaxinfer errors")]
+    assert (errors["value"], errors["pass"]) == (1, False)  # 127 of 128 served
+    assert by_line[("c128", "jaxinfer kv_fragmentation")]["pass"] is True
+    md = compare.compare_markdown({"metadata": {"date": "d", "host": {"cpu": "c", "cpu_count": 2},
+                                                "git": {"commit": None}}, "scenarios": {},
+                                   "ratios": r, "acceptance": compare.acceptance(scen, r)})
+    assert "| fixed | jaxinfer/llamacpp | 1.50 | 0.40 | 1.25 |" in md
+    assert md.count("| FAIL |") == 2 and md.count("| not measured |") == 3  # fixed8, sharegpt x2
+
+
+def test_compare_plan_selects_systems_per_scenario():
+    compare = load_benchmark("compare")
+    runs = {s.name: systems for s, systems in compare.plan(compare.parse_args([]))}
+    assert list(runs) == ["single", "fixed8", "fixed", "sharegpt", "c128", "overload"]
+    assert all("llamacpp" in runs[s] for s in ("single", "fixed8", "fixed"))
+    assert all("jaxinfer-static" in runs[s] for s in ("fixed", "sharegpt", "c128"))
+    assert "llamacpp" not in runs["c128"] and not any("hf-transformers" in v for v in runs.values())
+    chosen = compare.plan(compare.parse_args(["--systems", "llamacpp", "hf-transformers",
+                                              "--scenarios", "single", "c128", "fixed"]))
+    assert [(s.name, v) for s, v in chosen] == [("single", ["llamacpp"]),
+                                                ("fixed", ["llamacpp", "hf-transformers"])]
+    scen = {s.name: s for s, _ in compare.plan(compare.parse_args([]))}
+    single = scen["single"]
+    assert (single.clients, single.workload.input_len, single.workload.output_len) == (1, 128, 128)
+    assert (scen["fixed8"].clients, scen["fixed"].clients, scen["c128"].clients) == (8, 32, 128)
+    assert scen["c128"].workload.num_requests >= 128
+
+
+def test_compare_jaxinfer_commands_share_the_kv_budget():
+    """c128 through server.py's own flag parsing: both modes get one pool that holds all 128
+    requests; static batching's max_model_len reservations fit fewer; continuous batching
+    runs with the server's defaults but for what the scenario needs."""
+    import server
+
+    compare = load_benchmark("compare")
+    a = compare.parse_args([])
+    scen = compare.scenarios(a)["c128"]
+
+    def config(system, s=scen):
+        args = server.build_parser().parse_args(compare.server_command(system, 8000, a, s)[2:])
+        return server.engine_config(args, types.SimpleNamespace(max_position_embeddings=8192))
+
+    cont, static = config("jaxinfer"), config("jaxinfer-static")
+    assert cont.cache.num_blocks == static.cache.num_blocks
+    pool_tokens = (cont.cache.num_blocks - 1) * 16
+    assert pool_tokens >= 128 * (512 + 256)
+    assert pool_tokens // static.scheduler.max_model_len < 128  # static preallocates max_model_len
+    assert (cont.scheduler.max_num_seqs, static.scheduler.max_num_seqs) == (128, 128)
+    assert (cont.scheduler.scheduler, static.scheduler.scheduler) == ("continuous", "static")
+    assert not cont.cache.enable_prefix_caching and not static.cache.enable_prefix_caching
+    defaults = server.engine_config(server.build_parser().parse_args(["--max-model-len", "1024"]),
+                                    types.SimpleNamespace(max_position_embeddings=8192))
+    fixed8 = config("jaxinfer", compare.scenarios(a)["fixed8"])
+    assert fixed8.scheduler.max_num_seqs == defaults.scheduler.max_num_seqs
+    assert fixed8.scheduler.max_num_batched_tokens == defaults.scheduler.max_num_batched_tokens
+    assert fixed8.cache.num_blocks is None and fixed8.cache.watermark == defaults.cache.watermark
+
+
+def test_compare_llamacpp_command_and_no_outside_paths(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLAMACPP_HOME", str(tmp_path / "cache"))
+    compare = load_benchmark("compare")
+    a = compare.parse_args([])
+    a.llamacpp = (tmp_path / "cache" / "llama.cpp" / "build" / "bin" / "llama-server", tmp_path / "cache" / "m.gguf")
+    cmd = compare.server_command("llamacpp", 8123, a, compare.scenarios(a)["fixed"])
+    def flag(name):
+        return cmd[cmd.index(name) + 1]
+
+    assert [flag(f) for f in ("-np", "-c", "--port", "-a")] == ["32", str(32 * 1024), "8123", a.model]
+    assert "--cont-batching" in cmd and "--metrics" in cmd
+    shown = compare.display_command(cmd)
+    assert shown.startswith("$LLAMACPP_HOME/llama.cpp/build/bin/llama-server -m $LLAMACPP_HOME/m.gguf ")
+    assert str(tmp_path) not in shown
+    jax_cmd = compare.display_command(compare.server_command("jaxinfer", 8000, a, compare.scenarios(a)["fixed"]))
+    assert jax_cmd.startswith("python ./server.py --port 8000 ") and str(compare.ROOT) not in jax_cmd
+
+
+def test_llamacpp_build_reports_missing_tools(tmp_path, monkeypatch):
+    peer = load_benchmark("llamacpp_peer")
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))  # no cmake, no compiler
+    said = []
+    assert peer.ensure_llamacpp(tmp_path / "cache", log=said.append) is None
+    assert "missing cmake, a C++ compiler" in said[-1]
+
+
+def test_llamacpp_build_is_cached(tmp_path, monkeypatch):
+    """Built binaries and the F16 file are reused: nothing runs (PATH is empty)."""
+    peer = load_benchmark("llamacpp_peer")
+    root = tmp_path / "cache"
+    bindir = root / "llama.cpp" / "build" / "bin"
+    bindir.mkdir(parents=True)
+    for name in ("llama-server", "llama-quantize"):
+        (bindir / name).write_text("")
+    src = tmp_path / "model.Q4_1.gguf"
+    (root / "model.Q4_1.F16.gguf").write_text("")
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    assert peer.ensure_llamacpp(root, source_gguf=src, log=print) == (bindir / "llama-server",
+                                                                      root / "model.Q4_1.F16.gguf")
+
+
+def test_running_server_waits_for_health_and_stops_it(tmp_path):
+    """`llamacpp_peer.running` on a stand-in server that is unhealthy (503) for its first 1 s."""
+    import httpx
+
+    peer = load_benchmark("llamacpp_peer")
+    script = tmp_path / "srv.py"
+    script.write_text(
+        "import http.server, sys, time\n"
+        "t0 = time.monotonic()\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200 if time.monotonic() - t0 > 1.0 else 503); self.end_headers()\n"
+        "http.server.HTTPServer(('127.0.0.1', int(sys.argv[2])), H).serve_forever()\n")
+    port = peer.free_port()
+    t0 = time.monotonic()
+    with peer.running([sys.executable, str(script), "--port", str(port)], tmp_path / "log.txt", 30.0) as url:
+        assert time.monotonic() - t0 > 1.0
+        assert httpx.get(url + "/health").status_code == 200
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url + "/health")
+    with pytest.raises(RuntimeError, match="exited with status 3"):
+        with peer.running([sys.executable, "-c", "raise SystemExit(3)", "--port", "1"], None, 30.0):
+            pass
+
+
+@pytest.mark.skipif(not (load_benchmark("llamacpp_peer").home() / "llama.cpp" / "build" / "bin"
+                         / "llama-server").is_file(), reason="llama.cpp not built (benchmarks/llamacpp_peer.py)")
+def test_llamacpp_server_answers_the_load_generator(tmp_path):
+    """The real llama-server (when built): exact output lengths with token-id prompts."""
+    peer = load_benchmark("llamacpp_peer")
+    built = peer.ensure_llamacpp()
+    assert built is not None
+    with peer.llama_server(*built, parallel=2, ctx_per_slot=256, log_path=tmp_path / "log.txt") as url:
+        cfg = load.LoadConfig(url, peer.SERVED_NAME, concurrency=2, extra_body=peer.REQUEST_EXTRA, progress=False)
+        wl = WorkloadConfig(name="fixed", num_requests=2, input_len=32, output_len=8)
+        results, _ = asyncio.run(load.run(cfg, workloads.build_requests(wl)))
+    assert [r.outcome for r in results] == ["ok", "ok"], [r.error for r in results]
+    assert [(r.prompt_tokens, r.output_tokens) for r in results] == [(32, 8), (32, 8)]
+
+
+def test_cpu_busy_fraction_sees_a_busy_core():
+    """One spinning process: at least ~1 / cores of the CPU is busy (idle machine: ~0)."""
+    import multiprocessing
+    import os
+
+    if not Path("/proc/stat").exists():
+        pytest.skip("no /proc/stat")
+    compare = load_benchmark("compare")
+    proc = multiprocessing.get_context("spawn").Process(target=_spin, args=(3.0,))
+    proc.start()
+    try:
+        time.sleep(0.5)
+        busy = compare.cpu_busy_fraction(1.0)
+    finally:
+        proc.join()
+    assert 0.8 / os.cpu_count() <= busy <= 1.0
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
