@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="prompt + output tokens (default: min(4096, model context))")
     sched.add_argument("--max-num-seqs", type=int, default=32, help="sequences running at once")
     sched.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per step (prefill + decode)")
+    sched.add_argument("--prefill-budget-while-decoding", type=int, default=None,
+                       help="cap on prompt tokens in a step that also decodes, so running streams keep their "
+                            "inter-token latency (default: none, only --max-num-batched-tokens)")
     sched.add_argument("--max-queue-len", type=int, default=256, help="waiting requests before 429")
     par = p.add_argument_group("parallelism (docs/distributed.md)")
     par.add_argument("--tensor-parallel-size", type=int, default=1, help="devices per replica (Megatron TP)")
@@ -142,7 +145,8 @@ def engine_config(args, model_config):
                           gpu_memory_utilization=args.gpu_memory_utilization),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_model_len=max_model_len, max_queue_len=args.max_queue_len,
-                                  scheduler=args.scheduler, batch_timeout_s=args.batch_timeout),
+                                  scheduler=args.scheduler, batch_timeout_s=args.batch_timeout,
+                                  prefill_budget_while_decoding=args.prefill_budget_while_decoding),
         attention_backend=args.attention_backend, max_logprobs=args.max_logprobs, seed=args.seed, warmup=args.warmup,
         parallel=parallel_config(args))
 

@@ -164,7 +164,7 @@ def jaxinfer_command(system: str, port: int, a, scen: Scenario) -> list[str]:
         cmd += ["--num-blocks", str(num_blocks(scen, a))]
     if a.max_num_batched_tokens:
         cmd += ["--max-num-batched-tokens", str(a.max_num_batched_tokens)]
-    return cmd
+    return cmd + shlex.split(a.jaxinfer_args)
 
 
 def server_command(system: str, port: int, a, scen: Scenario) -> list[str]:
@@ -325,6 +325,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup-requests", type=int, default=4)
     p.add_argument("--max-model-len", type=int, default=1024, help="jaxinfer; also llama.cpp's context per slot")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="jaxinfer (default: the server's)")
+    p.add_argument("--jaxinfer-args", default="", help="extra server.py flags for both jaxinfer systems "
+                   "(policy experiments; recorded in each command line)")
     p.add_argument("--max-queue-len", type=int, default=256)
     p.add_argument("--max-queue-wait", type=float, default=30.0,
                    help="jaxinfer, overload scenario: seconds queued before 429 (others wait --timeout-s)")

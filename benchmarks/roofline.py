@@ -169,7 +169,8 @@ def main() -> None:
     if args.quick:
         args.decode_steps, args.reps = 8, 2
         args.prompt_lens = [min(n, 256) for n in args.prompt_lens][:1]
-    max_len = 16 * -(-(max(args.prompt_lens) + args.decode_steps + 64) // 16)
+    longest = max(args.prompt_lens)  # its requests' max_tokens also cover the prefill steps (decode_steps)
+    max_len = 16 * -(-(longest + args.decode_steps + -(-args.batch * longest // 512) + 2) // 16)
     kv = (args.batch + 1) * max_len * cfg_kv_bytes(args.model, dtype)
     llm = LLM(args.model, dtype=args.dtype, max_model_len=max(1024, max_len), max_num_seqs=args.batch,
               max_num_batched_tokens=512, kv_cache_memory=int(kv / 0.8))
