@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     cache = p.add_argument_group("KV cache")
     cache.add_argument("--gpu-memory-utilization", type=float, default=None,
                        help="fraction of device memory for weights, activations and KV cache together; does not "
-                       f"apply on CPU (default: {DEFAULT_GPU_MEMORY_UTILIZATION}; on CPU a 1 GiB KV budget)")
+                       f"apply on CPU (default: {DEFAULT_GPU_MEMORY_UTILIZATION}; on CPU the KV budget is 4 GiB, at most a quarter of RAM)")
     cache.add_argument("--kv-cache-memory", type=parse_bytes, default=None,
                        help="KV budget per device, e.g. 2GiB (default: from --gpu-memory-utilization)")
     cache.add_argument("--num-blocks", type=int, default=None,

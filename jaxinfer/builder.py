@@ -102,15 +102,17 @@ def device_memory_bytes() -> int | None:
 
 
 def kv_pool_budget(cache: CacheConfig, device_memory: int | None, weight_bytes: int,
-                   reserve_bytes: int) -> tuple[int, str]:
+                   reserve_bytes: int, host_devices: int = 1) -> tuple[int, str]:
     """The KV budget in bytes per device and where it came from (a pure function).
 
     Precedence: ``cache.kv_cache_memory``; else, with ``device_memory`` bytes known (an
     accelerator), ``gpu_memory_utilization * device_memory - weight_bytes -
     reserve_bytes`` (vLLM's ``--gpu-memory-utilization``: weights, activations and KV
     together stay under that fraction); else `cpu_default_kv_bytes` (an explicit
-    ``gpu_memory_utilization`` is then logged as not applying). ``num_blocks`` is
-    handled by `plan_num_blocks` before this is asked.
+    ``gpu_memory_utilization`` is then logged as not applying), split evenly over the
+    ``host_devices`` CPU devices of the engine, which all live in the host's memory (a
+    TP 2 x DP 2 engine on 4 CPU devices shares one 4 GiB budget, not 4 x 4 GiB).
+    ``num_blocks`` is handled by `plan_num_blocks` before this is asked.
     """
     if cache.kv_cache_memory is not None:
         return cache.kv_cache_memory, "--kv-cache-memory"
@@ -122,18 +124,22 @@ def kv_pool_budget(cache: CacheConfig, device_memory: int | None, weight_bytes: 
     if cache.gpu_memory_utilization is not None:
         logger.info("--gpu-memory-utilization does not apply on CPU (no device memory size): KV budget %.1f GiB "
                     "(set --kv-cache-memory or --num-blocks to change it)", cpu_default_kv_bytes() / 2**30)
-    return cpu_default_kv_bytes(), "default CPU budget (4 GiB, at most a quarter of RAM)"
+    share = f", shared by {host_devices} CPU devices" if host_devices > 1 else ""
+    return (cpu_default_kv_bytes() // max(1, host_devices),
+            f"default CPU budget (4 GiB, at most a quarter of RAM{share})")
 
 
 def plan_num_blocks(cfg: ModelConfig, cache: CacheConfig, dtype: str, weight_bytes: int = 0,
-                    tensor_parallel_size: int = 1, scheduler: SchedulerConfig | None = None) -> tuple[int, str]:
+                    tensor_parallel_size: int = 1, scheduler: SchedulerConfig | None = None,
+                    host_devices: int | None = None) -> tuple[int, str]:
     """Number of KV blocks (including the null block) and a sentence saying why.
 
     Per-device accounting: ``weight_bytes`` is what one device holds, ``kv_cache_memory``
     is a per-device budget, and a block costs `kv_bytes_per_block` on each device of
     the TP group. Precedence: explicit ``num_blocks``; else `kv_pool_budget` of the
     device's memory with `activation_reserve_bytes` of ``scheduler`` (default limits
-    when None).
+    when None). ``host_devices``: the engine's devices in all (default: the TP group),
+    over which the CPU default budget is split.
 
     Raises:
       ValueError: the budget holds fewer than 2 blocks.
@@ -142,7 +148,8 @@ def plan_num_blocks(cfg: ModelConfig, cache: CacheConfig, dtype: str, weight_byt
     if cache.num_blocks is not None:
         return cache.num_blocks, f"{cache.num_blocks} blocks (set explicitly)"
     reserve = activation_reserve_bytes(cfg, scheduler or SchedulerConfig())
-    budget, why = kv_pool_budget(cache, device_memory_bytes(), weight_bytes, reserve)
+    budget, why = kv_pool_budget(cache, device_memory_bytes(), weight_bytes, reserve,
+                                 host_devices or tensor_parallel_size)
     if budget // per_block < 2:  # block 0 is the null block: nothing could ever run
         raise ValueError(f"the KV budget ({why}: {budget} bytes) holds {max(0, budget // per_block)} blocks of "
                          f"{per_block} bytes; at least 2 are needed (block 0 is the null block)")

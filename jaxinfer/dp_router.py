@@ -86,7 +86,8 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
 
     tp = mesh.shape["model"]
     weight_bytes = sharding.per_device_bytes(params)
-    num_blocks, why = plan_num_blocks(model_config, config.cache, config.dtype, weight_bytes, tp, config.scheduler)
+    num_blocks, why = plan_num_blocks(model_config, config.cache, config.dtype, weight_bytes, tp, config.scheduler,
+                                      host_devices=tp * config.parallel.data_parallel_size)
     logger.info("replica on devices %s: weights %.2f GiB per device; KV cache: %s",
                 [d.id for d in mesh.devices.flat], weight_bytes / 2**30, why)
     shardings = (jax.tree.map(lambda x: x.sharding, params), sharding.kv_cache_sharding(model_config, mesh),

@@ -71,6 +71,15 @@ def test_gpu_memory_utilization_does_not_apply_on_cpu(caplog):
     assert "--gpu-memory-utilization does not apply on CPU" in caplog.text
 
 
+def test_cpu_default_budget_is_shared_by_the_engines_cpu_devices():
+    """Fake CPU devices all live in the host's RAM: a TP 2 x DP 2 engine gets one default
+    budget in all (a newcomer's 4-device example was OOM-killed at 4 x 4 GiB)."""
+    one, _ = kv_pool_budget(CacheConfig(), None, 10, 10)
+    four, why = kv_pool_budget(CacheConfig(), None, 10, 10, host_devices=4)
+    assert four == one // 4 and "shared by 4 CPU devices" in why
+    assert one == cpu_default_kv_bytes()
+
+
 @pytest.mark.parametrize("util", [0.0, -0.1, 1.01])
 def test_gpu_memory_utilization_outside_0_1_is_refused(util):
     with pytest.raises(ValueError, match="gpu_memory_utilization must be in"):

@@ -134,8 +134,8 @@ _GAUGES = {  # EngineSnapshot attribute -> help
     "kv_blocks_total": "Usable KV blocks.",
     "kv_blocks_free": "Free KV blocks (evictable prefix-cache blocks included).",
     "kv_cache_usage_ratio": "Fraction of KV blocks in use.",
-    "kv_fragmentation_ratio": "Current share of the KV token slots held by requests that hold no token "
-                              "(1 - computed tokens / (held blocks x block size)); 0 when idle.",
+    "kv_fragmentation_ratio": "Current share of the KV token slots that requests hold but that hold no "
+                              "token yet (1 - computed tokens / (held blocks x block size)); 0 when idle.",
 }
 _SNAPSHOT_FIELD = {"num_requests_running": "num_running", "num_requests_waiting": "num_waiting"}
 _COUNTERS = {  # metric name (without _total) -> (EngineSnapshot attribute, help)
