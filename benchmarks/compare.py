@@ -73,7 +73,7 @@ from jaxinfer.config import ModelConfig, SchedulerConfig  # noqa: E402
 
 ROOT = HERE.parent
 TARGET_NUM_REQUESTS = 128
-SYSTEMS = ("jaxinfer", "jaxinfer-static", "llamacpp", "hf-transformers")
+SYSTEMS = ("jaxinfer", "jaxinfer-static", "jaxinfer-before", "llamacpp", "hf-transformers")
 DEFAULT_SYSTEMS = ("jaxinfer", "jaxinfer-static", "llamacpp")  # transformers: ~15 min more per scenario
 SERVER_DEFAULT_MAX_NUM_SEQS = SchedulerConfig().max_num_seqs
 BUSY_CPU = 0.25  # compare.md flags runs that started while other work used more of the CPU than this
@@ -119,13 +119,13 @@ def scenarios(a) -> dict[str, Scenario]:
     table = [
         Scenario("single", 1, 1, wl(name="fixed", num_requests=a.single_requests, input_len=a.single_input_len,
                                     output_len=a.single_output_len, seed=a.seed),
-                 ("jaxinfer", "llamacpp", "hf-transformers")),
+                 ("jaxinfer", "jaxinfer-before", "llamacpp", "hf-transformers")),
         Scenario("fixed8", max(8 // s, 1), max(8 // s, 1), wl(num_requests=a.num_requests, **fixed),
-                 ("jaxinfer", "llamacpp", "hf-transformers")),
+                 ("jaxinfer", "jaxinfer-before", "llamacpp", "hf-transformers")),
         Scenario("fixed", a.concurrency, a.concurrency, wl(num_requests=a.num_requests, **fixed),
-                 ("jaxinfer", "jaxinfer-static", "llamacpp", "hf-transformers")),
+                 ("jaxinfer", "jaxinfer-static", "jaxinfer-before", "llamacpp", "hf-transformers")),
         Scenario("sharegpt", a.concurrency, a.concurrency, sharegpt,
-                 ("jaxinfer", "jaxinfer-static", "llamacpp", "hf-transformers")),
+                 ("jaxinfer", "jaxinfer-static", "jaxinfer-before", "llamacpp", "hf-transformers")),
         Scenario("c128", c128, c128, wl(num_requests=max(a.num_requests, c128), **fixed),
                  ("jaxinfer", "jaxinfer-static")),
         Scenario("overload", 4 * a.concurrency, a.concurrency, wl(num_requests=2 * a.num_requests, **fixed),
@@ -152,7 +152,8 @@ def queue_limits(scen: Scenario, a) -> tuple[int, float]:
 def jaxinfer_command(system: str, port: int, a, scen: Scenario) -> list[str]:
     """``server.py`` for one scenario: server defaults plus what the scenario needs (module docstring)."""
     queue_len, queue_wait = queue_limits(scen, a)
-    cmd = [sys.executable, str(a.server_script), "--port", str(port), "--model", a.model,
+    script = a.before_server_script if system == "jaxinfer-before" else a.server_script
+    cmd = [sys.executable, str(script), "--port", str(port), "--model", a.model,
            "--max-model-len", str(a.max_model_len), "--no-prefix-caching",
            "--max-queue-len", str(queue_len), "--max-queue-wait", str(queue_wait),
            "--shutdown-timeout", "5", "--log-level", "warning"]
@@ -227,6 +228,8 @@ def system_info(system: str, cmd: list[str]) -> dict:
     else:
         engine = {"backend": "jaxinfer (attention: server default, pallas on GPU / xla otherwise)", "dtype": "float32",
                   "batching": "static" if system == "jaxinfer-static" else "continuous"}
+    if system == "jaxinfer-before":
+        engine["git"] = metadata.git_commit(Path(cmd[1]).resolve().parent)  # the earlier checkout's commit
     return {"system": system, "command": display_command(cmd), "device": device_label(), "gpu": gpu_info(), **engine}
 
 
@@ -254,7 +257,8 @@ def pair_ratios(a: dict, b: dict) -> dict:
             "tpot_p50": _ratio(a["tpot_ms"]["p50"], b["tpot_ms"]["p50"])}
 
 
-RATIO_PAIRS = (("jaxinfer", "llamacpp"), ("jaxinfer", "jaxinfer-static"), ("jaxinfer", "hf-transformers"))
+RATIO_PAIRS = (("jaxinfer", "llamacpp"), ("jaxinfer", "jaxinfer-static"), ("jaxinfer", "jaxinfer-before"),
+               ("jaxinfer", "hf-transformers"))
 
 
 def ratios(result_scenarios: dict) -> dict:
@@ -342,6 +346,9 @@ def parse_args(argv=None):
     p.add_argument("--startup-timeout-s", type=float, default=900.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-script", type=Path, default=ROOT / "server.py", help="jaxinfer server entry point")
+    p.add_argument("--before-server-script", type=Path, default=None,
+                   help="server.py of an earlier checkout (e.g. a git worktree): runs as system jaxinfer-before, "
+                        "same flags, for a before/after comparison in one run")
     p.add_argument("--out", default=None, help="default benchmarks/results/<date>-<device>")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: clients / 8, 8 requests (single: 2), 64/16 and 32/16 tokens")
@@ -405,7 +412,8 @@ def main(argv=None) -> dict:
     for scen, systems in todo:
         per_system, labels = {}, []
         for system in systems:
-            if system == "llamacpp" and a.llamacpp is None:
+            if (system == "llamacpp" and a.llamacpp is None) or (
+                    system == "jaxinfer-before" and a.before_server_script is None):
                 continue
             per_system[system], label = run_one(system, scen, a, out)
             labels.append((system, label))
