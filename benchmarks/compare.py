@@ -30,8 +30,8 @@ Writes ``benchmarks/results/<date>-<device>/``: ``compare.json`` (per scenario a
 the command line, output_throughput_tok_s, ttft_ms / tpot_ms / itl_ms / e2el_ms with mean,
 p50, p95, p99, kv_fragmentation, request counts by outcome, ``cpu_busy_before``: the share
 of the CPU other work used just before the server started, flagged in compare.md above
-`BUSY_CPU`; then ``ratios`` and
-``acceptance``, see `ratios` / `acceptance`), ``compare.md`` (README tables), per-run JSON /
+``compare_report.BUSY_CPU``; then ``ratios`` and ``acceptance``, computed by
+`benchmarks/compare_report.py`), ``compare.md`` (README tables), per-run JSON /
 markdown / CDF plots under ``runs/``, one CDF plot per scenario, server logs under ``logs/``.
 Full run: ``make bench`` (``python benchmarks/compare.py``); smoke run: ``--quick``.
 """
@@ -66,6 +66,9 @@ def _sibling(name: str):
 
 
 llamacpp_peer = _sibling("llamacpp_peer")
+compare_report = _sibling("compare_report")
+ratios, acceptance, compare_markdown = (compare_report.ratios, compare_report.acceptance,  # noqa: E402
+                                        compare_report.compare_markdown)
 
 from jaxinfer.bench import load, metadata, report, workloads  # noqa: E402
 from jaxinfer.bench.serve import run_benchmark  # noqa: E402
@@ -76,7 +79,6 @@ TARGET_NUM_REQUESTS = 128
 SYSTEMS = ("jaxinfer", "jaxinfer-static", "jaxinfer-before", "llamacpp", "hf-transformers")
 DEFAULT_SYSTEMS = ("jaxinfer", "jaxinfer-static", "llamacpp")  # transformers: ~15 min more per scenario
 SERVER_DEFAULT_MAX_NUM_SEQS = SchedulerConfig().max_num_seqs
-BUSY_CPU = 0.25  # compare.md flags runs that started while other work used more of the CPU than this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,69 +248,6 @@ def system_entry(summary: dict) -> dict:
             "duration_s": summary["duration_s"]}
 
 
-def _ratio(num, den) -> float | None:
-    return None if num is None or den is None or den == 0 else num / den
-
-
-def pair_ratios(a: dict, b: dict) -> dict:
-    """``a`` over ``b`` (compare.json entries): output tok/s, TTFT p99, TPOT p50 (None where missing)."""
-    return {"output_throughput": _ratio(a["output_throughput_tok_s"], b["output_throughput_tok_s"]),
-            "ttft_p99": _ratio(a["ttft_ms"]["p99"], b["ttft_ms"]["p99"]),
-            "tpot_p50": _ratio(a["tpot_ms"]["p50"], b["tpot_ms"]["p50"])}
-
-
-RATIO_PAIRS = (("jaxinfer", "llamacpp"), ("jaxinfer", "jaxinfer-static"), ("jaxinfer", "jaxinfer-before"),
-               ("jaxinfer", "hf-transformers"))
-
-
-def ratios(result_scenarios: dict) -> dict:
-    """``{scenario: {"jaxinfer/<other>": pair_ratios}}`` for every pair in `RATIO_PAIRS` both measured."""
-    out = {}
-    for scen, systems in result_scenarios.items():
-        pairs = {f"{x}/{y}": pair_ratios(systems[x], systems[y]) for x, y in RATIO_PAIRS
-                 if x in systems and y in systems}
-        if pairs:
-            out[scen] = pairs
-    return out
-
-
-# (text, scenario, pair or None, quantity, "min"/"max", target)
-ACCEPTANCE = (
-    ("32 clients, 512/256: >= 1.5x llama.cpp output tok/s", "fixed", "jaxinfer/llamacpp", "output_throughput",
-     "min", 1.5),
-    ("32 clients, 512/256: <= 0.5x llama.cpp TTFT p99", "fixed", "jaxinfer/llamacpp", "ttft_p99", "max", 0.5),
-    ("8 clients, 512/256: >= 1.3x llama.cpp output tok/s", "fixed8", "jaxinfer/llamacpp", "output_throughput",
-     "min", 1.3),
-    ("1 client, 128/128: TPOT p50 <= llama.cpp's", "single", "jaxinfer/llamacpp", "tpot_p50", "max", 1.0),
-    ("fixed lengths: continuous >= 1.1x static output tok/s", "fixed", "jaxinfer/jaxinfer-static",
-     "output_throughput", "min", 1.1),
-    ("fixed lengths: continuous TTFT p99 <= 1/3 of static", "fixed", "jaxinfer/jaxinfer-static", "ttft_p99",
-     "max", 1 / 3),
-    ("ShareGPT-like lengths: continuous >= 2x static output tok/s", "sharegpt", "jaxinfer/jaxinfer-static",
-     "output_throughput", "min", 2.0),
-    ("ShareGPT-like lengths: continuous TTFT p99 <= 1/3 of static", "sharegpt", "jaxinfer/jaxinfer-static",
-     "ttft_p99", "max", 1 / 3),
-    ("128 clients: 0 failed requests (continuous)", "c128", None, "errors", "max", 0),
-    ("128 clients: KV fragmentation <= 2% (continuous)", "c128", None, "kv_fragmentation", "max", 0.02),
-)
-
-
-def acceptance(result_scenarios: dict, result_ratios: dict) -> list[dict]:
-    """Each `ACCEPTANCE` line with its measured value and ``pass``: True / False, or None when
-    not measured (system or scenario not run). Single-system lines read jaxinfer's entry."""
-    out = []
-    for text, scen, pair, qty, kind, target in ACCEPTANCE:
-        if pair is not None:
-            value = result_ratios.get(scen, {}).get(pair, {}).get(qty)
-        else:
-            e = result_scenarios.get(scen, {}).get("jaxinfer")
-            value = None if e is None else (e["counts"]["total"] - e["counts"]["ok"] if qty == "errors" else e[qty])
-        ok = None if value is None else (value >= target if kind == "min" else value <= target)
-        out.append({"line": text, "scenario": scen, "quantity": f"{pair} {qty}" if pair else f"jaxinfer {qty}",
-                    "target": f"{'>=' if kind == 'min' else '<='} {target:.3g}", "value": value, "pass": ok})
-    return out
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -454,48 +393,6 @@ def _write_scenario_plot(out: Path, scen: str, labels) -> None:
         report.plot_cdfs(out / f"{scen}_cdf.png", series)
 
 
-def _fmt(v, spec: str = ".2f") -> str:
-    return "-" if v is None else format(v, spec)
-
-
-def compare_markdown(result: dict) -> str:
-    """The README tables: one section per scenario (one row per system), then ratios and acceptance."""
-    m = result["metadata"]
-    md = [f"Measured {m['date']} on {m['host']['cpu']} ({m['host']['cpu_count']} cores), commit "
-          f"{(m['git']['commit'] or 'unknown')[:10]}.\n"]
-    if m.get("quick"):
-        md.append("Smoke run (--quick): tiny counts and lengths; the ratios below mean nothing.\n")
-    if m.get("scaled_down"):
-        s = m["scaled_down"]
-        md.append(f"Scaled down: {s['num_requests']} requests per scenario instead of {s['target_num_requests']}: "
-                  f"{s['why']}.\n")
-    if (m.get("llamacpp") or {}).get("available") is False:
-        md.append(f"llama.cpp not measured: {m['llamacpp']['reason']}\n")
-    busy = [f"{scen}-{name} ({e['cpu_busy_before']:.0%})" for scen, systems in result["scenarios"].items()
-            for name, e in systems.items() if (e.get("cpu_busy_before") or 0) > BUSY_CPU]
-    if busy:
-        md.append(f"Other work was using the CPU just before these runs (share of all cores busy): {', '.join(busy)}; "
-                  "their numbers are not comparable (llama.cpp's spinning thread pool slows down many-fold "
-                  "when it shares its cores).\n")
-    for scen, systems in result["scenarios"].items():
-        md.append(f"\n### {scen}\n\n")
-        rows = [(f"{name} (c={e['concurrency']})", _as_summary(e)) for name, e in systems.items()]
-        md.append(report.markdown_table(rows))
-    if result.get("ratios"):
-        md.append("\n### Ratios (first system over second)\n\n"
-                  "| scenario | pair | output tok/s | TTFT p99 | TPOT p50 |\n|---|---|---|---|---|\n")
-        for scen, pairs in result["ratios"].items():
-            for pair, r in pairs.items():
-                md.append(f"| {scen} | {pair} | {_fmt(r['output_throughput'])} | {_fmt(r['ttft_p99'])} "
-                          f"| {_fmt(r['tpot_p50'])} |\n")
-    if result.get("acceptance"):
-        md.append("\n### Acceptance\n\n| line | target | measured | result |\n|---|---|---|---|\n")
-        for line in result["acceptance"]:
-            verdict = {True: "pass", False: "FAIL", None: "not measured"}[line["pass"]]
-            md.append(f"| {line['line']} | {line['target']} | {_fmt(line['value'], '.3g')} | {verdict} |\n")
-    return "".join(md)
-
-
 def cpu_busy_fraction(interval_s: float = 1.0) -> float | None:
     """Share of all CPU time (0-1) that was not idle over the next ``interval_s`` seconds,
     from ``/proc/stat`` (idle + iowait count as idle); None where there is no ``/proc/stat``."""
@@ -510,11 +407,6 @@ def cpu_busy_fraction(interval_s: float = 1.0) -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return 1.0 - (i1 - i0) / (t1 - t0) if t1 > t0 else None
-
-
-def _as_summary(e: dict) -> dict:
-    """A compare.json entry in the shape `report.markdown_table` reads."""
-    return {**e, "completed": e["counts"]["ok"]}
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxinfer.bench.metadata import git_commit
+
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUTS = ("scan", "scan_fused", "unrolled_fused")
 
@@ -120,6 +122,7 @@ def main() -> None:
     res = {lay: {str(m): probe_ms(cfg, lay, m, dtype, args.reps) for m in args.rows} for lay in args.layouts}
     out = {"benchmark": "dense_probe", "date": datetime.datetime.now().isoformat(timespec="seconds"),
            "device": str(jax.devices()[0]), "jax": jax.__version__, "dtype": args.dtype, "config": args.config,
+           "git": git_commit(),
            "xla_flags": __import__("os").environ.get("XLA_FLAGS", ""), "ms": res}
     print(json.dumps(out, indent=2))
     if args.out:

@@ -33,6 +33,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jaxinfer.bench.metadata import git_commit
 from dense_probe import probe_ms  # benchmarks/ is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,6 +189,7 @@ def main() -> None:
     result = {
         "benchmark": "roofline", "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "device": str(jax.devices()[0]), "jax": jax.__version__, "dtype": args.dtype, "model": args.model,
+        "git": git_commit(),
         "backend": llm.engine.runner.backend, "batch": args.batch, "prompt_lens": args.prompt_lens,
         "matmul": mm, "bandwidth": bw, "decode": first, "decode_by_prompt_len": decode,
         "utilization": first["utilization"],

@@ -81,7 +81,7 @@ def prepare(sched: SchedulerOutput, layout: BatchLayout) -> StepInputs:
     """
     num_rows = len(sched.scheduled)
     bucket = layout.ladders.round_up(sched.num_tokens, num_rows, _rows_width(sched, layout))
-    a = empty_inputs(bucket, layout)
+    a = empty_inputs(bucket, layout, penalties=any(req.params.has_penalties for req, _ in sched.scheduled))
     offset = 0
     for i, (req, n) in enumerate(sched.scheduled):
         _fill_tokens(a, i, offset, req, n, layout)
@@ -93,19 +93,17 @@ def prepare(sched: SchedulerOutput, layout: BatchLayout) -> StepInputs:
         a[flag][...] = np.any(a[field][:num_rows] != neutral)
     a["any_sort"][...] = np.any((a["top_k"][:num_rows] < layout.vocab_size) | (a["top_p"][:num_rows] < 1.0))
     a["any_logprobs"][...] = np.any(a["want_logprobs"][:num_rows])
-    if not a["any_penalty"]:
-        for k in PENALTY_FIELDS:
-            del a[k]
     return StepInputs(bucket, a)
 
 
-def empty_inputs(b: Bucket, layout: BatchLayout) -> dict[str, np.ndarray]:
-    """All-padding arrays of bucket ``b`` (every field, penalty history included): what
-    `prepare` fills, and the shapes warm-up compiles from."""
+def empty_inputs(b: Bucket, layout: BatchLayout, penalties: bool = True) -> dict[str, np.ndarray]:
+    """All-padding arrays of bucket ``b``: what `prepare` fills, and the shapes warm-up
+    compiles from (``penalties``: with the `PENALTY_FIELDS`, which warm-up always takes so
+    that both sampler variants compile)."""
     T, R, W, V = b.num_tokens, b.num_seqs, b.ctx_blocks, layout.vocab_size
     C = num_work_items(T, R)
     i32, f32 = np.int32, np.float32
-    return {
+    a = {
         "token_ids": np.zeros(T, i32), "positions": np.zeros(T, i32), "token_seq": np.full(T, -1, i32),
         "slot_mapping": np.zeros(T, i32), "row_ctx_len": np.zeros(R, i32), "row_last": np.full(R, T, i32),
         "item_row": np.zeros(C, i32), "item_start": np.zeros(C, i32), "item_len": np.zeros(C, i32),
@@ -118,11 +116,13 @@ def empty_inputs(b: Bucket, layout: BatchLayout) -> dict[str, np.ndarray]:
         "output_index": np.zeros(R, i32), "greedy": np.ones(R, bool), "penalized": np.zeros(R, bool),
         "want_logprobs": np.zeros(R, bool),
         "bias_ids": np.full((R, layout.max_logit_bias), V, i32), "bias_values": np.zeros((R, layout.max_logit_bias), f32),
-        "hist_ids": np.full((R, layout.max_model_len), V, i32), "num_prompt": np.zeros(R, i32),
-        "num_hist": np.zeros(R, i32),
         "any_sampled": np.zeros((), bool), "any_sort": np.zeros((), bool), "any_penalty": np.zeros((), bool),
         "any_logprobs": np.zeros((), bool),
     }
+    if penalties:
+        a.update(hist_ids=np.full((R, layout.max_model_len), V, i32), num_prompt=np.zeros(R, i32),
+                 num_hist=np.zeros(R, i32))
+    return a
 
 
 def _fill_tokens(a, i: int, offset: int, req: Request, n: int, layout: BatchLayout) -> None:
