@@ -10,8 +10,8 @@ null block that padding tokens write into.
 XLA path (CPU default): attention of a token = softmax over
   A. the new keys of its own sequence in this step (causal, from the fresh K/V), and
   B. its sequence's *cached context* (positions < ctx_len, gathered from the pages):
-     B1 for single-token rows (decodes): an online-softmax loop over each row's block
-        table, a few blocks per iteration, only as far as the longest context reaches;
+     B1 for single-token rows (decodes): an online-softmax loop over a ragged list of
+        context groups (a few blocks of one row each), only the groups each row fills;
      B2 for multi-token rows with context (a continuing prefill chunk, or a prefix-cache
         hit): a loop over work items of up to ``Q_CHUNK`` queries of one row, each
         gathering that row's context once (no per-token gather),
@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax.sharding import Mesh, PartitionSpec as P
 
-from jaxinfer.batch import Q_CHUNK
+from jaxinfer.batch import GROUP_BLOCKS, Q_CHUNK, groups_per_iter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +69,9 @@ class AttentionMetadata:
       row_last: [R] int32 packed index of single-token rows' token (B1); T otherwise.
       item_row, item_start, item_len: [C] int32 B2 work items: row, first packed token,
         number of queries (<= Q_CHUNK); num_items: [] int32 items in use.
+      group_row, group_index: [NG] int32 B1 context groups (row R for padding), sorted by
+        row: group g of a row covers its table columns [g*GROUP_BLOCKS, (g+1)*GROUP_BLOCKS);
+        num_groups: [] int32 groups in use.
       block_tables: [R, W] int32 block table rows. XLA path: the cached context only;
         Pallas path: the whole context including this step's tokens. Padding 0.
       query_start_loc: [R+1] int32 first packed token of each row (Pallas path).
@@ -85,6 +88,9 @@ class AttentionMetadata:
     item_start: jax.Array
     item_len: jax.Array
     num_items: jax.Array
+    group_row: jax.Array
+    group_index: jax.Array
+    num_groups: jax.Array
     block_tables: jax.Array
     query_start_loc: jax.Array
     kv_lens: jax.Array
@@ -152,44 +158,51 @@ def _merge(parts):
     return acc / denom[..., None]
 
 
-BLOCKS_PER_ITER = 8  # B1 reads this many blocks per row per loop iteration
+def _group_context(qg, k_cache, v_cache, layer, meta):
+    """B1: each single-token row's query against its cached context, scattered back to [T].
 
-
-def _row_context(qg, k_cache, v_cache, layer, meta):
-    """B1: each row's last token against the row's context, scattered back to [T].
-
-    Walks the block tables ``BLOCKS_PER_ITER`` blocks at a time with an online softmax
-    (FlashAttention-style running max/sum), for only as many iterations as the longest
-    context needs: each iteration gathers a small cache-resident slab instead of
-    materialising the whole [R, W*bs, K, H] context, and padding width costs nothing.
+    The context is cut into groups of `GROUP_BLOCKS` blocks; the host lists only the groups
+    each row's context fills (``group_row``, ``group_index``, sorted by row), so a row of
+    200 tokens next to one of 2,000 reads 200, not 2,000, and bucket padding is never
+    read. A loop iteration takes ``groups_per_iter`` groups of any rows, gathers their
+    blocks (one gather from the layer-flattened cache, no per-layer copy) and folds their
+    scores into each row's running (max, sum, weighted values) with segment reductions:
+    the online softmax of FlashAttention (Dao et al., 2022), over a ragged work list as in
+    vLLM's ragged paged attention. Iterations run only up to ``num_groups``.
     """
     T, K, G, H = qg.shape
     R, W = meta.block_tables.shape
-    bs = k_cache.shape[2]
-    c = min(BLOCKS_PER_ITER, W)
-    tables = jnp.pad(meta.block_tables, ((0, 0), (0, -W % c)))  # null-block padding to a multiple of c
-    q = qg[jnp.minimum(meta.row_last, T - 1)]  # [R, K, G, H]
+    L, NB, bs = k_cache.shape[:3]
+    c, P = GROUP_BLOCKS, groups_per_iter(R)
     span = c * bs
+    tables = jnp.pad(meta.block_tables, ((0, 1), (0, -W % c)))  # row R: the padding groups' null row
+    q = jnp.concatenate([qg[jnp.minimum(meta.row_last, T - 1)], jnp.zeros((1, K, G, H), qg.dtype)])
+    ctx_len = jnp.concatenate([meta.row_ctx_len, jnp.zeros((1,), jnp.int32)])
+    flat_k = k_cache.reshape(L * NB, bs, K, H)  # merges unsharded axes only (K may be TP-sharded)
+    flat_v = v_cache.reshape(L * NB, bs, K, H)
+    segs = dict(num_segments=R + 1, indices_are_sorted=True)
 
     def body(j, carry):
         m, l, acc = carry
-        blocks = jax.lax.dynamic_slice_in_dim(tables, j * c, c, axis=1)  # [R, c]
-        k = kv_values(k_cache[layer, blocks]).reshape(R, span, K, H)
-        v = kv_values(v_cache[layer, blocks]).reshape(R, span, K, H)
-        s = jnp.einsum("rkgh,rskh->rkgs", q, k.astype(jnp.float32))
-        pos = j * span + jnp.arange(span)
-        s = jnp.where((pos[None, :] < meta.row_ctx_len[:, None])[:, None, None, :], s, -jnp.inf)
-        m_new = jnp.maximum(m, s.max(-1))
+        rows = jax.lax.dynamic_slice_in_dim(meta.group_row, j * P, P)
+        grp = jax.lax.dynamic_slice_in_dim(meta.group_index, j * P, P)
+        blocks = tables[rows[:, None], grp[:, None] * c + jnp.arange(c)] + layer * NB  # [P, c]
+        k = kv_values(flat_k.at[blocks].get(mode="promise_in_bounds")).reshape(P, span, K, H)
+        v = kv_values(flat_v.at[blocks].get(mode="promise_in_bounds")).reshape(P, span, K, H)
+        s = jnp.einsum("pkgh,pskh->pkgs", q[rows], k.astype(jnp.float32))
+        pos = grp[:, None] * span + jnp.arange(span)
+        s = jnp.where((pos < ctx_len[rows][:, None])[:, None, None, :], s, -jnp.inf)
+        m_new = jnp.maximum(m, jax.ops.segment_max(s.max(-1), rows, **segs))
         safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-        p = jnp.exp(s - safe[..., None])
+        p = jnp.exp(s - safe[rows][..., None])
         scale = jnp.where(jnp.isfinite(m), jnp.exp(m - safe), 0.0)
-        return (m_new, l * scale + p.sum(-1),
-                acc * scale[..., None] + jnp.einsum("rkgs,rskh->rkgh", p, v.astype(jnp.float32)))
+        pv = jnp.einsum("pkgs,pskh->pkgh", p, v.astype(jnp.float32))
+        return (m_new, l * scale + jax.ops.segment_sum(p.sum(-1), rows, **segs),
+                acc * scale[..., None] + jax.ops.segment_sum(pv, rows, **segs))
 
-    iters = (jnp.max(meta.row_ctx_len) + span - 1) // span
-    init = (jnp.full((R, K, G), -jnp.inf), jnp.zeros((R, K, G)), jnp.zeros((R, K, G, H)))
-    m, l, a = jax.lax.fori_loop(0, iters, body, init)
-    to = lambda init, x: init.at[meta.row_last].set(x, mode="drop")  # noqa: E731
+    init = (jnp.full((R + 1, K, G), -jnp.inf), jnp.zeros((R + 1, K, G)), jnp.zeros((R + 1, K, G, H)))
+    m, l, a = jax.lax.fori_loop(0, (meta.num_groups + P - 1) // P, body, init)
+    to = lambda init, x: init.at[meta.row_last].set(x[:R], mode="drop")  # noqa: E731
     return (to(jnp.full((T, K, G), -jnp.inf), m), to(jnp.zeros((T, K, G)), l), to(jnp.zeros((T, K, G, H)), a))
 
 
@@ -239,7 +252,7 @@ def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: Attentio
     same = (meta.token_seq[:, None] == meta.token_seq[None, :]) & (meta.positions[None, :] <= meta.positions[:, None])
     parts = [_partial_softmax(jnp.where(same[:, None, None, :], s_new, -jnp.inf), v_new)]  # diagonal kept
     if meta.block_tables.shape[1] > 0:  # static: the bucket has a context width
-        parts.append(_row_context(qg, k_cache, v_cache, layer, meta))
+        parts.append(_group_context(qg, k_cache, v_cache, layer, meta))
         parts.append(_chunk_context(qg, k_cache, v_cache, layer, meta, min(Q_CHUNK, T)))
     return _merge(parts).reshape(T, N, H).astype(q.dtype)
 

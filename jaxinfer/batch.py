@@ -18,12 +18,27 @@ import numpy as np
 from jaxinfer.buckets import Bucket, BucketLadders
 
 Q_CHUNK = 64  # queries per context work item of the XLA attention path (B2)
+GROUP_BLOCKS = 4  # blocks per context group of a single-token row (XLA path, B1)
+GROUPS_PER_ITER = 32  # context groups one B1 loop iteration reads (capped by the rows)
 PENALTY_FIELDS = ("hist_ids", "num_prompt", "num_hist")  # sent only when a row uses penalties
 
 
 def num_work_items(num_tokens: int, num_rows: int) -> int:
     """Static bound on context work items of a bucket (each row may add a partial one)."""
     return -(-num_tokens // min(Q_CHUNK, num_tokens)) + num_rows
+
+
+def groups_per_iter(num_rows: int) -> int:
+    """Context groups per B1 loop iteration for a bucket of ``num_rows`` rows."""
+    return min(GROUPS_PER_ITER, num_rows)
+
+
+def num_context_groups(num_rows: int, ctx_blocks: int) -> int:
+    """Static bound on B1 context groups of a bucket: every row's whole table width in
+    groups of `GROUP_BLOCKS`, rounded up to whole loop iterations."""
+    n = num_rows * -(-ctx_blocks // GROUP_BLOCKS)
+    p = groups_per_iter(num_rows)
+    return max(p, -(-n // p) * p)
 from jaxinfer.request import Request
 from jaxinfer.scheduler import SchedulerOutput
 
@@ -34,6 +49,7 @@ class StepInputs:
 
     Model/attention: token_ids [T], positions [T], token_seq [T], slot_mapping [T],
     row_ctx_len [R], row_last [R], item_row/item_start/item_len [C], num_items [],
+    group_row/group_index [NG], num_groups [],
     block_tables [R, W], query_start_loc [R+1], kv_lens [R], num_seqs [],
     logits_indices [R] (see `jaxinfer.attention.AttentionMetadata`).
     Sampling (per row): temperature, top_p, min_p, presence_penalty, frequency_penalty,
@@ -102,12 +118,14 @@ def empty_inputs(b: Bucket, layout: BatchLayout, penalties: bool = True) -> dict
     that both sampler variants compile)."""
     T, R, W, V = b.num_tokens, b.num_seqs, b.ctx_blocks, layout.vocab_size
     C = num_work_items(T, R)
+    NG = num_context_groups(R, W)
     i32, f32 = np.int32, np.float32
     a = {
         "token_ids": np.zeros(T, i32), "positions": np.zeros(T, i32), "token_seq": np.full(T, -1, i32),
         "slot_mapping": np.zeros(T, i32), "row_ctx_len": np.zeros(R, i32), "row_last": np.full(R, T, i32),
         "item_row": np.zeros(C, i32), "item_start": np.zeros(C, i32), "item_len": np.zeros(C, i32),
         "num_items": np.zeros((), i32),
+        "group_row": np.full(NG, R, i32), "group_index": np.zeros(NG, i32), "num_groups": np.zeros((), i32),
         "block_tables": np.zeros((R, W), i32), "query_start_loc": np.zeros(R + 1, i32),
         "kv_lens": np.zeros(R, i32), "num_seqs": np.zeros((), i32), "logits_indices": np.zeros(R, i32),
         "temperature": np.ones(R, f32), "top_p": np.ones(R, f32), "top_k": np.full(R, V, i32),
@@ -139,6 +157,7 @@ def _fill_tokens(a, i: int, offset: int, req: Request, n: int, layout: BatchLayo
     a["row_ctx_len"][i] = start
     if n == 1:
         a["row_last"][i] = offset  # decode-like row: context read once per row (B1)
+        _add_context_groups(a, i, start, layout.block_size)
     elif start > 0:  # multi-token row with context: work items of <= q_chunk queries (B2)
         q_chunk = min(Q_CHUNK, len(a["token_ids"]))
         for s in range(0, n, q_chunk):
@@ -152,6 +171,17 @@ def _fill_tokens(a, i: int, offset: int, req: Request, n: int, layout: BatchLayo
     a["query_start_loc"][i + 1] = offset + n
     a["kv_lens"][i] = start + n
     a["logits_indices"][i] = offset + n - 1
+
+
+def _add_context_groups(a, i: int, ctx_len: int, block_size: int) -> None:
+    """Append row ``i``'s B1 context groups (`GROUP_BLOCKS` blocks each, only as many as
+    its cached context fills), so a step reads each row's real context, not the bucket's
+    width or the longest row's."""
+    n = -(-ctx_len // (GROUP_BLOCKS * block_size))
+    k = int(a["num_groups"])
+    a["group_row"][k:k + n] = i
+    a["group_index"][k:k + n] = np.arange(n)
+    a["num_groups"][...] = k + n
 
 
 def _fill_sampling(a, i: int, req: Request, layout: BatchLayout) -> None:

@@ -29,7 +29,8 @@ from jaxinfer.sampler import sample
 logger = logging.getLogger(__name__)
 
 _META_FIELDS = ("positions", "token_seq", "slot_mapping", "row_ctx_len", "row_last", "item_row", "item_start",
-                "item_len", "num_items", "block_tables", "query_start_loc", "kv_lens", "num_seqs")
+                "item_len", "num_items", "group_row", "group_index", "num_groups", "block_tables", "query_start_loc",
+                "kv_lens", "num_seqs")
 _MODEL_FIELDS = _META_FIELDS + ("token_ids", "logits_indices")
 
 
