@@ -14,10 +14,11 @@ XLA path (CPU default): attention of a token = softmax over
         context groups (a few blocks of one row each), only the groups each row fills;
      B2 for multi-token rows with context (a continuing prefill chunk, or a prefix-cache
         hit): a loop over work items of up to ``Q_CHUNK`` queries of one row, each
-        gathering that row's context once (no per-token gather),
+        walking that row's context once, only as far as it reaches (no per-token gather),
 merged with one shared max (log-sum-exp). A step of fresh prefills reads no pages, a
-decode token reads exactly its sequence's context once, and a fresh prefill mixed into
-a decode batch costs no extra context reads.
+decode token reads its sequence's context once (rounded up to a group), and a fresh
+prefill mixed into a decode batch costs no extra context reads: the bytes read track the
+real context, whatever the bucket's table width or the longest row.
 Pallas path: writes the new K/V first, then calls ``pallas_kernels.ragged_paged_attention``
 over the whole context (``kv_lens``), under ``shard_map`` over the heads when tensor-parallel.
 Einsum letters: T tokens, K kv heads, G query heads per kv head, H head dim, S context.
@@ -125,24 +126,27 @@ def write_kv(cache: jax.Array, layer: jax.Array, slot_mapping: jax.Array, new: j
     return cache.at[layer, slot_mapping // bs, slot_mapping % bs].set(new.astype(cache.dtype))
 
 
-def _masked_scores(qg, kc, ctx_len):
-    """qg [X,K,G,H] vs kc [X,S,K,H] -> scores [X,K,G,S] with positions >= ctx_len masked."""
-    s = jnp.einsum("xkgh,xskh->xkgs", qg, kc.astype(jnp.float32))
-    valid = jnp.arange(kc.shape[1])[None, :] < ctx_len[:, None]
-    return jnp.where(valid[:, None, None, :], s, -jnp.inf)
-
-
 def _partial_softmax(s, v):
     """Unnormalised pieces (max, sum, weighted values) of a softmax over the last axis.
 
-    s: [X,K,G,S] scores; v: [X,S,K,H] or [S,K,H]. Rows with no valid key give
-    (-inf, 0, 0) and merge as nothing.
+    s: [X,K,G,S] scores; v: [S,K,H]. Rows with no valid key give (-inf, 0, 0) and merge
+    as nothing.
     """
-    m = s.max(-1)
-    safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    return _fold((jnp.full(s.shape[:-1], -jnp.inf), jnp.zeros(s.shape[:-1]), jnp.zeros(s.shape[:-1] + v.shape[-1:])),
+                 s, v)
+
+
+def _fold(carry, s, v):
+    """One online-softmax step (FlashAttention's running max/sum/accumulator update):
+    fold scores ``s [X,K,G,S]`` over values ``v [S,K,H]`` into ``carry`` = (max [X,K,G],
+    sum [X,K,G], acc [X,K,G,H])."""
+    m, l, acc = carry
+    m_new = jnp.maximum(m, s.max(-1))
+    safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
     p = jnp.exp(s - safe[..., None])
-    spec = "xkgs,xskh->xkgh" if v.ndim == 4 else "xkgu,ukh->xkgh"
-    return m, p.sum(-1), jnp.einsum(spec, p, v.astype(jnp.float32))
+    scale = jnp.where(jnp.isfinite(m), jnp.exp(m - safe), 0.0)
+    return (m_new, l * scale + p.sum(-1),
+            acc * scale[..., None] + jnp.einsum("xkgs,skh->xkgh", p, v.astype(jnp.float32)))
 
 
 def _merge(parts):
@@ -206,30 +210,50 @@ def _group_context(qg, k_cache, v_cache, layer, meta):
     return (to(jnp.full((T, K, G), -jnp.inf), m), to(jnp.zeros((T, K, G)), l), to(jnp.zeros((T, K, G, H)), a))
 
 
+CHUNK_CTX_BLOCKS = 16  # blocks of context one B2 inner iteration reads
+
+
 def _chunk_context(qg, k_cache, v_cache, layer, meta, q_chunk: int):
-    """B2: loop over work items; each is <= q_chunk queries of one row vs that row's context."""
+    """B2: loop over work items; each is <= q_chunk queries of one row vs that row's context.
+
+    An item walks its row's context `CHUNK_CTX_BLOCKS` blocks at a time with an online
+    softmax, only as far as that row's context reaches (not the bucket's table width).
+    """
     T, K, G, H = qg.shape
+    R, W = meta.block_tables.shape
+    L, NB, bs = k_cache.shape[:3]
+    c = min(CHUNK_CTX_BLOCKS, W)
+    span = c * bs
+    tables = jnp.pad(meta.block_tables, ((0, 0), (0, -W % c)))
+    flat_k, flat_v = k_cache.reshape(L * NB, bs, K, H), v_cache.reshape(L * NB, bs, K, H)
     pad = lambda x, v: jnp.concatenate([x, jnp.full((q_chunk,) + x.shape[1:], v, x.dtype)])  # noqa: E731
     qp = pad(qg, 0.0)
     init = (jnp.full((T + q_chunk, K, G), -jnp.inf), jnp.zeros((T + q_chunk, K, G)), jnp.zeros((T + q_chunk, K, G, H)))
 
-    def body(i, acc):
+    def item(i, acc):
         row, start, n = meta.item_row[i], meta.item_start[i], meta.item_len[i]
         q = jax.lax.dynamic_slice_in_dim(qp, start, q_chunk)
-        kc = kv_values(k_cache[layer, meta.block_tables[row]]).reshape(-1, K, H)  # [S, K, H]
-        vc = kv_values(v_cache[layer, meta.block_tables[row]]).reshape(-1, K, H)
-        s = jnp.einsum("qkgh,skh->qkgs", q, kc.astype(jnp.float32))
-        valid = (jnp.arange(kc.shape[0]) < meta.row_ctx_len[row])[None, :] & (jnp.arange(q_chunk) < n)[:, None]
-        m, l, a = _partial_softmax(jnp.where(valid[:, None, None, :], s, -jnp.inf), vc)
-        keep = (jnp.arange(q_chunk) < n)[:, None, None]
+        live = jnp.arange(q_chunk) < n
+
+        def step(j, carry):
+            blocks = jax.lax.dynamic_slice_in_dim(tables[row], j * c, c) + layer * NB
+            kc = kv_values(flat_k.at[blocks].get(mode="promise_in_bounds")).reshape(span, K, H)
+            vc = kv_values(flat_v.at[blocks].get(mode="promise_in_bounds")).reshape(span, K, H)
+            s = jnp.einsum("qkgh,skh->qkgs", q, kc.astype(jnp.float32))
+            valid = (j * span + jnp.arange(span) < meta.row_ctx_len[row])[None, :] & live[:, None]
+            return _fold(carry, jnp.where(valid[:, None, None, :], s, -jnp.inf), vc)
+
+        part = jax.lax.fori_loop(0, (meta.row_ctx_len[row] + span - 1) // span, step,
+                                 (jnp.full((q_chunk, K, G), -jnp.inf), jnp.zeros((q_chunk, K, G)),
+                                  jnp.zeros((q_chunk, K, G, H))))
         out = []
-        for old, new in zip(acc, (m, l, a)):
+        for old, new in zip(acc, part):
             cur = jax.lax.dynamic_slice_in_dim(old, start, q_chunk)
-            k = keep if new.ndim == 3 else keep[..., None]
-            out.append(jax.lax.dynamic_update_slice_in_dim(old, jnp.where(k, new, cur), start, 0))
+            keep = live.reshape((q_chunk,) + (1,) * (new.ndim - 1))
+            out.append(jax.lax.dynamic_update_slice_in_dim(old, jnp.where(keep, new, cur), start, 0))
         return tuple(out)
 
-    m, l, a = jax.lax.fori_loop(0, meta.num_items, body, init)
+    m, l, a = jax.lax.fori_loop(0, meta.num_items, item, init)
     return m[:T], l[:T], a[:T]
 
 

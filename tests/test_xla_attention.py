@@ -52,6 +52,7 @@ def _reference(q, k_new, v_new, k_cache, v_cache, rows, tables, layer, scale):
 @pytest.mark.parametrize("rows", [
     [(1, 1), (15, 1), (16, 1), (17, 1), (63, 1), (64, 1), (65, 1), (300, 1)],
     [(200, 1), (0, 5), (40, 10), (2, 1), (0, 1)],
+    [(700, 1), (300, 7), (33, 70), (0, 3)],
 ])
 def test_ragged_step_matches_float64_reference(rows):
     width = max(-(-ctx // BS) for ctx, _ in rows)
