@@ -8,8 +8,9 @@ one `LLMEngine` (own scheduler, block manager, KV pool and compiled steps) on th
 row's devices, viewing the same parameter buffers (`sharding.split_replicas`, no copy).
 
 With ``data_parallel_size == 1`` the single engine is returned as is (tensor
-parallelism only). With more, a `DataParallelRouter` stands in for the engine: it has
-the engine's interface (``add_request``, ``step``, ``abort_request``, counters), sends
+parallelism only). With more, a `DataParallelRouter` stands in for the engine: it
+implements the engine protocol (`jaxinfer.engine_protocol.Engine`: ``add_requests``,
+``step``, ``abort_request``, ``snapshot`` merged over the replicas, ...), sends
 each new request to the least-loaded replica and steps the busy replicas concurrently
 (one thread each: a replica's step blocks on its device read-back, and the devices of
 different replicas work at the same time).
@@ -18,13 +19,14 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from types import SimpleNamespace
+from typing import Sequence
 
 import jax
 
 from jaxinfer import sharding
 from jaxinfer.config import EngineConfig, ModelConfig
-from jaxinfer.engine import EngineStats, LLMEngine
+from jaxinfer.engine import LLMEngine
+from jaxinfer.engine_protocol import RequestSpec
 from jaxinfer.engine_snapshot import EngineSnapshot
 from jaxinfer.errors import RequestError
 from jaxinfer.outputs import RequestOutput
@@ -103,15 +105,17 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
     return engine
 
 
-def least_loaded(engines: list[LLMEngine]) -> int:
-    """Index of the replica to take a new request: fewest running + waiting requests,
-    then most free KV blocks, then lowest index."""
-    return min(range(len(engines)),
-               key=lambda i: (engines[i].num_running + engines[i].num_waiting, -engines[i].num_free_blocks, i))
+def least_loaded(engines: list[LLMEngine], pending: list[int] | None = None) -> int:
+    """Index of the replica to take a new request: fewest running + waiting requests
+    (plus ``pending[i]`` about to be added to replica i), then most free KV blocks, then
+    lowest index."""
+    pending = pending or [0] * len(engines)
+    return min(range(len(engines)), key=lambda i: (engines[i].num_running + engines[i].num_waiting + pending[i],
+                                                   -engines[i].num_free_blocks, i))
 
 
 class DataParallelRouter:
-    """Several `LLMEngine` replicas behind the engine's own interface.
+    """Several `LLMEngine` replicas behind the engine protocol (`jaxinfer.engine_protocol.Engine`).
 
     Request ids are unique across replicas; each request lives on one replica for its
     whole life (its KV blocks are there). Not thread-safe, like `LLMEngine`: one thread
@@ -134,16 +138,29 @@ class DataParallelRouter:
 
     # ----- requests -----------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, **kwargs) -> None:
-        """Queue a request on the least-loaded replica (`least_loaded`); same arguments and
-        errors as `LLMEngine.add_request`."""
-        if request_id in self._owner:
-            raise RequestError(f"duplicate request id {request_id!r}", param="request_id")
-        i = least_loaded(self.engines)
-        self.engines[i].add_request(request_id, prompt_token_ids, params, **kwargs)
-        self._owner[request_id] = i
+        """Queue one request: `add_requests` with a group of one (keywords as `RequestSpec`)."""
+        self.add_requests([RequestSpec(request_id, prompt_token_ids, params, **kwargs)])
 
-    def _validate(self, ids: list[int], params: SamplingParams) -> int:
-        return self.engines[0]._validate(ids, params)
+    def add_requests(self, specs: Sequence[RequestSpec]) -> None:
+        """Admit a group all or none, each request on the least-loaded replica at its turn
+        (`least_loaded`, counting the group's earlier members). Every replica checks its
+        share (`LLMEngine.check_requests`) before any is queued; errors as
+        `LLMEngine.add_requests`."""
+        ids = [s.request_id for s in specs]
+        for rid in ids:
+            if rid in self._owner or ids.count(rid) > 1:
+                raise RequestError(f"duplicate request id {rid!r}", param="request_id")
+        shares: dict[int, list[RequestSpec]] = {}
+        added = [0] * len(self.engines)
+        for spec in specs:
+            i = least_loaded(self.engines, added)
+            shares.setdefault(i, []).append(spec)
+            added[i] += 1
+        for i, share in shares.items():
+            self.engines[i].check_requests(share)
+        for i, share in shares.items():
+            self.engines[i].add_requests(share)
+            self._owner.update((s.request_id, i) for s in share)
 
     def abort_request(self, request_id: str) -> None:
         """Abort on the owning replica; unknown ids are ignored."""
@@ -201,21 +218,10 @@ class DataParallelRouter:
         return EngineSnapshot.merge(e.snapshot() for e in self.engines)
 
     @property
-    def stats(self) -> EngineStats:
-        total = EngineStats()
-        for e in self.engines:
-            for k, v in vars(e.stats).items():
-                if isinstance(v, (int, float)):
-                    setattr(total, k, getattr(total, k, 0) + v)
-        return total
+    def num_steps(self) -> int:
+        """Steps summed over replicas (grows whenever any replica executed a batch)."""
+        return sum(e.num_steps for e in self.engines)
 
-    @property
-    def scheduler(self) -> SimpleNamespace:
-        """Summed scheduler counters (``num_preemptions``) for the metrics endpoint."""
-        return SimpleNamespace(num_preemptions=sum(e.scheduler.num_preemptions for e in self.engines))
-
-    @property
-    def runner(self) -> SimpleNamespace:
-        """Summed runner counters (``num_compilations``) and the attention backend."""
-        return SimpleNamespace(num_compilations=sum(e.runner.num_compilations for e in self.engines),
-                               backend=self.engines[0].runner.backend)
+    def wake_time(self) -> float | None:
+        """The earliest of the replicas' `LLMEngine.wake_time`."""
+        return min((t for e in self.engines if (t := e.wake_time()) is not None), default=None)
