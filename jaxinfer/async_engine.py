@@ -33,7 +33,6 @@ from jaxinfer import request_log
 from jaxinfer.engine_protocol import Engine, RequestSpec  # noqa: F401 - RequestSpec is part of this API
 from jaxinfer.errors import QueueFullError, RequestError
 from jaxinfer.outputs import RequestOutput
-from jaxinfer.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,8 @@ Owns `build_parallel_engine` (the mesh path of `jaxinfer.builder.build_engine`):
 (sharded over ``model``, replicated over ``data``: restored from orbax straight into
 their shards, or created sharded for ``--load-format dummy``), then per row of the mesh
 one `LLMEngine` (own scheduler, block manager, KV pool and compiled steps) on that
-row's devices, viewing the same parameter buffers (`sharding.split_replicas`, no copy).
+row's devices, built by `jaxinfer.builder.build_replica` (the builder of a one-device
+engine too), viewing the same parameter buffers (`sharding.split_replicas`, no copy).
 
 With ``data_parallel_size == 1`` the single engine is returned as is (tensor
 parallelism only). With more, a `DataParallelRouter` stands in for the engine: it
@@ -71,6 +72,8 @@ def build_parallel_engine(config: EngineConfig, model_config: ModelConfig, param
         logger.warning("TP %d does not divide %s: those axes are replicated on every device of a replica "
                        "(see jaxinfer.sharding)", tp, ", ".join(fallback))
     replica_params = sharding.split_replicas(params, mesh) if dp > 1 else [params]
+    from jaxinfer.builder import build_replica
+
     engines = [build_replica(config, model_config, p, tokenizer, sub)
                for p, sub in zip(replica_params, sharding.replica_meshes(mesh))]
     if jax.process_count() > 1:
@@ -78,31 +81,6 @@ def build_parallel_engine(config: EngineConfig, model_config: ModelConfig, param
 
         distributed.attach(engines[0])
     return engines[0] if dp == 1 else DataParallelRouter(engines)
-
-
-def build_replica(config: EngineConfig, model_config: ModelConfig, params, tokenizer, mesh) -> LLMEngine:
-    """One engine on a ``(data=1, model=tp)`` mesh: KV pool sized per device, runner
-    with param / KV / replicated shardings, warm-up if configured."""
-    from jaxinfer.builder import default_backend, plan_num_blocks
-    from jaxinfer.model_runner import ModelRunner
-
-    tp = mesh.shape["model"]
-    weight_bytes = sharding.per_device_bytes(params)
-    num_blocks, why = plan_num_blocks(model_config, config.cache, config.dtype, weight_bytes, tp, config.scheduler,
-                                      host_devices=tp * config.parallel.data_parallel_size)
-    logger.info("replica on devices %s: weights %.2f GiB per device; KV cache: %s",
-                [d.id for d in mesh.devices.flat], weight_bytes / 2**30, why)
-    shardings = (jax.tree.map(lambda x: x.sharding, params), sharding.kv_cache_sharding(model_config, mesh),
-                 sharding.replicated(mesh))
-    backend = config.attention_backend or default_backend()  # pallas runs per TP shard (attention.py)
-    runner = ModelRunner(model_config, params, num_blocks, config.cache.block_size, config.dtype, backend,
-                         config.max_logprobs, config.return_logits, shardings=shardings)
-    engine = LLMEngine(config, model_config, runner, num_blocks, tokenizer)
-    engine.kv_cache_description = why
-    engine.mesh = mesh
-    if config.warmup:
-        engine.warmup()
-    return engine
 
 
 def least_loaded(engines: list[LLMEngine], pending: list[int] | None = None) -> int:
