@@ -12,9 +12,11 @@ Scenarios (closed loop; prompts are random token ids; ``ignore_eos`` so lengths 
     serve every one of them; static batching reserves ``max_model_len`` per member, so only
     ``pool / max_model_len`` of them fit and the rest fail with 503).
   * ``overload``: 4x the clients the KV pool holds, ``fixed``'s lengths, short queue.
-  * ``priority``: ``fixed``'s clients and lengths, 20% of the clients interactive
-    (``"priority": 0``) and 80% batch (``"priority": 5``), against a server with
-    ``--scheduling-policy priority``; TTFT per class (`benchmarks/priority_mix.py`).
+  * ``priority``: ``fixed``'s lengths, twice its clients against ``--max-num-seqs`` =
+    ``--concurrency`` (so half of them queue: priority orders the queue, it cannot help
+    when everything runs at once), 20% of the clients interactive (``"priority": 0``) and
+    80% batch (``"priority": 5``), against a server with ``--scheduling-policy priority``;
+    TTFT per class (`benchmarks/priority_mix.py`).
   * ``priority-fcfs``: the same mix against the default FCFS server (the reference for
     the priority run's throughput and per-class TTFT).
 `SCENARIOS` says which systems run which scenario; ``--systems`` / ``--scenarios`` select.
@@ -139,8 +141,9 @@ def scenarios(a) -> dict[str, Scenario]:
                  ("jaxinfer", "jaxinfer-static")),
         Scenario("overload", 4 * a.concurrency, a.concurrency, wl(num_requests=2 * a.num_requests, **fixed),
                  ("jaxinfer", "jaxinfer-static")),
-        Scenario("priority", a.concurrency, a.concurrency, wl(num_requests=a.num_requests, **fixed), ("jaxinfer",)),
-        Scenario("priority-fcfs", a.concurrency, a.concurrency, wl(num_requests=a.num_requests, **fixed),
+        Scenario("priority", 2 * a.concurrency, a.concurrency, wl(num_requests=2 * a.num_requests, **fixed),
+                 ("jaxinfer",)),
+        Scenario("priority-fcfs", 2 * a.concurrency, a.concurrency, wl(num_requests=2 * a.num_requests, **fixed),
                  ("jaxinfer",)),
     ]
     return {sc.name: sc for sc in table}
@@ -171,7 +174,7 @@ def jaxinfer_command(system: str, port: int, a, scen: Scenario) -> list[str]:
            "--shutdown-timeout", "5", "--log-level", "warning"]
     if system == "jaxinfer-static":
         cmd += ["--scheduler", "static", "--max-num-seqs", str(scen.pool_clients)]
-    elif scen.pool_clients > SERVER_DEFAULT_MAX_NUM_SEQS:
+    elif scen.pool_clients > SERVER_DEFAULT_MAX_NUM_SEQS or scen.name in PRIORITY_SCENARIOS:
         cmd += ["--max-num-seqs", str(scen.pool_clients)]
     if scen.same_kv_budget:
         cmd += ["--num-blocks", str(num_blocks(scen, a))]

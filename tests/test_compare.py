@@ -108,8 +108,12 @@ def test_priority_scenarios_set_the_policy_through_the_server_flags():
         args = server.build_parser().parse_args(compare.server_command("jaxinfer", 8000, a, table[name])[2:])
         return server.engine_config(args, types.SimpleNamespace(max_position_embeddings=8192)).scheduler
 
-    assert policy("priority").scheduling_policy == "priority" and policy("priority-fcfs").scheduling_policy == "fcfs"
-    assert table["priority"].workload == table["priority-fcfs"].workload == table["fixed"].workload
+    prio, fcfs = policy("priority"), policy("priority-fcfs")
+    assert prio.scheduling_policy == "priority" and fcfs.scheduling_policy == "fcfs"
+    for name, sc in (("priority", prio), ("priority-fcfs", fcfs)):  # half the clients queue
+        assert table[name].clients == 2 * sc.max_num_seqs and sc.max_queue_len >= table[name].clients
+    assert table["priority"].workload == table["priority-fcfs"].workload
+    assert (table["priority"].workload.input_len, table["priority"].workload.output_len) == (512, 256)
 
 
 def test_priority_mix_smoke_against_the_api():
