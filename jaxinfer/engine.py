@@ -30,12 +30,12 @@ from jaxinfer.block_manager import BlockManager
 from jaxinfer.buckets import BucketLadders
 from jaxinfer.config import EngineConfig, ModelConfig
 from jaxinfer.drain_rate import DrainRate
+from jaxinfer.engine_protocol import RequestSpec
 from jaxinfer.engine_snapshot import EngineSnapshot
 from jaxinfer.errors import CONTEXT_LENGTH_EXCEEDED, SHORTEN_HINT, QueueFullError, RequestError
 from jaxinfer.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from jaxinfer.request import FinishReason, Request
 from jaxinfer.sampling_params import SamplingParams
-from jaxinfer.engine_protocol import RequestSpec
 from jaxinfer.scheduler import SchedulerOutput, make_scheduler
 
 logger = logging.getLogger(__name__)
@@ -151,13 +151,10 @@ class LLMEngine:
         for spec, n in zip(specs, max_tokens):
             self._enqueue(spec, n)
 
-    def check_requests(self, specs: Sequence[RequestSpec], queued: int | None = None) -> list[int]:
-        """Validate a group without queueing anything.
+    def check_requests(self, specs: Sequence[RequestSpec]) -> list[int]:
+        """Validate a group against this engine without queueing anything (ids, prompts,
+        options, room in the waiting queue for all of it).
 
-        Args:
-          specs: the group.
-          queued: requests already waiting to count against ``max_queue_len`` (None:
-            this engine's waiting queue).
         Returns:
           Each spec's effective ``max_tokens``.
         Raises:
@@ -172,7 +169,7 @@ class LLMEngine:
         if len(specs) > max_queue_len:  # could never be queued at once: not "retry later"
             raise RequestError(f"this request asks for {len(specs)} sequences (prompts x n); the server queues "
                                f"at most {max_queue_len} (--max-queue-len)", param="n")
-        waiting = self.num_waiting if queued is None else queued
+        waiting = self.num_waiting
         if waiting + len(specs) > max_queue_len:
             wait = self._drain.seconds_to_drain(waiting, time.monotonic())
             raise QueueFullError(f"waiting queue is full ({max_queue_len} requests)", retry_after=wait)
