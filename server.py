@@ -83,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="cap on prompt tokens in a step that also decodes, so running streams keep their "
                             "inter-token latency (default: none, only --max-num-batched-tokens)")
     sched.add_argument("--max-queue-len", type=int, default=256, help="waiting requests before 429")
+    sched.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+                       help="admission order: first come first served, or by the request's `priority` (lower "
+                            "first, then arrival); under memory pressure the worst priority is preempted")
+    sched.add_argument("--priority-aging-s", type=float, default=None,
+                       help="priority policy: every this many seconds of waiting lower a request's effective "
+                            "priority by 1, so low priorities are not starved (default: no aging)")
     par = p.add_argument_group("parallelism (docs/distributed.md)")
     par.add_argument("--tensor-parallel-size", type=int, default=1, help="devices per replica (Megatron TP)")
     par.add_argument("--data-parallel-size", type=int, default=1, help="replicas, each with its own KV pool")
@@ -146,7 +152,8 @@ def engine_config(args, model_config):
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_model_len=max_model_len, max_queue_len=args.max_queue_len,
                                   scheduler=args.scheduler, batch_timeout_s=args.batch_timeout,
-                                  prefill_budget_while_decoding=args.prefill_budget_while_decoding),
+                                  prefill_budget_while_decoding=args.prefill_budget_while_decoding,
+                                  scheduling_policy=args.scheduling_policy, priority_aging_s=args.priority_aging_s),
         attention_backend=args.attention_backend, max_logprobs=args.max_logprobs, seed=args.seed, warmup=args.warmup,
         parallel=parallel_config(args))
 

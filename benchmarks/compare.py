@@ -12,6 +12,13 @@ Scenarios (closed loop; prompts are random token ids; ``ignore_eos`` so lengths 
     serve every one of them; static batching reserves ``max_model_len`` per member, so only
     ``pool / max_model_len`` of them fit and the rest fail with 503).
   * ``overload``: 4x the clients the KV pool holds, ``fixed``'s lengths, short queue.
+  * ``priority``: ``fixed``'s lengths, twice its clients against ``--max-num-seqs`` =
+    ``--concurrency`` (so half of them queue: priority orders the queue, it cannot help
+    when everything runs at once), 20% of the clients interactive (``"priority": 0``) and
+    80% batch (``"priority": 5``), against a server with ``--scheduling-policy priority``;
+    TTFT per class (`benchmarks/priority_mix.py`).
+  * ``priority-fcfs``: the same mix against the default FCFS server (the reference for
+    the priority run's throughput and per-class TTFT).
 `SCENARIOS` says which systems run which scenario; ``--systems`` / ``--scenarios`` select.
 Queues: every scenario but overload lets clients wait (``--timeout-s``); overload keeps a
 short queue (``--overload-queue-len``, ``--max-queue-wait``) so excess clients get 429.
@@ -67,6 +74,7 @@ def _sibling(name: str):
 
 llamacpp_peer = _sibling("llamacpp_peer")
 compare_report = _sibling("compare_report")
+priority_mix = _sibling("priority_mix")
 ratios, acceptance, compare_markdown = (compare_report.ratios, compare_report.acceptance,  # noqa: E402
                                         compare_report.compare_markdown)
 
@@ -107,7 +115,8 @@ class Scenario:
         return "jaxinfer-static" in self.systems
 
 
-SCENARIOS = ("single", "fixed8", "fixed", "sharegpt", "c128", "overload")
+SCENARIOS = ("single", "fixed8", "fixed", "sharegpt", "c128", "overload", "priority", "priority-fcfs")
+PRIORITY_SCENARIOS = ("priority", "priority-fcfs")  # the interactive / batch mix (benchmarks/priority_mix.py)
 
 
 def scenarios(a) -> dict[str, Scenario]:
@@ -132,6 +141,10 @@ def scenarios(a) -> dict[str, Scenario]:
                  ("jaxinfer", "jaxinfer-static")),
         Scenario("overload", 4 * a.concurrency, a.concurrency, wl(num_requests=2 * a.num_requests, **fixed),
                  ("jaxinfer", "jaxinfer-static")),
+        Scenario("priority", 2 * a.concurrency, a.concurrency, wl(num_requests=2 * a.num_requests, **fixed),
+                 ("jaxinfer",)),
+        Scenario("priority-fcfs", 2 * a.concurrency, a.concurrency, wl(num_requests=2 * a.num_requests, **fixed),
+                 ("jaxinfer",)),
     ]
     return {sc.name: sc for sc in table}
 
@@ -161,10 +174,12 @@ def jaxinfer_command(system: str, port: int, a, scen: Scenario) -> list[str]:
            "--shutdown-timeout", "5", "--log-level", "warning"]
     if system == "jaxinfer-static":
         cmd += ["--scheduler", "static", "--max-num-seqs", str(scen.pool_clients)]
-    elif scen.pool_clients > SERVER_DEFAULT_MAX_NUM_SEQS:
+    elif scen.pool_clients > SERVER_DEFAULT_MAX_NUM_SEQS or scen.name in PRIORITY_SCENARIOS:
         cmd += ["--max-num-seqs", str(scen.pool_clients)]
     if scen.same_kv_budget:
         cmd += ["--num-blocks", str(num_blocks(scen, a))]
+    if scen.name == "priority":
+        cmd += ["--scheduling-policy", "priority"]
     if a.max_num_batched_tokens:
         cmd += ["--max-num-batched-tokens", str(a.max_num_batched_tokens)]
     return cmd + shlex.split(a.jaxinfer_args)
@@ -309,11 +324,16 @@ def run_one(system: str, scen: Scenario, a, out: Path) -> tuple[dict, str]:
         cfg = load.LoadConfig(url, a.model, concurrency=scen.clients, timeout_s=a.timeout_s, seed=a.seed,
                               max_retries=a.overload_max_retries if scen.name == "overload" else 0,
                               extra_body=dict(llamacpp_peer.REQUEST_EXTRA) if system == "llamacpp" else None)
-        run = run_benchmark(cfg, scen.workload, label=label, out_dir=out / "runs", warmup_requests=a.warmup_requests,
-                            slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms, server_info=system_info(system, cmd))
-    print(report.markdown_table([(label, run["summary"])]), flush=True)
+        bench = priority_mix.run_priority_mix if scen.name in PRIORITY_SCENARIOS else run_benchmark
+        run = bench(cfg, scen.workload, label=label, out_dir=out / "runs", warmup_requests=a.warmup_requests,
+                    slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms, server_info=system_info(system, cmd))
+    rows = [(label, run["summary"])] + [(f"{label} {name}", c["summary"]) for name, c in run.get("classes", {}).items()]
+    print(report.markdown_table(rows), flush=True)
     entry = {"concurrency": scen.clients, "command": display_command(cmd), **system_entry(run["summary"]),
              "cpu_busy_before": busy_cpu}
+    if "classes" in run:
+        entry["classes"] = {name: {"priority": c["priority"], "concurrency": c["clients"],
+                                   **system_entry(c["summary"])} for name, c in run["classes"].items()}
     return entry, label
 
 

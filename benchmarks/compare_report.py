@@ -27,13 +27,31 @@ RATIO_PAIRS = (("jaxinfer", "llamacpp"), ("jaxinfer", "jaxinfer-static"), ("jaxi
 
 
 def ratios(result_scenarios: dict) -> dict:
-    """``{scenario: {"jaxinfer/<other>": pair_ratios}}`` for every pair in `RATIO_PAIRS` both measured."""
+    """``{scenario: {"jaxinfer/<other>": pair_ratios}}`` for every pair in `RATIO_PAIRS` both
+    measured, and for the priority mix (`priority_ratios`)."""
     out = {}
     for scen, systems in result_scenarios.items():
         pairs = {f"{x}/{y}": pair_ratios(systems[x], systems[y]) for x, y in RATIO_PAIRS
                  if x in systems and y in systems}
         if pairs:
             out[scen] = pairs
+    prio = priority_ratios(result_scenarios)
+    if prio:
+        out.setdefault("priority", {}).update(prio)
+    return out
+
+
+def priority_ratios(result_scenarios: dict) -> dict:
+    """The priority mix's pairs: ``interactive/batch`` (the two classes of the priority
+    run) and ``priority/fcfs`` (the priority run over the same mix under FCFS), each
+    `pair_ratios`; only those measured."""
+    prio = result_scenarios.get("priority", {}).get("jaxinfer")
+    fcfs = result_scenarios.get("priority-fcfs", {}).get("jaxinfer")
+    out = {}
+    if prio is not None and "classes" in prio:
+        out["interactive/batch"] = pair_ratios(prio["classes"]["interactive"], prio["classes"]["batch"])
+    if prio is not None and fcfs is not None:
+        out["priority/fcfs"] = pair_ratios(prio, fcfs)
     return out
 
 
@@ -55,6 +73,9 @@ ACCEPTANCE = (
      "ttft_p99", "max", 1 / 3),
     ("128 clients: 0 failed requests (continuous)", "c128", None, "errors", "max", 0),
     ("128 clients: KV fragmentation <= 2% (continuous)", "c128", None, "kv_fragmentation", "max", 0.02),
+    ("priority mix: interactive TTFT p99 <= 1/3 of batch", "priority", "interactive/batch", "ttft_p99", "max", 1 / 3),
+    ("priority mix: output tok/s >= 0.95x FCFS on the same mix", "priority", "priority/fcfs", "output_throughput",
+     "min", 0.95),
 )
 
 
@@ -100,6 +121,8 @@ def compare_markdown(result: dict) -> str:
     for scen, systems in result["scenarios"].items():
         md.append(f"\n### {scen}\n\n")
         rows = [(f"{name} (c={e['concurrency']})", _as_summary(e)) for name, e in systems.items()]
+        rows += [(f"{name} {cls} (priority {c['priority']}, c={c['concurrency']})", _as_summary(c))
+                 for name, e in systems.items() for cls, c in e.get("classes", {}).items()]
         md.append(report.markdown_table(rows))
     if result.get("ratios"):
         md.append("\n### Ratios (first system over second)\n\n"

@@ -21,7 +21,6 @@ Threading contract:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import enum
 import logging
 import queue
@@ -31,10 +30,9 @@ import traceback
 from typing import AsyncIterator, Callable, Sequence
 
 from jaxinfer import request_log
-from jaxinfer.engine import LLMEngine
+from jaxinfer.engine_protocol import Engine, RequestSpec  # noqa: F401 - RequestSpec is part of this API
 from jaxinfer.errors import QueueFullError, RequestError
 from jaxinfer.outputs import RequestOutput
-from jaxinfer.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -64,27 +62,6 @@ class EngineDeadError(RuntimeError):
     def __init__(self, message: str):
         super().__init__(message)
         self.message = message
-
-
-@dataclasses.dataclass
-class RequestSpec:
-    """One engine request to add (an HTTP request fans out into several for ``n > 1``).
-
-    Attributes:
-      request_id: unique id.
-      prompt_token_ids: the prompt ids (already truncated if asked).
-      params: sampling options with ``n == 1``.
-      prompt: the prompt text, if any (for outputs).
-      deadline: absolute ``time.monotonic()`` seconds after which it times out, or None.
-      max_queue_wait: seconds it may wait unadmitted before being rejected, or None.
-    """
-
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    prompt: str | None = None
-    deadline: float | None = None
-    max_queue_wait: float | None = None
 
 
 _ACCEPTED = object()  # first item of a stream when the engine took its requests
@@ -141,20 +118,21 @@ class AsyncEngine:
     """Owns the engine thread and the command queue.
 
     Args:
-      engine_or_builder: an `LLMEngine`, or a zero-argument callable returning one (called
+      engine_or_builder: an engine (`jaxinfer.engine_protocol.Engine`: an `LLMEngine` or a
+        data-parallel router), or a zero-argument callable returning one (called
         in the engine thread, so loading and warm-up do not block the event loop).
       log_requests: log one line per accepted and per finished request
         (`jaxinfer.request_log`; ``--disable-log-requests`` turns it off).
     """
 
-    def __init__(self, engine_or_builder: LLMEngine | Callable[[], LLMEngine], log_requests: bool = True):
+    def __init__(self, engine_or_builder: Engine | Callable[[], Engine], log_requests: bool = True):
         self.log_requests = log_requests
-        if isinstance(engine_or_builder, LLMEngine) or not callable(engine_or_builder):
+        if isinstance(engine_or_builder, Engine) or not callable(engine_or_builder):
             self._builder = lambda e=engine_or_builder: e
         else:
             self._builder = engine_or_builder
-        self._ready_callbacks: list[Callable[[LLMEngine], None]] | None = []  # None once run
-        self.engine: LLMEngine | None = None
+        self._ready_callbacks: list[Callable[[Engine], None]] | None = []  # None once run
+        self.engine: Engine | None = None
         self.state = EngineState.STARTING
         self.error: str | None = None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -171,7 +149,7 @@ class AsyncEngine:
                 self._thread.start()
         return self
 
-    def add_ready_callback(self, fn: Callable[[LLMEngine], None]) -> None:
+    def add_ready_callback(self, fn: Callable[[Engine], None]) -> None:
         """Run ``fn(engine)`` in the engine thread once it is built (now, if it already is)."""
         with self._lock:
             if self._ready_callbacks is not None:
@@ -303,10 +281,10 @@ class AsyncEngine:
                     break
                 if self._apply(cmd):
                     return
-            steps = engine.stats.num_steps
+            steps = engine.num_steps
             outputs = engine.step()
             self._deliver(outputs)
-            if not outputs and engine.stats.num_steps == steps and engine.has_unfinished_requests():
+            if not outputs and engine.num_steps == steps and engine.has_unfinished_requests():
                 if self._wait_for_deadline():  # nothing could run: wait for a command or a deadline
                     return
 
@@ -329,24 +307,15 @@ class AsyncEngine:
         return False
 
     def _add_group(self, group: tuple[list[RequestSpec], OutputStream]) -> None:
-        """Validate every spec, check queue room for all, then add them (all or none)."""
+        """Admit a group all or none (`jaxinfer.engine_protocol.Engine.add_requests`); the
+        stream gets the verdict first."""
         specs, stream = group
-        engine = self.engine
         try:
-            for spec in specs:
-                engine._validate(spec.prompt_token_ids, spec.params)
-            max_queue_len = engine.config.scheduler.max_queue_len
-            if len(specs) > max_queue_len:  # could never be queued at once: not "retry later"
-                raise RequestError(f"this request asks for {len(specs)} sequences (prompts x n); the server queues "
-                                   f"at most {max_queue_len} (--max-queue-len)", param="n")
-            if engine.num_waiting + len(specs) > max_queue_len:
-                raise QueueFullError(f"waiting queue is full ({max_queue_len} requests)")
+            self.engine.add_requests(specs)
         except (RequestError, QueueFullError) as exc:
             self._post([(stream, exc)])
             return
         for spec in specs:
-            engine.add_request(spec.request_id, spec.prompt_token_ids, spec.params, prompt=spec.prompt,
-                               deadline=spec.deadline, max_queue_wait=spec.max_queue_wait)
             self._streams[spec.request_id] = stream
             if self.log_requests:
                 request_log.log_added(spec.request_id, len(spec.prompt_token_ids), spec.params)
@@ -382,12 +351,8 @@ class AsyncEngine:
         """Work exists but nothing was schedulable (the static scheduler collecting a batch):
         sleep until a command arrives, the batch is due, or the earliest request deadline,
         capped by `UNSCHEDULABLE_RECHECK_S`. True on stop."""
-        times = [t for r in self.engine.requests.values() for t in (r.deadline, r.max_queue_wait_deadline)
-                 if t is not None]
-        batch_due = getattr(self.engine.scheduler, "batch_deadline", None)
-        if batch_due is not None:
-            times.append(batch_due)
-        timeout = min([UNSCHEDULABLE_RECHECK_S] + [t - time.monotonic() for t in times])
+        wake = self.engine.wake_time()
+        timeout = UNSCHEDULABLE_RECHECK_S if wake is None else min(UNSCHEDULABLE_RECHECK_S, wake - time.monotonic())
         try:
             cmd = self._inbox.get(timeout=max(0.0, timeout))
         except queue.Empty:

@@ -1,5 +1,9 @@
 """Assemble an `LLMEngine` from an `EngineConfig`: weights, tokenizer, KV pool, runner.
 
+`build_replica` builds one engine on one device or on one replica's mesh: the only
+place a runner and engine are put together (`jaxinfer.dp_router.build_parallel_engine`
+calls it once per data-parallel replica).
+
 Owns the KV pool sizing rule (blocks from a memory budget: ``--gpu-memory-utilization``
 of the device minus weights and an activation estimate), the ``dtype="auto"`` and
 attention-backend defaults (bfloat16 and pallas on GPU; float32 and xla on CPU), the
@@ -289,6 +293,55 @@ def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir
         replica = getattr(engine, "engines", [engine])[0]
         logger.info("%s", settings_line(config, backend, replica.block_manager.num_blocks))
         return engine
+    if params is None:
+        from jaxinfer.params import init_params
+
+        params = init_params(model_config, config.dtype, seed=config.seed)
+    return build_replica(config, model_config, jax.device_put(params), tokenizer,
+                         progress=WarmupProgress(use_tqdm),
+                         on_planned=lambda n: logger.info("%s", settings_line(config, backend, n)))
+
+
+def build_replica(config: EngineConfig, model_config: ModelConfig, params, tokenizer, mesh=None, *,
+                  progress=None, on_planned=None) -> LLMEngine:
+    """One engine (one replica) on one device or on a ``(data=1, model=tp)`` mesh: the KV
+    pool sized per device (`plan_num_blocks`), the runner, warm-up if configured.
+
+    Args:
+      params: the weights as ``jax.Array``s, on the default device (``mesh`` None) or
+        placed with `jaxinfer.sharding.param_shardings` on ``mesh``.
+      tokenizer: a `jaxinfer.tokenizer.Tokenizer` or None.
+      mesh: the replica's mesh (`jaxinfer.sharding.replica_meshes`), or None for one device.
+      progress: ``progress(done, total)`` for the warm-up (`WarmupProgress`), or None.
+      on_planned: called with the pool's block count once planned (the settings line).
+    Raises:
+      ValueError: the KV budget holds fewer than 2 blocks.
+    """
+    from jaxinfer import sharding
+
+    tp = 1 if mesh is None else mesh.shape["model"]
+    weight_bytes = sharding.per_device_bytes(params)
+    num_blocks, why = plan_num_blocks(model_config, config.cache, config.dtype, weight_bytes, tp, config.scheduler,
+                                      host_devices=tp * config.parallel.data_parallel_size)
+    if mesh is None:
+        logger.info("KV cache: %s", why)
+        shardings = None
+    else:
+        logger.info("replica on devices %s: weights %.2f GiB per device; KV cache: %s",
+                    [d.id for d in mesh.devices.flat], weight_bytes / 2**30, why)
+        shardings = (jax.tree.map(lambda x: x.sharding, params), sharding.kv_cache_sharding(model_config, mesh),
+                     sharding.replicated(mesh))
+    if on_planned is not None:
+        on_planned(num_blocks)
+    backend = config.attention_backend or default_backend()  # pallas runs per TP shard (attention.py)
+    runner = ModelRunner(model_config, params, num_blocks, config.cache.block_size, config.dtype, backend,
+                         config.max_logprobs, config.return_logits, shardings=shardings)
+    engine = LLMEngine(config, model_config, runner, num_blocks, tokenizer)
+    engine.kv_cache_description = why
+    engine.mesh = mesh
+    if config.warmup:
+        engine.warmup(progress=progress)
+    return engine
     if params is None:
         from jaxinfer.params import init_params
 

@@ -7,6 +7,7 @@ and tests can use it freely. CLI flags of ``server.py`` map one-to-one onto thes
 from __future__ import annotations
 
 import dataclasses
+import math
 import json
 from pathlib import Path
 from typing import Any
@@ -291,7 +292,13 @@ class SchedulerConfig:
       max_num_batched_tokens: per-step token budget (prefill chunks + decodes).
       max_model_len: prompt + output limit in tokens.
       max_queue_len: bound on the waiting queue (server answers 429 past it).
-      scheduler: "continuous" (`Scheduler`) or "static" (`StaticScheduler`, the baseline).
+      scheduler: "continuous" or "static" (`StaticScheduler`, the baseline).
+      scheduling_policy: continuous only: "fcfs" (`ContinuousScheduler`, first come
+        first served) or "priority" (`PriorityScheduler`: ``SamplingParams.priority``,
+        lower first, then arrival).
+      priority_aging_s: priority only: seconds of waiting that lower a request's
+        effective priority by 1 (bounds starvation; see `jaxinfer.priority_scheduler`);
+        None: no aging.
       batch_timeout_s: static only: seconds the oldest queued request waits for a full batch.
       prefill_budget_while_decoding: cap on prefill tokens in a step that also decodes
         (None: only ``max_num_batched_tokens`` applies). Stall-free batching (Sarathi-Serve,
@@ -305,6 +312,8 @@ class SchedulerConfig:
     max_model_len: int = 4096
     max_queue_len: int = 256
     scheduler: str = "continuous"
+    scheduling_policy: str = "fcfs"
+    priority_aging_s: float | None = None
     batch_timeout_s: float = 0.1
     prefill_budget_while_decoding: int | None = None
 
@@ -314,6 +323,12 @@ class SchedulerConfig:
                              f"{self.prefill_budget_while_decoding}")
         if self.scheduler not in ("continuous", "static"):
             raise ValueError(f"scheduler must be 'continuous' or 'static', got {self.scheduler!r}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
+        if self.priority_aging_s is not None and not (math.isfinite(self.priority_aging_s)
+                                                      and self.priority_aging_s > 0):
+            raise ValueError(f"priority_aging_s must be a positive number of seconds or None, got "
+                             f"{self.priority_aging_s}")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:  # 0 would never schedule anything
             raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got "
                              f"{self.max_num_seqs} and {self.max_num_batched_tokens}")

@@ -5,11 +5,13 @@ Owns `build_parallel_engine` (the mesh path of `jaxinfer.builder.build_engine`):
 (sharded over ``model``, replicated over ``data``: restored from orbax straight into
 their shards, or created sharded for ``--load-format dummy``), then per row of the mesh
 one `LLMEngine` (own scheduler, block manager, KV pool and compiled steps) on that
-row's devices, viewing the same parameter buffers (`sharding.split_replicas`, no copy).
+row's devices, built by `jaxinfer.builder.build_replica` (the builder of a one-device
+engine too), viewing the same parameter buffers (`sharding.split_replicas`, no copy).
 
 With ``data_parallel_size == 1`` the single engine is returned as is (tensor
-parallelism only). With more, a `DataParallelRouter` stands in for the engine: it has
-the engine's interface (``add_request``, ``step``, ``abort_request``, counters), sends
+parallelism only). With more, a `DataParallelRouter` stands in for the engine: it
+implements the engine protocol (`jaxinfer.engine_protocol.Engine`: ``add_requests``,
+``step``, ``abort_request``, ``snapshot`` merged over the replicas, ...), sends
 each new request to the least-loaded replica and steps the busy replicas concurrently
 (one thread each: a replica's step blocks on its device read-back, and the devices of
 different replicas work at the same time).
@@ -18,13 +20,14 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from types import SimpleNamespace
+from typing import Sequence
 
 import jax
 
 from jaxinfer import sharding
 from jaxinfer.config import EngineConfig, ModelConfig
-from jaxinfer.engine import EngineStats, LLMEngine
+from jaxinfer.engine import LLMEngine
+from jaxinfer.engine_protocol import RequestSpec
 from jaxinfer.engine_snapshot import EngineSnapshot
 from jaxinfer.errors import RequestError
 from jaxinfer.outputs import RequestOutput
@@ -69,6 +72,8 @@ def build_parallel_engine(config: EngineConfig, model_config: ModelConfig, param
         logger.warning("TP %d does not divide %s: those axes are replicated on every device of a replica "
                        "(see jaxinfer.sharding)", tp, ", ".join(fallback))
     replica_params = sharding.split_replicas(params, mesh) if dp > 1 else [params]
+    from jaxinfer.builder import build_replica
+
     engines = [build_replica(config, model_config, p, tokenizer, sub)
                for p, sub in zip(replica_params, sharding.replica_meshes(mesh))]
     if jax.process_count() > 1:
@@ -78,40 +83,17 @@ def build_parallel_engine(config: EngineConfig, model_config: ModelConfig, param
     return engines[0] if dp == 1 else DataParallelRouter(engines)
 
 
-def build_replica(config: EngineConfig, model_config: ModelConfig, params, tokenizer, mesh) -> LLMEngine:
-    """One engine on a ``(data=1, model=tp)`` mesh: KV pool sized per device, runner
-    with param / KV / replicated shardings, warm-up if configured."""
-    from jaxinfer.builder import default_backend, plan_num_blocks
-    from jaxinfer.model_runner import ModelRunner
-
-    tp = mesh.shape["model"]
-    weight_bytes = sharding.per_device_bytes(params)
-    num_blocks, why = plan_num_blocks(model_config, config.cache, config.dtype, weight_bytes, tp, config.scheduler,
-                                      host_devices=tp * config.parallel.data_parallel_size)
-    logger.info("replica on devices %s: weights %.2f GiB per device; KV cache: %s",
-                [d.id for d in mesh.devices.flat], weight_bytes / 2**30, why)
-    shardings = (jax.tree.map(lambda x: x.sharding, params), sharding.kv_cache_sharding(model_config, mesh),
-                 sharding.replicated(mesh))
-    backend = config.attention_backend or default_backend()  # pallas runs per TP shard (attention.py)
-    runner = ModelRunner(model_config, params, num_blocks, config.cache.block_size, config.dtype, backend,
-                         config.max_logprobs, config.return_logits, shardings=shardings)
-    engine = LLMEngine(config, model_config, runner, num_blocks, tokenizer)
-    engine.kv_cache_description = why
-    engine.mesh = mesh
-    if config.warmup:
-        engine.warmup()
-    return engine
-
-
-def least_loaded(engines: list[LLMEngine]) -> int:
-    """Index of the replica to take a new request: fewest running + waiting requests,
-    then most free KV blocks, then lowest index."""
-    return min(range(len(engines)),
-               key=lambda i: (engines[i].num_running + engines[i].num_waiting, -engines[i].num_free_blocks, i))
+def least_loaded(engines: list[LLMEngine], pending: list[int] | None = None) -> int:
+    """Index of the replica to take a new request: fewest running + waiting requests
+    (plus ``pending[i]`` about to be added to replica i), then most free KV blocks, then
+    lowest index."""
+    pending = pending or [0] * len(engines)
+    return min(range(len(engines)), key=lambda i: (engines[i].num_running + engines[i].num_waiting + pending[i],
+                                                   -engines[i].num_free_blocks, i))
 
 
 class DataParallelRouter:
-    """Several `LLMEngine` replicas behind the engine's own interface.
+    """Several `LLMEngine` replicas behind the engine protocol (`jaxinfer.engine_protocol.Engine`).
 
     Request ids are unique across replicas; each request lives on one replica for its
     whole life (its KV blocks are there). Not thread-safe, like `LLMEngine`: one thread
@@ -134,16 +116,29 @@ class DataParallelRouter:
 
     # ----- requests -----------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, **kwargs) -> None:
-        """Queue a request on the least-loaded replica (`least_loaded`); same arguments and
-        errors as `LLMEngine.add_request`."""
-        if request_id in self._owner:
-            raise RequestError(f"duplicate request id {request_id!r}", param="request_id")
-        i = least_loaded(self.engines)
-        self.engines[i].add_request(request_id, prompt_token_ids, params, **kwargs)
-        self._owner[request_id] = i
+        """Queue one request: `add_requests` with a group of one (keywords as `RequestSpec`)."""
+        self.add_requests([RequestSpec(request_id, prompt_token_ids, params, **kwargs)])
 
-    def _validate(self, ids: list[int], params: SamplingParams) -> int:
-        return self.engines[0]._validate(ids, params)
+    def add_requests(self, specs: Sequence[RequestSpec]) -> None:
+        """Admit a group all or none, each request on the least-loaded replica at its turn
+        (`least_loaded`, counting the group's earlier members). Every replica checks its
+        share (`LLMEngine.check_requests`) before any is queued; errors as
+        `LLMEngine.add_requests`."""
+        ids = [s.request_id for s in specs]
+        for rid in ids:
+            if rid in self._owner or ids.count(rid) > 1:
+                raise RequestError(f"duplicate request id {rid!r}", param="request_id")
+        shares: dict[int, list[RequestSpec]] = {}
+        added = [0] * len(self.engines)
+        for spec in specs:
+            i = least_loaded(self.engines, added)
+            shares.setdefault(i, []).append(spec)
+            added[i] += 1
+        for i, share in shares.items():
+            self.engines[i].check_requests(share)
+        for i, share in shares.items():
+            self.engines[i].add_requests(share)
+            self._owner.update((s.request_id, i) for s in share)
 
     def abort_request(self, request_id: str) -> None:
         """Abort on the owning replica; unknown ids are ignored."""
@@ -201,21 +196,10 @@ class DataParallelRouter:
         return EngineSnapshot.merge(e.snapshot() for e in self.engines)
 
     @property
-    def stats(self) -> EngineStats:
-        total = EngineStats()
-        for e in self.engines:
-            for k, v in vars(e.stats).items():
-                if isinstance(v, (int, float)):
-                    setattr(total, k, getattr(total, k, 0) + v)
-        return total
+    def num_steps(self) -> int:
+        """Steps summed over replicas (grows whenever any replica executed a batch)."""
+        return sum(e.num_steps for e in self.engines)
 
-    @property
-    def scheduler(self) -> SimpleNamespace:
-        """Summed scheduler counters (``num_preemptions``) for the metrics endpoint."""
-        return SimpleNamespace(num_preemptions=sum(e.scheduler.num_preemptions for e in self.engines))
-
-    @property
-    def runner(self) -> SimpleNamespace:
-        """Summed runner counters (``num_compilations``) and the attention backend."""
-        return SimpleNamespace(num_compilations=sum(e.runner.num_compilations for e in self.engines),
-                               backend=self.engines[0].runner.backend)
+    def wake_time(self) -> float | None:
+        """The earliest of the replicas' `LLMEngine.wake_time`."""
+        return min((t for e in self.engines if (t := e.wake_time()) is not None), default=None)

@@ -1,12 +1,14 @@
 """`LLMEngine`: the request lifecycle, one step at a time.
 
 Lifecycle of a request:
-  1. ``add_request`` validates it on the host (non-empty prompt, ids in the vocabulary,
+  1. ``add_requests`` (the one admission path; ``add_request`` is a group of one)
+     validates a group on the host (non-empty prompt, ids in the vocabulary,
      prompt + max_tokens within ``max_model_len`` and within the whole KV pool, bounded
-     queue) and raises `RequestError` / `QueueFullError` before any device work.
-  2. It waits in the scheduler's FIFO queue until the watermark admits it.
+     queue) and raises `RequestError` / `QueueFullError` before any device work: all
+     of the group is queued, or none.
+  2. It waits in the scheduler's queue (FCFS or by priority) until the watermark admits it.
   3. Each ``step``: **schedule** (expire deadlines, top up running requests, preempt the
-     newest on memory pressure, admit waiting ones) -> **execute** (pack into a bucket,
+     policy's victim on memory pressure, admit waiting ones) -> **execute** (pack into a bucket,
      one jitted call, sampled ids back once) -> **update** (append tokens, stop rules,
      incremental detokenization and stop strings, logprobs).
   4. A finished request (stop, length, abort, timeout, rejected) frees its blocks in the
@@ -19,6 +21,7 @@ import collections
 import logging
 import math
 import time
+from typing import Sequence
 
 import numpy as np
 
@@ -27,13 +30,13 @@ from jaxinfer.block_manager import BlockManager
 from jaxinfer.buckets import BucketLadders
 from jaxinfer.config import EngineConfig, ModelConfig
 from jaxinfer.drain_rate import DrainRate
+from jaxinfer.engine_protocol import RequestSpec
 from jaxinfer.engine_snapshot import EngineSnapshot
 from jaxinfer.errors import CONTEXT_LENGTH_EXCEEDED, SHORTEN_HINT, QueueFullError, RequestError
 from jaxinfer.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from jaxinfer.request import FinishReason, Request
 from jaxinfer.sampling_params import SamplingParams
-from jaxinfer.scheduler import Scheduler, SchedulerOutput
-from jaxinfer.static_scheduler import StaticScheduler
+from jaxinfer.scheduler import SchedulerOutput, make_scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +87,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         sc, cc = config.scheduler, config.cache
         self.block_manager = BlockManager(num_blocks, cc.block_size, cc.enable_prefix_caching)
-        self.scheduler = (StaticScheduler if sc.scheduler == "static" else Scheduler)(
-            sc, cc, self.block_manager, cache_salt=config.model_path.encode())
+        self.scheduler = make_scheduler(sc, cc, self.block_manager, cache_salt=config.model_path.encode())
         backend = getattr(runner, "backend", "xla")
         self.layout = batch_mod.BatchLayout(
             ladders=BucketLadders(sc.max_num_batched_tokens, sc.max_num_seqs, math.ceil(sc.max_model_len / cc.block_size),
@@ -125,41 +127,76 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
                     prompt: str | None = None, deadline: float | None = None,
                     max_queue_wait: float | None = None) -> None:
-        """Queue a request after validating it (host only, no device work).
+        """Queue one request: `add_requests` with a group of one.
 
         Args:
           deadline: absolute ``time.monotonic()`` after which it is evicted (TIMEOUT).
           max_queue_wait: seconds it may wait unadmitted before REJECTED.
 
         Raises:
-          RequestError: empty prompt, ids outside the vocabulary, too long, never fits.
-          QueueFullError: the waiting queue is at ``max_queue_len``.
+          RequestError, QueueFullError: as `add_requests`.
         """
-        if request_id in self.requests:
-            raise RequestError(f"duplicate request id {request_id!r}", param="request_id")
-        max_tokens = self._validate(prompt_token_ids, params)
-        if len(self.scheduler.waiting) >= self.config.scheduler.max_queue_len:
-            wait = self._drain.seconds_to_drain(len(self.scheduler.waiting), time.monotonic())
-            raise QueueFullError(f"waiting queue is full ({self.config.scheduler.max_queue_len} requests)",
-                                 retry_after=wait)
+        self.add_requests([RequestSpec(request_id, prompt_token_ids, params, prompt, deadline, max_queue_wait)])
+
+    def add_requests(self, specs: Sequence[RequestSpec]) -> None:
+        """Admit a group all or none (the one admission path): `check_requests`, then
+        queue every spec in order (host only, no device work).
+
+        Raises:
+          RequestError: empty prompt, ids outside the vocabulary, too long, never fits,
+            duplicate id, more sequences than ``max_queue_len``.
+          QueueFullError: the waiting queue has no room for the whole group now.
+        """
+        max_tokens = self.check_requests(specs)
+        for spec, n in zip(specs, max_tokens):
+            self._enqueue(spec, n)
+
+    def check_requests(self, specs: Sequence[RequestSpec]) -> list[int]:
+        """Validate a group against this engine without queueing anything (ids, prompts,
+        options, room in the waiting queue for all of it).
+
+        Returns:
+          Each spec's effective ``max_tokens``.
+        Raises:
+          RequestError, QueueFullError: as `add_requests`.
+        """
+        ids = [s.request_id for s in specs]
+        for rid in ids:
+            if rid in self.requests or ids.count(rid) > 1:
+                raise RequestError(f"duplicate request id {rid!r}", param="request_id")
+        max_tokens = [self._validate(s.prompt_token_ids, s.params) for s in specs]
+        max_queue_len = self.config.scheduler.max_queue_len
+        if len(specs) > max_queue_len:  # could never be queued at once: not "retry later"
+            raise RequestError(f"this request asks for {len(specs)} sequences (prompts x n); the server queues "
+                               f"at most {max_queue_len} (--max-queue-len)", param="n")
+        waiting = self.num_waiting
+        if waiting + len(specs) > max_queue_len:
+            wait = self._drain.seconds_to_drain(waiting, time.monotonic())
+            raise QueueFullError(f"waiting queue is full ({max_queue_len} requests)", retry_after=wait)
+        return max_tokens
+
+    def _enqueue(self, spec: RequestSpec, max_tokens: int) -> None:
+        params = spec.params
         seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63))
         now = time.monotonic()
-        req = Request(request_id, list(prompt_token_ids), params, seed=seed & (2**64 - 1), max_tokens=max_tokens,
-                      eos_token_ids=self.eos_token_ids, arrival_time=now, deadline=deadline,
-                      max_queue_wait_deadline=None if max_queue_wait is None else now + max_queue_wait)
-        req.prompt = prompt
-        self.requests[request_id] = req
+        mqw = spec.max_queue_wait
+        req = Request(spec.request_id, list(spec.prompt_token_ids), params, seed=seed & (2**64 - 1),
+                      max_tokens=max_tokens, eos_token_ids=self.eos_token_ids, arrival_time=now,
+                      deadline=spec.deadline, max_queue_wait_deadline=None if mqw is None else now + mqw)
+        req.prompt = spec.prompt
+        self.requests[spec.request_id] = req
         if self.tokenizer is not None:
             from jaxinfer.tokenizer import IncrementalDetokenizer
 
-            self._detok[request_id] = IncrementalDetokenizer(
+            self._detok[spec.request_id] = IncrementalDetokenizer(
                 self.tokenizer, req.prompt_token_ids, skip_special_tokens=params.skip_special_tokens,
                 stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output)
-        self.stats.prompt_tokens += len(prompt_token_ids)
+        self.stats.prompt_tokens += req.num_prompt_tokens
         self.scheduler.add_request(req)
 
     def _validate(self, ids: list[int], params: SamplingParams) -> int:
-        """Returns the effective max_tokens."""
+        """Check one prompt and its options against this engine; returns the effective
+        max_tokens. Raises `RequestError`."""
         V = self.model_config.vocab_size
         limit = self.config.scheduler.max_model_len
         if len(ids) == 0:
@@ -262,7 +299,7 @@ class LLMEngine:
     def _update(self, sched: SchedulerOutput, result: dict) -> list[RequestOutput]:
         rows = {id(req): i for i, (req, _) in enumerate(sched.scheduled)}
         sampled = result["token_ids"][:len(sched.scheduled)].tolist()
-        got = self.scheduler.update(sched, sampled)
+        got = self.scheduler.update(sched, sampled, self._text_stop)
         outputs = []
         for req in got:
             self.stats.generation_tokens += 1
@@ -270,14 +307,13 @@ class LLMEngine:
             self._record_logprobs(req, result, i)
             if self.config.return_logits:
                 req.logits.append(np.asarray(result["logits"][i]))
-            detok = self._detok.get(req.request_id)
-            if detok is not None:
-                stop = detok.step([req.output_token_ids[-1]])
-                if stop is not None and not req.is_finished:
-                    req.stop_reason = stop
-                    self.scheduler.finish(req, FinishReason.STOP)
             outputs.append(self._finish_output(req) if req.is_finished else self._output(req))
         return outputs
+
+    def _text_stop(self, req: Request) -> str | None:
+        """Advance the request's text by its newest token; the stop string it matched, if any."""
+        detok = self._detok.get(req.request_id)
+        return None if detok is None else detok.step([req.output_token_ids[-1]])
 
     def _record_logprobs(self, req: Request, result: dict, i: int) -> None:
         n = req.params.logprobs
@@ -356,6 +392,19 @@ class LLMEngine:
     @property
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting)
+
+    @property
+    def num_steps(self) -> int:
+        return self.stats.num_steps
+
+    def wake_time(self) -> float | None:
+        """Earliest monotonic time a step may progress unprompted: a request's deadline or
+        queue-wait limit, or the static batch timeout; None if there is none."""
+        times = [t for r in self.requests.values() for t in (r.deadline, r.max_queue_wait_deadline)
+                 if t is not None]
+        if self.scheduler.batch_deadline is not None:
+            times.append(self.scheduler.batch_deadline)
+        return min(times, default=None)
 
     def snapshot(self) -> EngineSnapshot:
         """The gauges and counters ``GET /metrics`` exposes (safe to call from another thread)."""

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from jaxinfer import chat
 from jaxinfer.builder import build_engine
 from jaxinfer.config import BLOCK_SIZE, CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
+from jaxinfer.engine_protocol import RequestSpec
 from jaxinfer.errors import RequestError
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams, choice_seed
@@ -46,6 +47,9 @@ class LLM:
       load_format: "auto" or "dummy" (random weights).
       tensor_parallel_size, data_parallel_size: devices per replica and replicas
         (`ParallelConfig`, `jaxinfer.sharding`); generate works the same with any.
+      scheduling_policy: "fcfs" or "priority" (``SamplingParams.priority`` / ``generate``'s
+        ``priority``, lower first); priority_aging_s: seconds of waiting that lower the
+        effective priority by 1 (`jaxinfer.priority_scheduler`).
       engine_kwargs: model_config/params/tokenizer to skip loading (tests).
     """
 
@@ -56,7 +60,7 @@ class LLM:
                  weights_dir: str | None = None, max_queue_len: int = 1 << 30, enable_prefix_caching: bool = True,
                  tensor_parallel_size: int = 1, data_parallel_size: int = 1, tokenizer: str | None = None,
                  gpu_memory_utilization: float | None = None, block_size: int = BLOCK_SIZE, use_tqdm: bool = True,
-                 **engine_kwargs):
+                 scheduling_policy: str = "fcfs", priority_aging_s: float | None = None, **engine_kwargs):
         from jaxinfer.builder import load_model, load_tokenizer, resolve_dtype
         from jaxinfer.weights import default_weights_dir
 
@@ -83,7 +87,8 @@ class LLM:
                               enable_prefix_caching=enable_prefix_caching, block_size=block_size,
                               gpu_memory_utilization=gpu_memory_utilization),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                      max_model_len=max_model_len, max_queue_len=max_queue_len),
+                                      max_model_len=max_model_len, max_queue_len=max_queue_len,
+                                      scheduling_policy=scheduling_policy, priority_aging_s=priority_aging_s),
             attention_backend=attention_backend, seed=seed, warmup=warmup, return_logits=return_logits,
             parallel=parallel, tokenizer=tokenizer)
         self.engine = build_engine(config, load_format=load_format, weights_dir=weights_dir, use_tqdm=use_tqdm,
@@ -95,8 +100,11 @@ class LLM:
 
     def generate(self, prompts: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """Generate for a batch of prompts (strings or token-id lists).
+
+        ``priority`` (one integer per prompt, as vLLM's ``generate``) overrides the
+        sampling params' ``priority``; only the priority policy uses it.
 
         Raises:
           RequestError: a prompt is invalid (nothing is submitted then).
@@ -108,7 +116,7 @@ class LLM:
             raise TypeError("prompts must be a string, a list of token ids, or a list of those; got "
                             f"{type(prompts).__name__}")
         items = [(p if isinstance(p, str) else None, self._encode(p)) for p in prompts]
-        return self._run(items, sampling_params, use_tqdm)
+        return self._run(items, sampling_params, use_tqdm, priority)
 
     def chat(self, messages, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True,
@@ -143,7 +151,7 @@ class LLM:
             return list(prompt)
         raise TypeError(f"a prompt must be a string or a list of int token ids, got {prompt!r:.80}")
 
-    def _run(self, items, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, items, sampling_params, use_tqdm: bool, priority=None) -> list[RequestOutput]:
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
@@ -153,6 +161,10 @@ class LLM:
             raise ValueError(f"{len(sampling_params)} SamplingParams for {len(items)} prompts: give one, or one each")
         if not all(isinstance(sp, SamplingParams) for sp in sampling_params):
             raise TypeError("sampling_params must be SamplingParams objects")
+        if priority is not None:
+            if len(priority) != len(items):
+                raise ValueError(f"{len(priority)} priorities for {len(items)} prompts: give one each")
+            sampling_params = [dataclasses.replace(sp, priority=p) for sp, p in zip(sampling_params, priority)]
         ids = self._submit(items, sampling_params)
         mine = {r for rids in ids for r in rids}
         prompt_of = {r: i for i, rids in enumerate(ids) for r in rids}
@@ -175,19 +187,18 @@ class LLM:
         return [self._merge(items[i], [finished[r] for r in rids]) for i, rids in enumerate(ids)]
 
     def _submit(self, items, params_list) -> list[list[str]]:
-        for (_, toks), sp in zip(items, params_list):  # validate all before submitting any
-            self.engine._validate(toks, sp)
-        ids = []
+        """Add every prompt's ``n`` sequences as one group (all or none)."""
+        specs, ids = [], []
         for (text, toks), sp in zip(items, params_list):
             rids = []
             for j in range(sp.n):
                 rid = f"offline-{self._counter}"
                 self._counter += 1
-                child = sp if sp.n == 1 else dataclasses.replace(
-                    sp, n=1, seed=choice_seed(sp.seed, j))
-                self.engine.add_request(rid, toks, child, prompt=text)
+                child = sp if sp.n == 1 else dataclasses.replace(sp, n=1, seed=choice_seed(sp.seed, j))
+                specs.append(RequestSpec(rid, toks, child, prompt=text))
                 rids.append(rid)
             ids.append(rids)
+        self.engine.add_requests(specs)
         return ids
 
     @staticmethod

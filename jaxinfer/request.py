@@ -116,28 +116,9 @@ class Request:
         self.finish_reason = reason
         self.finished_time = time.monotonic()
 
-    def append_output(self, token_id: int, now: float, max_model_len: int) -> FinishReason | None:
-        """Record a sampled token; returns why the request must finish now, if it must."""
+    def append_output(self, token_id: int, now: float) -> None:
+        """Record a sampled token (and the time of the first one); the stop rules are
+        `jaxinfer.stop.check_stop`."""
         self.output_token_ids.append(int(token_id))
         if self.first_token_time is None:
             self.first_token_time = now
-        reason = self.check_stop_token(int(token_id))
-        if reason is None and self.num_tokens >= max_model_len:
-            reason = FinishReason.LENGTH
-        return reason
-
-    def check_stop_token(self, token_id: int) -> FinishReason | None:
-        """Stop rules that depend only on the newest token and lengths (host side).
-
-        Order follows vLLM: EOS (unless ignore_eos), stop_token_ids, then max_tokens.
-        Sets ``stop_reason`` for stop-token stops. ``max_model_len`` is checked by the
-        scheduler, which knows it.
-        """
-        if not self.params.ignore_eos and token_id in self.eos_token_ids:
-            return FinishReason.STOP
-        if token_id in self.params.stop_token_ids:
-            self.stop_reason = token_id
-            return FinishReason.STOP
-        if self.num_output_tokens >= self.max_tokens:
-            return FinishReason.LENGTH
-        return None

@@ -45,6 +45,8 @@ class SamplingParams:
       logit_bias: token id -> additive bias in [-100, 100].
       skip_special_tokens: drop special tokens from the text.
       include_stop_str_in_output: keep the matched stop string in the text.
+      priority: scheduling priority, lower is served first (vLLM's convention); only
+        ``--scheduling-policy priority`` uses it. Any integer; default 0.
     """
 
     n: int = 1
@@ -64,6 +66,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    priority: int = 0
 
     def __post_init__(self) -> None:
         # Accept the convenient Python types, store hashable ones; anything else is a
@@ -78,6 +81,8 @@ class SamplingParams:
     def _validate(self) -> None:
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             _check(isinstance(getattr(self, name), bool), name, f"{name} must be a bool")
+        _check(_is_int(self.priority) and abs(self.priority) < 2**63, "priority",
+               "priority must be a 64-bit integer")
         _check(_is_int(self.n) and self.n >= 1, "n", "n must be an integer >= 1")
         _check(all(_is_int(t) for t in self.stop_token_ids), "stop_token_ids", "stop_token_ids must be integers")
         _check_range(self.temperature, 0.0, 2.0, "temperature")

@@ -1,40 +1,31 @@
-"""Continuous-batching scheduler without phases (vLLM v1 style), host side.
+"""The scheduler interface: `Scheduler`, the base every scheduling policy extends.
 
-Each step, every scheduled request gets ``min(num_tokens - num_computed_tokens, budget)``
-new tokens: chunked prefill, decode and recompute after preemption are one rule.
+The base owns what all policies share: the waiting queue and the running list,
+``add_request``, ``finish``, expiry of deadlines and queue-wait limits, ``update``
+(applying one step's sampled tokens and the stop rules of `jaxinfer.stop`) and the
+counters the metrics read. A policy is a small subclass that decides, in
+``schedule``, which requests compute how many tokens this step:
 
-Per step (`schedule`):
-  1. Expire: requests past their deadline finish as TIMEOUT; waiting requests past
-     their queue-wait limit finish as REJECTED. Their blocks are freed now.
-  2. Running requests are topped up, decodes first (oldest first), then continuing
-     prefill chunks, so a long chunk never pushes a decode out of the step; in a step
-     that decodes, prefill tokens (continuing chunks and admissions) are capped by
-     ``prefill_budget_while_decoding`` (stall-free batching, Sarathi-Serve). When a
-     request cannot get a block, the newest running request not yet scheduled in this
-     step is preempted (blocks freed, requeued at the front of the waiting queue,
-     recomputed later: Kwon et al. 2023, section 4.5).
-  3. Only if nothing was preempted, waiting requests are admitted FIFO while the token
-     budget, ``max_num_seqs`` and the KV **watermark** allow: a prefill is not admitted
-     if it would leave fewer than ``watermark`` of all blocks free (unless nothing is
-     running, so a lone request always progresses). A preempted request is re-admitted
-     only when its whole context plus one token fits above the watermark (no thrash).
-     FIFO order means a long prompt is never overtaken (no starvation, SC-19).
-     With prefix caching, the leading full blocks already in the cache are taken as
-     computed (``num_computed_tokens`` starts past the hit, always leaving at least one
-     token to compute so there are logits to sample).
-`update` then applies the sampled tokens and frees finished requests' blocks in the
-same step. Plain Python; no JAX import.
+  ``jaxinfer.continuous_scheduler.ContinuousScheduler``  continuous batching, FCFS
+  ``jaxinfer.priority_scheduler.PriorityScheduler``      continuous batching by priority
+  ``jaxinfer.static_scheduler.StaticScheduler``          static batching (the baseline)
+
+`make_scheduler` picks one from the `SchedulerConfig`. Plain Python; no JAX import.
 """
 from __future__ import annotations
 
+import abc
 import collections
 import dataclasses
-import math
 import time
+from typing import Callable
 
-from jaxinfer.block_manager import BlockManager, chain_hashes
+from jaxinfer.block_manager import BlockManager
 from jaxinfer.config import CacheConfig, SchedulerConfig
 from jaxinfer.request import FinishReason, Request, RequestStatus
+from jaxinfer.stop import check_stop
+
+TextStop = Callable[[Request], "str | None"]  # the stop string the request's new text matched, if any
 
 
 @dataclasses.dataclass
@@ -45,7 +36,8 @@ class SchedulerOutput:
       scheduled: (request, num_new_tokens) in batch order.
       num_tokens: total new tokens this step.
       preempted: requests preempted while scheduling this step.
-      finished: requests that ended while scheduling (timeouts, queue rejections).
+      finished: requests that ended while scheduling (timeouts, queue rejections, and
+        static batching's members without room).
     """
 
     scheduled: list[tuple[Request, int]]
@@ -58,40 +50,61 @@ class SchedulerOutput:
         return not self.scheduled
 
 
-class Scheduler:
-    """Owns the waiting queue, the running list, and block allocation decisions.
+class Scheduler(abc.ABC):
+    """Queues, request ends and token bookkeeping shared by every scheduling policy.
 
     Args:
-      config: limits (max_num_seqs, token budget, max_model_len, queue length).
+      config: limits (max_num_seqs, token budget, max_model_len, queue length, policy).
       cache_config: watermark and block size.
       block_manager: the KV block allocator.
+      cache_salt: mixed into prefix-cache block hashes (the model, so two models never
+        share blocks).
+
+    Attributes:
+      waiting: requests not admitted (policies may reorder it); running: admitted ones.
+      num_preemptions, num_admitted (admissions from the waiting queue, re-admissions
+      included), prefix_queries, prefix_hits (prompt tokens looked up in / found in the
+      prefix cache): monotonic counters.
     """
 
     def __init__(self, config: SchedulerConfig, cache_config: CacheConfig, block_manager: BlockManager,
                  cache_salt: bytes = b""):
         self.config = config
-        self.cache_salt = cache_salt
-        self.prefix_queries = 0  # tokens looked up in the prefix cache
-        self.prefix_hits = 0  # tokens found there
+        self.cache_config = cache_config
         self.block_manager = block_manager
-        self.watermark_blocks = math.ceil(cache_config.watermark * block_manager.num_usable_blocks)
+        self.cache_salt = cache_salt
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
-        self.num_admitted = 0  # admissions from the waiting queue (re-admissions included): its drain
+        self.num_admitted = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    # ----- the policy ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def schedule(self, now: float | None = None) -> SchedulerOutput:
+        """Choose this step's requests and token counts and allocate their blocks; expire
+        requests first (`expire`). ``now``: ``time.monotonic()`` seconds (None: now)."""
+
+    @property
+    def batch_deadline(self) -> float | None:
+        """Monotonic time (s) at which waiting requests become schedulable with no new
+        event, when the policy holds them back on purpose (static batching's timeout);
+        None otherwise."""
+        return None
 
     # ----- queue management -------------------------------------------------------------
     def add_request(self, request: Request) -> None:
+        """Queue a new request (validated by the engine) at the back of the waiting queue."""
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
 
     def finish(self, request: Request, reason: FinishReason) -> None:
-        """End a request now: free its blocks, drop it from the queues."""
+        """End a request now: release its blocks (`_release_blocks`), drop it from the
+        queues, mark it finished. Finishing a finished request does nothing."""
         if request.is_finished:
             return
-        if request.block_ids:
-            self.block_manager.free(request.block_ids)
-            request.block_ids = []
+        self._release_blocks(request)
         if request in self.running:
             self.running.remove(request)
         else:
@@ -100,6 +113,12 @@ class Scheduler:
             except ValueError:
                 pass
         request.mark_finished(reason)
+
+    def _release_blocks(self, request: Request) -> None:
+        """Free a finishing request's KV blocks now (static batching keeps them)."""
+        if request.block_ids:
+            self.block_manager.free(request.block_ids)
+            request.block_ids = []
 
     @property
     def num_unfinished(self) -> int:
@@ -110,40 +129,9 @@ class Scheduler:
         """Requests holding KV blocks (for the fragmentation statistic)."""
         return self.running
 
-    # ----- one step ---------------------------------------------------------------------
-    def schedule(self, now: float | None = None) -> SchedulerOutput:
-        """Choose this step's requests and token counts; allocate their blocks."""
-        now = time.monotonic() if now is None else now
-        finished = self._expire(now)
-        budget = self.config.max_num_batched_tokens
-        scheduled: list[tuple[Request, int]] = []
-        preempted: list[Request] = []
-        decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-        prefilling = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
-        budget = self._top_up(decoding, budget, scheduled, preempted)
-        prefill_budget = budget
-        if scheduled and self.config.prefill_budget_while_decoding is not None:
-            prefill_budget = min(budget, self.config.prefill_budget_while_decoding)
-        left = self._top_up(prefilling, prefill_budget, scheduled, preempted)
-        if not preempted:
-            left = self._admit(now, left, scheduled)
-        budget -= prefill_budget - left
-        total = self.config.max_num_batched_tokens - budget
-        return SchedulerOutput(scheduled, total, preempted, finished)
-
-    def _top_up(self, reqs: list[Request], budget: int, scheduled: list, preempted: list[Request]) -> int:
-        """Schedule the next tokens of running ``reqs`` in order; returns the budget left."""
-        for req in reqs:
-            if req.status != RequestStatus.RUNNING or budget == 0:
-                continue
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if not self._grow_or_preempt(req, n, scheduled, preempted):
-                continue
-            scheduled.append((req, n))
-            budget -= n
-        return budget
-
-    def _expire(self, now: float) -> list[Request]:
+    def expire(self, now: float) -> list[Request]:
+        """Finish requests past their deadline (TIMEOUT) and waiting ones past their
+        queue-wait limit (REJECTED); returns them."""
         out = []
         for req in list(self.running) + list(self.waiting):
             reason = req.expiry_reason(now)
@@ -152,93 +140,18 @@ class Scheduler:
                 out.append(req)
         return out
 
-    def _grow_or_preempt(self, req: Request, n: int, scheduled: list, preempted: list[Request]) -> bool:
-        """Give ``req`` blocks for ``n`` more tokens, preempting the newest running requests
-        not yet scheduled in this step (which may be ``req`` itself) if needed.
-
-        Returns False if ``req`` itself had to be preempted.
-        """
-        need = self.block_manager.blocks_needed(req.num_computed_tokens + n) - len(req.block_ids)
-        while not self.block_manager.can_allocate(need):
-            taken = {id(r) for r, _ in scheduled}
-            victim = next(r for r in reversed(self.running) if id(r) not in taken)  # req is never taken
-            self._preempt(victim)
-            preempted.append(victim)
-            if victim is req:
-                return False
-        if need > 0:
-            req.block_ids.extend(self.block_manager.allocate(need))
-        return True
-
-    def _preempt(self, req: Request) -> None:
-        self.running.remove(req)
-        self.block_manager.free(req.block_ids)
-        req.block_ids = []
-        req.num_computed_tokens = 0
-        req.num_registered_blocks = 0
-        req.status = RequestStatus.PREEMPTED
-        req.num_preemptions += 1
-        self.num_preemptions += 1
-        self.waiting.appendleft(req)
-
-    def _admit(self, now: float, budget: int, scheduled: list[tuple[Request, int]]) -> int:
-        bm = self.block_manager
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            req = self.waiting[0]
-            hits = self._prefix_hits(req)
-            num_cached = len(hits) * bm.block_size
-            n = min(req.num_tokens - num_cached, budget)
-            need = bm.blocks_needed(num_cached + n) - len(hits)
-            taken_from_pool = bm.num_evictable_in(hits)  # hits sitting in the free (evictable) pool
-            # A preempted request comes back only when its whole context (+1) fits.
-            total = bm.blocks_needed(req.num_tokens + 1) - len(hits) if req.num_preemptions else need
-            headroom = self.watermark_blocks if self.running else 0
-            if bm.num_free_blocks - total - taken_from_pool < headroom:
-                break
-            self.waiting.popleft()
-            self.num_admitted += 1
-            bm.touch(hits)
-            req.block_ids = hits + bm.allocate(need)
-            req.num_computed_tokens = num_cached
-            if req.first_scheduled_time is None:
-                req.first_scheduled_time = now
-                req.num_cached_tokens = num_cached
-                self.prefix_queries += req.num_prompt_tokens
-                self.prefix_hits += num_cached
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
-            scheduled.append((req, n))
-            budget -= n
-        return budget
-
-    def _prefix_hits(self, req: Request) -> list[int]:
-        """Cached blocks for the request's leading full blocks, leaving >= 1 token to compute."""
-        bm = self.block_manager
-        if not bm.enable_prefix_caching:
-            return []
-        req.block_hashes = chain_hashes(req.all_token_ids, bm.block_size, self.cache_salt, req.block_hashes)
-        return bm.lookup(req.block_hashes[:(req.num_tokens - 1) // bm.block_size])
-
-    def _register_full_blocks(self, req: Request) -> None:
-        """Put the request's newly completed full blocks into the prefix cache."""
-        bm = self.block_manager
-        full = req.num_computed_tokens // bm.block_size
-        if not bm.enable_prefix_caching or full <= req.num_registered_blocks:
-            return
-        req.block_hashes = chain_hashes(req.all_token_ids, bm.block_size, self.cache_salt, req.block_hashes)
-        for i in range(req.num_registered_blocks, full):
-            bm.register(req.block_ids[i], req.block_hashes[i])
-        req.num_registered_blocks = full
-
-    def update(self, out: SchedulerOutput, sampled: list[int]) -> list[Request]:
+    # ----- after the step ---------------------------------------------------------------
+    def update(self, out: SchedulerOutput, sampled: list[int], text_stop: TextStop | None = None) -> list[Request]:
         """Apply one step's sampled tokens (one per scheduled row, in order).
 
         A row's sample counts only if the step computed the request's last known token
-        (a partial prefill chunk's sample is discarded). Requests that hit EOS, a stop
-        token, ``max_tokens`` or ``max_model_len`` finish and free their blocks now.
+        (a partial prefill chunk's sample is discarded). After each new token,
+        ``text_stop(req)`` (when given) advances the request's text and returns the stop
+        string it matched; `jaxinfer.stop.check_stop` then decides, and a request that
+        must stop finishes (`finish`) now.
 
         Returns:
-          The requests that received a new token this step.
+          The requests that received a new token this step (finished ones included).
         """
         now = time.monotonic()
         got_token = []
@@ -246,11 +159,32 @@ class Scheduler:
             if req.is_finished:  # aborted between schedule and update
                 continue
             req.num_computed_tokens += n
-            self._register_full_blocks(req)
+            self._computed(req)
             if req.num_computed_tokens < req.num_tokens:
                 continue
             got_token.append(req)
-            reason = req.append_output(tok, now, self.config.max_model_len)
+            req.append_output(tok, now)
+            stop_string = text_stop(req) if text_stop is not None else None
+            reason = check_stop(req, self.config.max_model_len, stop_string)
             if reason is not None:
                 self.finish(req, reason)
         return got_token
+
+    def _computed(self, req: Request) -> None:
+        """Hook after ``req``'s computed tokens advanced (prefix caching registers blocks)."""
+
+
+def make_scheduler(config: SchedulerConfig, cache_config: CacheConfig, block_manager: BlockManager,
+                   cache_salt: bytes = b"") -> Scheduler:
+    """The policy ``config`` names: ``scheduler="static"`` -> `StaticScheduler`; else
+    ``scheduling_policy`` ``"fcfs"`` -> `ContinuousScheduler`, ``"priority"`` ->
+    `PriorityScheduler`."""
+    from jaxinfer.continuous_scheduler import ContinuousScheduler
+    from jaxinfer.priority_scheduler import PriorityScheduler
+    from jaxinfer.static_scheduler import StaticScheduler
+
+    if config.scheduler == "static":
+        cls = StaticScheduler
+    else:
+        cls = PriorityScheduler if config.scheduling_policy == "priority" else ContinuousScheduler
+    return cls(config, cache_config, block_manager, cache_salt)

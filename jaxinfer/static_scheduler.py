@@ -1,9 +1,8 @@
 """Static-batching baseline scheduler (``SchedulerConfig.scheduler = "static"``), host side.
 
-The naive way to serve, kept as a baseline for benchmarks (issue 5). Same interface as
-`jaxinfer.scheduler.Scheduler` (``add_request``, ``finish``, ``schedule``, ``update``,
-``waiting``, ``running``, ``num_preemptions``, ``num_unfinished``), same KV block pool,
-same model and attention code; only the policy differs:
+The naive way to serve, kept as a baseline for benchmarks (issue 5). A subclass of
+`jaxinfer.scheduler.Scheduler` (queues, expiry, ``finish`` and ``update`` come from the
+base), same KV block pool, same model and attention code; only the policy differs:
 
   1. Dynamic batcher: while no batch is in flight, requests queue until ``max_num_seqs``
      of them wait or the oldest has waited ``batch_timeout_s`` (Triton-style
@@ -19,63 +18,43 @@ Plain Python; no JAX import.
 """
 from __future__ import annotations
 
-import collections
 import time
 
 from jaxinfer.block_manager import BlockManager
 from jaxinfer.config import CacheConfig, SchedulerConfig
 from jaxinfer.request import FinishReason, Request, RequestStatus
-from jaxinfer.scheduler import SchedulerOutput
+from jaxinfer.scheduler import Scheduler, SchedulerOutput
 
 
-class StaticScheduler:
+class StaticScheduler(Scheduler):
     """One fixed batch at a time, full-length KV reservations (see the module docstring).
 
     Args:
       config: ``max_num_seqs`` (batch size), ``max_num_batched_tokens`` (per-step token
         budget), ``max_model_len`` (reservation per member), ``batch_timeout_s``.
-      cache_config: unused (no watermark); accepted for interface parity.
+      cache_config: unused (no watermark).
       block_manager: the KV block allocator (the same pool continuous batching uses).
-      cache_salt: unused (static batching shares no blocks); accepted for interface parity.
+      cache_salt: unused (static batching shares no blocks).
     """
 
     def __init__(self, config: SchedulerConfig, cache_config: CacheConfig, block_manager: BlockManager,
                  cache_salt: bytes = b""):
-        self.config = config
-        self.block_manager = block_manager
+        super().__init__(config, cache_config, block_manager, cache_salt)
         self.reserve_blocks = block_manager.blocks_needed(config.max_model_len)
-        self.waiting: collections.deque[Request] = collections.deque()
-        self.running: list[Request] = []  # live members of the batch in flight
-        self.batch: list[Request] = []  # every member of that batch, finished ones included
-        self.num_preemptions = 0  # always 0: static batching never preempts
-        self.prefix_queries = self.prefix_hits = 0  # always 0: static batching shares no blocks
+        self.batch: list[Request] = []  # every member of the batch in flight, finished ones included
         self.num_batches = 0
-        self.num_admitted = 0  # requests taken from the waiting queue into a batch
         self.num_failed = 0  # requests that got no reservation (FinishReason.ERROR)
+        # num_preemptions, prefix_queries, prefix_hits stay 0: no preemption, no shared blocks
 
     # ----- queue management -------------------------------------------------------------
-    def add_request(self, request: Request) -> None:
-        request.status = RequestStatus.WAITING
-        self.waiting.append(request)
-
     def finish(self, request: Request, reason: FinishReason) -> None:
         """End a request now. A batch member's blocks stay reserved until the batch ends."""
-        if request.is_finished:
-            return
-        if request in self.running:
-            self.running.remove(request)
-        else:
-            try:
-                self.waiting.remove(request)
-            except ValueError:
-                pass
-        request.mark_finished(reason)
+        super().finish(request, reason)
         if self.batch and not self.running:
             self._release_batch()
 
-    @property
-    def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running)
+    def _release_blocks(self, request: Request) -> None:
+        """Nothing: the batch's reservations are freed together (`_release_batch`)."""
 
     @property
     def kv_holders(self) -> list[Request]:
@@ -94,22 +73,11 @@ class StaticScheduler:
     def schedule(self, now: float | None = None) -> SchedulerOutput:
         """Form a batch if none is in flight and one is due; give its members tokens."""
         now = time.monotonic() if now is None else now
-        finished = self._expire(now)
+        finished = self.expire(now)
         if not self.batch and self._batch_due(now):
             finished.extend(self._form_batch(now))
         scheduled = self._fill(self.config.max_num_batched_tokens)
         return SchedulerOutput(scheduled, sum(n for _, n in scheduled), [], finished)
-
-    def _expire(self, now: float) -> list[Request]:
-        """Past their deadline: TIMEOUT (a member keeps its blocks until the batch ends);
-        waiting past their queue-wait limit: REJECTED. Same rules as `Scheduler`."""
-        out = []
-        for req in list(self.running) + list(self.waiting):
-            reason = req.expiry_reason(now)
-            if reason is not None:
-                self.finish(req, reason)
-                out.append(req)
-        return out
 
     def _batch_due(self, now: float) -> bool:
         if len(self.waiting) >= self.config.max_num_seqs:
@@ -150,27 +118,6 @@ class StaticScheduler:
             scheduled.append((req, n))
             budget -= n
         return scheduled
-
-    def update(self, out: SchedulerOutput, sampled: list[int]) -> list[Request]:
-        """Apply one step's sampled tokens (one per scheduled row, in order); same stop
-        rules as `Scheduler.update` (a partial prefill chunk's sample is discarded).
-
-        Returns:
-          The requests that received a new token this step.
-        """
-        now = time.monotonic()
-        got_token = []
-        for (req, n), tok in zip(out.scheduled, sampled):
-            if req.is_finished:  # aborted between schedule and update
-                continue
-            req.num_computed_tokens += n
-            if req.num_computed_tokens < req.num_tokens:
-                continue
-            got_token.append(req)
-            reason = req.append_output(tok, now, self.config.max_model_len)
-            if reason is not None:
-                self.finish(req, reason)
-        return got_token
 
     def _release_batch(self) -> None:
         for req in self.batch:

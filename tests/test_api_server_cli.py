@@ -53,6 +53,14 @@ def test_new_flags_map_onto_config_fields():
     assert not server.build_parser().parse_args([]).disable_log_requests
 
 
+def test_scheduling_policy_flags():
+    args = server.build_parser().parse_args(["--scheduling-policy", "priority", "--priority-aging-s", "2.5"])
+    sc = server.engine_config(args, model_config()).scheduler
+    assert (sc.scheduling_policy, sc.priority_aging_s) == ("priority", 2.5)
+    d = server.engine_config(server.build_parser().parse_args([]), model_config()).scheduler
+    assert (d.scheduling_policy, d.priority_aging_s) == ("fcfs", None)
+
+
 def help_blocks(text: str) -> dict[str, str]:
     """``--help`` output -> {flag: its help text (joined lines)}, and group titles as ``[title]``."""
     blocks, current = {}, None
@@ -113,7 +121,8 @@ def test_bad_flags_are_refused():
                                    ["--kv-cache-memory", "0"], ["--request-timeout", "0"], ["--dtype", "float16"],
                                    ["--gpu-memory-utilization", "0"], ["--gpu-memory-utilization", "1.5"],
                                    ["--gpu-memory-utilization", "-0.2"], ["--block-size", "12"],
-                                   ["--prefill-budget-while-decoding", "0"]])
+                                   ["--prefill-budget-while-decoding", "0"], ["--scheduling-policy", "lottery"],
+                                   ["--priority-aging-s", "0"], ["--priority-aging-s", "-1"]])
 def test_flags_the_config_rejects_exit_2_before_loading(flags, capsys):
     parser = server.build_parser()
     with pytest.raises(SystemExit) as exc:

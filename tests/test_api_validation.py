@@ -186,6 +186,8 @@ def test_sc05_top_k_rejected(api, top_k):
     ("repetition_penalty", 1e-300, 400), ("repetition_penalty", 0.009, 400), ("repetition_penalty", 0.01, 200),
     ("stop", [f"s{i}" for i in range(65)], 400), ("stop", [f"s{i}" for i in range(64)], 200),
     ("stop", ["x" * 16385], 400), ("stop_token_ids", list(range(1025)), 400),
+    ("priority", -3, 200), ("priority", 10, 200), ("priority", None, 200), ("priority", 1.5, 400),
+    ("priority", "1", 400), ("priority", True, 400), ("priority", 2**63, 400),
 ])
 def test_sc06_sampling_ranges(api, field, value, status):
     body = {"prompt": "Hello", "max_tokens": 8, "seed": 1, field: value}

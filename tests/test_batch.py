@@ -7,7 +7,7 @@ from jaxinfer.buckets import BucketLadders
 from jaxinfer.config import CacheConfig, SchedulerConfig
 from jaxinfer.request import Request
 from jaxinfer.sampling_params import SamplingParams
-from jaxinfer.scheduler import Scheduler
+from jaxinfer.continuous_scheduler import ContinuousScheduler as Scheduler
 
 V, MAX_LEN = 100, 128
 LAYOUT = B.BatchLayout(BucketLadders(64, 4, MAX_LEN // 16), 16, V, MAX_LEN, 4, False)

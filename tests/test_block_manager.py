@@ -7,8 +7,10 @@ from jaxinfer.block_manager import NULL_BLOCK, BlockManager
 
 
 def test_host_modules_do_not_import_jax():
-    assert_imports_no_jax("import jaxinfer.scheduler, jaxinfer.block_manager, jaxinfer.batch, jaxinfer.buckets, "
-                          "jaxinfer.request, jaxinfer.sampling_params, jaxinfer.tokenizer, jaxinfer.chat; import jaxinfer")
+    assert_imports_no_jax("import jaxinfer.scheduler, jaxinfer.continuous_scheduler, jaxinfer.priority_scheduler, "
+                          "jaxinfer.stop, jaxinfer.engine_protocol, jaxinfer.block_manager, jaxinfer.batch, "
+                          "jaxinfer.buckets, jaxinfer.request, jaxinfer.sampling_params, jaxinfer.tokenizer, "
+                          "jaxinfer.chat; import jaxinfer")
 
 
 def test_allocation_order_and_null_block():

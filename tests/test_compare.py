@@ -67,13 +67,86 @@ def test_compare_ratios_and_acceptance_by_hand():
                                                 "git": {"commit": None}}, "scenarios": {},
                                    "ratios": r, "acceptance": compare.acceptance(scen, r)})
     assert "| fixed | jaxinfer/llamacpp | 1.50 | 0.40 | 1.25 |" in md
-    assert md.count("| FAIL |") == 2 and md.count("| not measured |") == 3  # fixed8, sharegpt x2
+    assert md.count("| FAIL |") == 2 and md.count("| not measured |") == 5  # fixed8, sharegpt x2, priority x2
+
+
+def test_priority_mix_ratios_and_acceptance_by_hand():
+    compare = load_benchmark("compare")
+    prio = entry(95.0, 900.0, 50.0)
+    prio["classes"] = {"interactive": {**entry(20.0, 250.0, 50.0), "priority": 0},
+                       "batch": {**entry(75.0, 1000.0, 50.0), "priority": 5}}
+    scen = {"priority": {"jaxinfer": prio}, "priority-fcfs": {"jaxinfer": entry(100.0, 800.0, 50.0)}}
+    r = compare.ratios(scen)
+    assert r["priority"]["interactive/batch"]["ttft_p99"] == pytest.approx(0.25)
+    assert r["priority"]["priority/fcfs"]["output_throughput"] == pytest.approx(0.95)
+    by_line = {(a["scenario"], a["quantity"]): a for a in compare.acceptance(scen, r)}
+    assert by_line[("priority", "interactive/batch ttft_p99")]["pass"] is True  # 0.25 <= 1/3
+    assert by_line[("priority", "priority/fcfs output_throughput")]["pass"] is True  # 0.95 >= 0.95
+    from jaxinfer.bench import stats
+
+    def full(e):  # every field the markdown table reads
+        base = compare.system_entry(stats.aggregate([], 1.0))
+        return {**base, **e, "counts": {**base["counts"], **e["counts"]}}
+
+    prio_full = full(prio)
+    prio_full["classes"] = {k: full(v) for k, v in prio["classes"].items()}
+    md = compare.compare_markdown({"metadata": {"date": "d", "host": {"cpu": "c", "cpu_count": 2},
+                                                "git": {"commit": None}}, "scenarios": {"priority": {
+                                                    "jaxinfer": prio_full}}, "ratios": r})
+    assert "| priority | interactive/batch | 0.27 | 0.25 | 1.00 |" in md
+    assert "jaxinfer interactive (priority 0, c=1)" in md and "jaxinfer batch (priority 5, c=1)" in md
+
+
+def test_priority_scenarios_set_the_policy_through_the_server_flags():
+    import server
+
+    compare = load_benchmark("compare")
+    a = compare.parse_args([])
+    table = compare.scenarios(a)
+
+    def policy(name):
+        args = server.build_parser().parse_args(compare.server_command("jaxinfer", 8000, a, table[name])[2:])
+        return server.engine_config(args, types.SimpleNamespace(max_position_embeddings=8192)).scheduler
+
+    prio, fcfs = policy("priority"), policy("priority-fcfs")
+    assert prio.scheduling_policy == "priority" and fcfs.scheduling_policy == "fcfs"
+    for name, sc in (("priority", prio), ("priority-fcfs", fcfs)):  # half the clients queue
+        assert table[name].clients == 2 * sc.max_num_seqs and sc.max_queue_len >= table[name].clients
+    assert table["priority"].workload == table["priority-fcfs"].workload
+    assert (table["priority"].workload.input_len, table["priority"].workload.output_len) == (512, 256)
+
+
+def test_priority_mix_smoke_against_the_api():
+    """A tiny mix against the real app (fake runner, one sequence at a time, priority
+    policy): 20% interactive clients, per-class summaries, every request served, and the
+    interactive class waits less for its first token."""
+    import dataclasses
+
+    from api_helpers import LiveServer, fake_engine, running_app
+
+    from jaxinfer.engine import LLMEngine
+
+    mix = load_benchmark("priority_mix")
+    assert mix.split(5) == (1, 4) and mix.split(32) == (6, 26) and mix.split(1) == (1, 0)
+    e = fake_engine(max_num_seqs=1, step_delay=0.003)
+    sc = dataclasses.replace(e.config.scheduler, scheduling_policy="priority")
+    e = LLMEngine(dataclasses.replace(e.config, scheduler=sc), e.model_config, e.runner,
+                  e.block_manager.num_blocks, e.tokenizer)
+    with running_app(e) as (app, _), LiveServer(app) as srv:
+        cfg = load.LoadConfig(srv.url, "test-model", concurrency=5, progress=False)
+        wl = WorkloadConfig(num_requests=15, input_len=8, output_len=6)
+        run = mix.run_priority_mix(cfg, wl, label="mix")
+    classes = run["classes"]
+    assert {n: (c["priority"], c["clients"]) for n, c in classes.items()} == {"interactive": (0, 1), "batch": (5, 4)}
+    assert [classes[n]["summary"]["completed"] for n in ("interactive", "batch")] == [3, 12]
+    assert run["summary"]["completed"] == 15
+    assert classes["interactive"]["summary"]["ttft_ms"]["mean"] < classes["batch"]["summary"]["ttft_ms"]["mean"]
 
 
 def test_compare_plan_selects_systems_per_scenario():
     compare = load_benchmark("compare")
     runs = {s.name: systems for s, systems in compare.plan(compare.parse_args([]))}
-    assert list(runs) == ["single", "fixed8", "fixed", "sharegpt", "c128", "overload"]
+    assert list(runs) == ["single", "fixed8", "fixed", "sharegpt", "c128", "overload", "priority", "priority-fcfs"]
     assert all("llamacpp" in runs[s] for s in ("single", "fixed8", "fixed"))
     assert all("jaxinfer-static" in runs[s] for s in ("fixed", "sharegpt", "c128"))
     assert "llamacpp" not in runs["c128"] and not any("hf-transformers" in v for v in runs.values())

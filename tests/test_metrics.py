@@ -24,7 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from api_helpers import EOS, REPO, client, fake_engine, running_app
 from jaxinfer.bench.metadata import parse_metrics as bench_parse_metrics
 from jaxinfer.bench.serve import step_mean_fragmentation
+from jaxinfer.api.metrics import _COUNTERS, Metrics
 from jaxinfer.dp_router import DataParallelRouter
+from jaxinfer.engine_protocol import RequestSpec
 from jaxinfer.sampling_params import SamplingParams
 
 NAME = "metrics-model"  # a served name unlike the other tests' default
@@ -222,6 +224,29 @@ def test_data_parallel_snapshot_pools_replicas():
             router.step()
         snap = router.snapshot()
         assert snap.finished["length"] == 2 and snap.generation_tokens == 8 and snap.kv_fragmentation_ratio == 0
+    finally:
+        router.shutdown()
+
+
+def test_data_parallel_metrics_equal_the_sum_over_replicas():
+    """GET /metrics's engine series under DP 2 are the sums of the replicas' own snapshots,
+    prefix-cache hits included (both replicas hit their cache)."""
+    engines = [fake_engine(), fake_engine()]
+    router = DataParallelRouter(engines)
+    try:
+        prompts = [list(range(100, 140)), list(range(200, 240))]  # 2 full blocks each
+        for round_ in range(2):  # the second round finds the first's blocks on the same replicas
+            router.add_requests([RequestSpec(f"r{round_}-{i}", p, SamplingParams(max_tokens=3))
+                                 for i, p in enumerate(prompts)])
+            while router.has_unfinished_requests():
+                router.step()
+        text = Metrics(SimpleNamespace(engine=router, is_healthy=True), NAME).render()[0].decode()
+        snaps = [e.snapshot() for e in engines]
+        assert all(s.prefix_cache_hits > 0 for s in snaps)
+        for name, (field, _) in _COUNTERS.items():
+            assert value(text, f"jaxinfer_{name}_total") == sum(getattr(s, field) for s in snaps), name
+        assert value(text, "jaxinfer_kv_blocks_free") == sum(s.kv_blocks_free for s in snaps)
+        assert value(text, "jaxinfer_request_success_total", finished_reason="length") == 4
     finally:
         router.shutdown()
 

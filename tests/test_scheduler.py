@@ -5,7 +5,7 @@ from jaxinfer.block_manager import BlockManager
 from jaxinfer.config import CacheConfig, SchedulerConfig
 from jaxinfer.request import FinishReason, Request, RequestStatus
 from jaxinfer.sampling_params import SamplingParams
-from jaxinfer.scheduler import Scheduler
+from jaxinfer.continuous_scheduler import ContinuousScheduler as Scheduler
 
 
 def make(num_blocks=11, budget=64, max_seqs=4, watermark=0.0, max_len=256):

@@ -155,10 +155,10 @@ def test_dummy_weights_init_sharded_and_no_recompilation_after_warmup(tmp_path):
     emb = llm.engine.engines[0].runner.params["embed"]["embedding"]
     assert shard_shapes(emb) == {(128, 64)}
     CompileCounter.install()
-    before, runner_before = CompileCounter.count, llm.engine.runner.num_compilations
+    before, runner_before = CompileCounter.count, llm.engine.snapshot().compilations
     tokens = generate(llm, PROMPTS[:2] * 3)[0]
     assert tokens == ref * 3
-    assert CompileCounter.count == before and llm.engine.runner.num_compilations == runner_before
+    assert CompileCounter.count == before and llm.engine.snapshot().compilations == runner_before
 
 
 # ----- the real model against the oracle ----------------------------------------------------

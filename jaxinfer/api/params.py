@@ -87,6 +87,7 @@ def _params(req: _GenerationRequest, max_tokens: int | None, logprobs: int | Non
         logit_bias=req.logit_bias or (),  # string keys are checked by SamplingParams
         skip_special_tokens=req.skip_special_tokens is not False,
         include_stop_str_in_output=bool(req.include_stop_str_in_output),
+        priority=req.priority or 0,
     )
 
 

@@ -53,6 +53,8 @@ class _GenerationRequest(_Strict):
     request_timeout: float | None = Field(
         None, gt=0, description="Seconds before the request is evicted (overrides `--request-timeout`): "
                                 "HTTP 504, or an error event in a stream.")
+    priority: int | None = Field(0, ge=-(2**63), lt=2**63, description="Scheduling priority, lower first "
+                                 "(vLLM); used with `--scheduling-policy priority`. Default 0.")
 
     @property
     def include_usage(self) -> bool:

@@ -1,0 +1,94 @@
+"""The engine interface: what the front ends (`jaxinfer.async_engine.AsyncEngine`,
+`jaxinfer.llm.LLM`, the metrics endpoint) may call on an engine.
+
+Owns `RequestSpec` (one request to add) and `Engine`, a `typing.Protocol` that
+`jaxinfer.engine.LLMEngine` (one replica) and `jaxinfer.dp_router.DataParallelRouter`
+(several) both implement in full: nothing reads an engine's internals (scheduler,
+runner, stats) through it, and the gauges and counters come from one `snapshot`.
+Plain Python; no JAX import.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol, Sequence, runtime_checkable
+
+from jaxinfer.config import EngineConfig, ModelConfig
+from jaxinfer.engine_snapshot import EngineSnapshot
+from jaxinfer.outputs import RequestOutput
+from jaxinfer.sampling_params import SamplingParams
+
+
+@dataclasses.dataclass
+class RequestSpec:
+    """One engine request to add (an HTTP request fans out into several for ``n > 1``).
+
+    Attributes:
+      request_id: unique id.
+      prompt_token_ids: the prompt ids (already truncated if asked).
+      params: sampling options with ``n == 1`` (``params.priority`` orders it under the
+        priority policy).
+      prompt: the prompt text, if any (for outputs).
+      deadline: absolute ``time.monotonic()`` seconds after which it times out, or None.
+      max_queue_wait: seconds it may wait unadmitted before being rejected, or None.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    prompt: str | None = None
+    deadline: float | None = None
+    max_queue_wait: float | None = None
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A continuous-batching engine driven one step at a time by one thread.
+
+    Attributes:
+      config, model_config: its configuration and model hyperparameters.
+      tokenizer: a `jaxinfer.tokenizer.Tokenizer`, or None.
+      kv_cache_description: one line on how the KV pool was sized (start-up log).
+    """
+
+    config: EngineConfig
+    model_config: ModelConfig
+    tokenizer: object
+
+    def add_requests(self, specs: Sequence[RequestSpec]) -> None:
+        """Admit a group all or none: validate every spec and check queue room for all,
+        then queue them.
+
+        Raises:
+          RequestError: a spec is invalid (empty, too long, never fits, duplicate id,
+            more sequences than the queue can ever hold); nothing was queued.
+          QueueFullError: the waiting queue has no room for the whole group now.
+        """
+
+    def abort_request(self, request_id: str) -> None:
+        """Finish a request now (its blocks freed); unknown ids are ignored."""
+
+    def step(self) -> list[RequestOutput]:
+        """One scheduling step; the outputs of requests that advanced or ended."""
+
+    def has_unfinished_requests(self) -> bool:
+        """True while a request waits, runs, or has an output not yet returned."""
+
+    def snapshot(self) -> EngineSnapshot:
+        """The gauges and counters of ``GET /metrics`` (callable from another thread)."""
+
+    def wake_time(self) -> float | None:
+        """Earliest ``time.monotonic()`` at which a step may make progress with no new
+        request (a deadline, a queue-wait limit, a static batch falling due), or None."""
+
+    def warmup(self) -> float:
+        """Compile every shape ahead of time; returns seconds spent."""
+
+    @property
+    def num_steps(self) -> int:
+        """Steps that executed a batch (monotonic)."""
+
+    @property
+    def num_running(self) -> int: ...
+
+    @property
+    def num_waiting(self) -> int: ...

@@ -1,0 +1,60 @@
+"""The engine protocol: `LLMEngine` and `DataParallelRouter` both implement it, and
+``add_requests`` is one all-or-none admission path on either (fake runner)."""
+from __future__ import annotations
+
+import pytest
+
+from api_helpers import fake_engine
+from jaxinfer.dp_router import DataParallelRouter
+from jaxinfer.engine_protocol import Engine, RequestSpec
+from jaxinfer.errors import QueueFullError, RequestError
+from jaxinfer.sampling_params import SamplingParams
+
+
+def spec(rid: str, prompt=(1, 2, 3), **params) -> RequestSpec:
+    return RequestSpec(rid, list(prompt), SamplingParams(max_tokens=2, **params))
+
+
+@pytest.fixture()
+def router():
+    r = DataParallelRouter([fake_engine(max_queue_len=3), fake_engine(max_queue_len=3)])
+    yield r
+    r.shutdown()
+
+
+def test_engine_and_router_implement_the_protocol(router):
+    assert isinstance(fake_engine(), Engine) and isinstance(router, Engine)
+
+
+@pytest.mark.parametrize("bad", [spec("b", prompt=()), spec("a"), spec("b", prompt=(10**9,))])
+def test_add_requests_is_all_or_none(bad):
+    e = fake_engine()
+    with pytest.raises(RequestError):
+        e.add_requests([spec("a"), spec("c"), bad])  # an empty prompt, a duplicate id, an id past the vocabulary
+    assert e.num_waiting == 0 and not e.requests and e.snapshot().prompt_tokens == 0
+
+
+def test_add_requests_checks_room_for_the_whole_group():
+    e = fake_engine(max_queue_len=3)
+    e.add_requests([spec("a"), spec("b")])
+    with pytest.raises(QueueFullError):
+        e.add_requests([spec("c"), spec("d")])
+    with pytest.raises(RequestError) as exc:  # could never be queued at once: a 400, not "retry later"
+        fake_engine(max_queue_len=3).add_requests([spec(str(i)) for i in range(4)])
+    assert exc.value.param == "n"
+    assert e.num_waiting == 2
+
+
+def test_router_spreads_a_group_and_admits_it_all_or_none(router):
+    router.add_requests([spec(str(i)) for i in range(4)])
+    assert [e.num_waiting for e in router.engines] == [2, 2]
+    with pytest.raises(QueueFullError):  # 2 more fit (one per replica), 3 do not
+        router.add_requests([spec(f"x{i}") for i in range(3)])
+    with pytest.raises(RequestError):
+        router.add_requests([spec("y"), spec("y")])
+    with pytest.raises(RequestError):
+        router.add_requests([spec("z"), spec("0")])  # "0" lives on a replica
+    assert [e.num_waiting for e in router.engines] == [2, 2]
+    while router.has_unfinished_requests():
+        router.step()
+    assert router.snapshot().finished["length"] == 4
