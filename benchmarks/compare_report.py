@@ -101,6 +101,10 @@ def compare_markdown(result: dict) -> str:
         md.append(f"\n### {scen}\n\n")
         rows = [(f"{name} (c={e['concurrency']})", _as_summary(e)) for name, e in systems.items()]
         md.append(report.markdown_table(rows))
+        for name, e in systems.items():
+            if e.get("fallback_share") is not None:
+                md.append(f"\n{name}: {e['fallback_share']:.0%} of the finished requests were answered by the "
+                          "fallback model.\n")
     if result.get("ratios"):
         md.append("\n### Ratios (first system over second)\n\n"
                   "| scenario | pair | output tok/s | TTFT p99 | TPOT p50 |\n|---|---|---|---|---|\n")
