@@ -85,3 +85,9 @@ def test_kv_budget_is_split_evenly_and_described():
     assert [s.gpu_memory_utilization for s in split_kv_budget(specs, None, None, 0.9, None)] == [0.45, 0.45]
     one = split_kv_budget(specs[:1], None, None, 0.9, 3 * gib)  # one model: the flags as given
     assert (one[0].kv_cache_memory, one[0].gpu_memory_utilization) == (None, None)
+
+
+def test_estimator_and_split_import_no_jax():
+    from helpers import assert_imports_no_jax
+
+    assert_imports_no_jax("import jaxinfer.ttft_estimator, jaxinfer.served_models")
