@@ -253,3 +253,32 @@ def test_the_measured_estimate_moves_requests_behind_a_long_prefill():
     assert moved.headers[SERVED_BY_HEADER] == "small"
     assert moved.json()["choices"][0]["text"] == tokenizer().decode(expected_ids(probe, 3))
     assert kept.headers[SERVED_BY_HEADER] == "big"
+
+
+def test_a_full_queue_sends_the_request_to_the_fallback_instead_of_a_429():
+    primary = fake_engine(max_num_seqs=1, max_queue_len=1, step_delay=0.01)  # one runs, one waits
+    models = registry({"big": primary, "small": fake_engine()}, slo=1000.0)  # the estimate alone never moves
+    app = create_app(models, server_config())
+    models.start()
+    body = {"model": "big", "prompt": [5, 6, 7], "max_tokens": 2}
+
+    async def go():
+        async with client(app) as http:
+            running = asyncio.create_task(http.post("/v1/completions", json={**body, "max_tokens": 100}))
+            while primary.num_running < 1:
+                await asyncio.sleep(0.005)
+            waiting = asyncio.create_task(http.post("/v1/completions", json=body))
+            while primary.num_waiting < 1:
+                await asyncio.sleep(0.005)
+            moved = await http.post("/v1/completions", json=body)
+            refused = await http.post("/v1/completions", json={**body, "allow_fallback": False})
+            return await running, await waiting, moved, refused
+
+    try:
+        running, waiting, moved, refused = run(go())
+    finally:
+        models.shutdown()
+    assert running.headers[SERVED_BY_HEADER] == waiting.headers[SERVED_BY_HEADER] == "big"
+    assert moved.status_code == 200 and moved.headers[SERVED_BY_HEADER] == "small"
+    assert moved.json()["choices"][0]["text"] == waiting.json()["choices"][0]["text"]  # same fake model
+    assert_error(refused, 429)

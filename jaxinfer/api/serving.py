@@ -153,9 +153,10 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, ctx: 
 async def _degraded(job: _Job, job_on, ctx: ServingContext, *, chat: bool) -> _Job:
     """``job``, or the same request prepared for the fallback model when `degrade.choose`
     moves it there (counted in ``jaxinfer_requests_degraded_total``)."""
-    tokens = sum(len(p.token_ids) for p in job.prompts) * job.params.n
-    target = degrade.choose(ctx.models, job.model, tokens, allow_fallback=job.request.allow_fallback is not False,
-                            chat=chat)
+    n = job.params.n
+    tokens = sum(len(p.token_ids) for p in job.prompts) * n
+    target = degrade.choose(ctx.models, job.model, tokens, len(job.prompts) * n,
+                            allow_fallback=job.request.allow_fallback is not False, chat=chat)
     if target is job.model:
         return job
     moved = await job_on(target)
