@@ -12,10 +12,11 @@ estimate is
   so this is an upper bound: under doubt the estimate errs towards degrading.
 * **Measured prefill rate** (tokens/s): an exponentially weighted moving average, with
   time constant ``tau_s`` seconds of engine time, of ``prefill tokens computed in a step
-  / that step's wall time``. Only *saturated* steps update it: steps after which
-  prefill work was still pending, so the rate measures what the engine can do, not how
-  little work it was given. A step that computed the whole backlog updates it only when
-  it shows a higher rate (a proven capacity).
+  / that step's wall time`` over *saturated* steps: steps after which prefill work was
+  still pending, so the rate measures what the engine can do, not how little work it
+  was given (the first saturated step is taken as is). A step that computed the whole
+  backlog says only that the engine can do at least its rate: it raises the estimate's
+  rate to its own when that is higher, and never lowers it.
 * **Running load**: the decode rows of running requests share every step with the
   prefill chunks, and the KV-memory watermark can hold waiting prompts back while
   running ones decode. Both show up in the measurement: a saturated step's wall time
@@ -23,8 +24,8 @@ estimate is
   short is a saturated step with rate 0, which pulls the average (and so the admission
   outlook) down until requests finish.
 
-Before the first saturated step there is no measurement and `estimate` returns None
-(the caller does not degrade on a guess). The engine thread calls `on_added`,
+Before any step computed prompt tokens there is no measurement and `estimate` returns
+None (the caller does not degrade on a guess). The engine thread calls `on_added`,
 `on_output` and `on_step`; `estimate` may be called from any thread (it reads two
 numbers, each written atomically). Plain Python; no JAX import.
 """
@@ -48,7 +49,8 @@ class TTFTEstimator:
         self.tau_s = tau_s
         self._pending: dict[str, int] = {}  # request id -> prompt tokens, until its first output
         self.pending_tokens = 0  # sum of _pending (read from other threads)
-        self.rate: float | None = None  # prefill tokens / s; None before a saturated step
+        self.rate: float | None = None  # prefill tokens / s; None before any prefill was measured
+        self._saturated_seen = False  # the moving average has started
 
     def on_added(self, request_id: str, prompt_tokens: int) -> None:
         """A request entered the engine with ``prompt_tokens`` prompt tokens to prefill."""
@@ -66,11 +68,13 @@ class TTFTEstimator:
         if seconds <= 0:
             return
         observed = prefill_tokens / seconds
-        if self.rate is None:
-            if self.pending_tokens > 0 or prefill_tokens > 0:
+        if self.pending_tokens <= 0:  # unsaturated: a lower bound on the capacity
+            if prefill_tokens > 0 and observed > (self.rate or 0.0):
                 self.rate = observed
             return
-        if self.pending_tokens <= 0 and observed <= self.rate:  # unsaturated: says nothing about capacity
+        if not self._saturated_seen or self.rate is None:
+            self._saturated_seen = True
+            self.rate = observed
             return
         alpha = 1.0 - math.exp(-seconds / self.tau_s)
         self.rate += alpha * (observed - self.rate)

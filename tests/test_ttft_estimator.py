@@ -36,15 +36,30 @@ def test_rate_is_a_time_weighted_moving_average_of_saturated_steps():
     assert est.rate == pytest.approx(100 + w * (200 - 100))
 
 
-def test_steps_without_backlog_lower_nothing_but_a_higher_rate_counts():
+def test_steps_without_backlog_lower_nothing_but_raise_to_a_proven_rate():
     est = TTFTEstimator(tau_s=1.0)
     est.on_added("a", 64)
     est.on_step(0.1, 32)  # 320 tok/s, a still pending
     est.on_output("a")
     est.on_step(0.1, 2)  # idle-ish step: 20 tok/s says nothing about capacity
+    est.on_step(0.1, 0)  # decode only
     assert est.rate == pytest.approx(320.0)
-    est.on_step(0.1, 64)  # 640 tok/s without backlog: a proven capacity, it counts
-    assert est.rate == pytest.approx(320 + (1 - math.exp(-0.1)) * (640 - 320))
+    est.on_step(0.1, 64)  # 640 tok/s without backlog: the engine can do at least that
+    assert est.rate == pytest.approx(640.0)
+    est.on_added("b", 1000)
+    est.on_step(0.1, 32)  # saturated again: back to the moving average
+    assert est.rate == pytest.approx(640 + (1 - math.exp(-0.1)) * (320 - 640))
+
+
+def test_a_small_first_request_does_not_anchor_the_average():
+    est = TTFTEstimator(tau_s=2.0)
+    est.on_added("a", 5)
+    est.on_output("a")  # its first token came out of the step (outputs are fed before the step's timing)
+    est.on_step(0.01, 5)  # a whole 5-token prompt in one step: 500 tok/s, unsaturated
+    assert est.rate == pytest.approx(500.0)
+    est.on_added("b", 4000)
+    est.on_step(0.05, 512)  # the first saturated step is taken as is
+    assert est.rate == pytest.approx(512 / 0.05)
 
 
 def test_a_stalled_queue_drives_the_estimate_up():
