@@ -27,6 +27,9 @@ logger = logging.getLogger("jaxinfer.server")
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DRAIN_MARGIN_S = 1.0  # requests still running this long before the grace period ends are aborted
+# Engines are built one at a time: several models' engine threads would otherwise import
+# transformers (not thread-safe on first import), read checkpoints and compile all at once.
+_BUILD_LOCK = threading.Lock()
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
 
@@ -196,9 +199,14 @@ def parallel_config(args):
 
 def engine_builder(args):
     """A zero-argument callable that loads, builds and warms up the engine (run in the engine
-    thread). ``--dtype auto`` is resolved there, once JAX knows its devices."""
+    thread). ``--dtype auto`` is resolved there, once JAX knows its devices. With several
+    models, one engine is built at a time (`_BUILD_LOCK`); the others wait their turn."""
 
     def build():
+        with _BUILD_LOCK:
+            return _build()
+
+    def _build():
         from jaxinfer.builder import build_engine, load_model, resolve_dtype
         from jaxinfer.config import EngineConfig
 

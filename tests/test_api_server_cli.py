@@ -176,3 +176,36 @@ def test_a_port_in_use_exits_2_before_loading():
         assert time.monotonic() - t0 < 60
     finally:
         held.close()
+
+
+def test_several_models_are_built_one_at_a_time(monkeypatch):
+    """Engine threads of several models must not load at once (transformers' first import is
+    not thread-safe: two threads importing AutoTokenizer together failed)."""
+    import threading
+    import time
+
+    from jaxinfer import builder
+
+    active, most = [0], [0]
+    lock = threading.Lock()
+
+    def load_model(config, load_format):
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(0.05)
+        with lock:
+            active[0] -= 1
+        return model_config(), None, None, None
+
+    monkeypatch.setattr(builder, "load_model", load_model)
+    monkeypatch.setattr(builder, "build_engine", lambda config, **kw: config.model_path)
+    args = server.build_parser().parse_args(["--model", "a", "--model", "b", "--model", "c", "--dtype", "float32"])
+    built = []
+    threads = [threading.Thread(target=lambda s=s: built.append(server.engine_builder(server.model_args(args, s))()))
+               for s in server.served_specs(args)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert sorted(built) == ["a", "b", "c"] and most[0] == 1
