@@ -86,10 +86,6 @@ class ServingContext:
             raise
         return model.async_engine.engine
 
-    def check_model(self, model: str | None) -> None:
-        """404 unless ``model`` is absent or a served name."""
-        self.models.get(model)
-
 
 @dataclasses.dataclass
 class _Job:
@@ -103,7 +99,6 @@ class _Job:
     default_max_tokens: int | None  # when the request gives none (completions: 16)
     max_model_len: int
     model: ServedModel  # the model that answers
-    degraded_from: ServedModel | None = None  # the model asked for, when degradation moved it
 
 
 async def create_completion(req: CompletionRequest, raw: Request, ctx: ServingContext):
@@ -160,8 +155,8 @@ async def _degraded(job: _Job, job_on, ctx: ServingContext, *, chat: bool) -> _J
     if target is job.model:
         return job
     moved = await job_on(target)
-    moved.degraded_from = job.model
     ctx.metrics.count_degraded(job.model.name, target.name)
+    logger.debug("%s: %s -> fallback %s", job.fmt.id, job.model.name, target.name)
     return moved
 
 
