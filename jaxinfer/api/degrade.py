@@ -3,9 +3,9 @@
 With ``--fallback-model F`` and ``--degrade-ttft-slo S``, a request for model M (not F)
 goes to F instead when its estimated time to first token on M exceeds S seconds
 (`jaxinfer.ttft_estimator.TTFTEstimator`: prefill tokens ahead of it / M's measured
-prefill rate), rather than waiting in M's queue or getting a 429 there; a request that
-would find M's waiting queue full (a 429 at once) counts as over the SLO. It stays on M
-when any of these holds:
+prefill rate), rather than waiting in M's queue or getting a 429 there; a request that M
+refuses because its waiting queue is full goes to F too (the serving layer asks
+`fallback_for` then). It stays on M when any of these holds:
 
 * the request says ``"allow_fallback": false``;
 * M has no measured rate yet (no estimate), or the estimate is within S;
@@ -22,8 +22,23 @@ from jaxinfer.api.model_registry import ModelRegistry, ServedModel
 SERVED_BY_HEADER = "x-jaxinfer-served-by"
 
 
-def choose(registry: ModelRegistry, requested: ServedModel, prompt_tokens: int, num_sequences: int, *,
-           allow_fallback: bool, chat: bool) -> ServedModel:
+def fallback_for(registry: ModelRegistry, requested: ServedModel, *, allow_fallback: bool,
+                 chat: bool) -> ServedModel | None:
+    """The model a request for ``requested`` may move to, or None: no fallback or SLO
+    configured, the request opted out, it already is on the fallback, the fallback is not
+    ready, or a chat request and a fallback without a chat template."""
+    if registry.fallback is None or registry.degrade_ttft_slo is None or not allow_fallback:
+        return None
+    fallback = registry.models[registry.fallback]
+    if fallback is requested or not fallback.async_engine.is_healthy:
+        return None
+    if chat and not fallback.has_chat_template:
+        return None
+    return fallback
+
+
+def choose(registry: ModelRegistry, requested: ServedModel, prompt_tokens: int, *, allow_fallback: bool,
+           chat: bool) -> ServedModel:
     """The model that should answer.
 
     Args:
@@ -31,30 +46,15 @@ def choose(registry: ModelRegistry, requested: ServedModel, prompt_tokens: int, 
       requested: the model the request named.
       prompt_tokens: the request's prompt tokens on ``requested`` (summed over its
         prompts and ``n`` choices: what it adds to the queue).
-      num_sequences: the engine requests it adds (prompts x ``n``).
       allow_fallback: the request's opt-out (False: never degrade).
       chat: a chat request (needs a fallback with a chat template).
     Returns:
-      ``requested``, or the fallback model.
+      ``requested``, or the fallback model (`fallback_for`) when the estimate exceeds the SLO.
     """
-    slo = registry.degrade_ttft_slo
-    if registry.fallback is None or slo is None or not allow_fallback:
+    fallback = fallback_for(registry, requested, allow_fallback=allow_fallback, chat=chat)
+    if fallback is None:
         return requested
-    fallback = registry.models[registry.fallback]
-    if fallback is requested or not fallback.async_engine.is_healthy:
-        return requested
-    if chat and not fallback.has_chat_template:
-        return requested
-    if _queue_full(requested, num_sequences):
-        return fallback
     estimate = requested.async_engine.ttft.estimate(prompt_tokens)
-    if estimate is None or estimate <= slo:
+    if estimate is None or estimate <= registry.degrade_ttft_slo:
         return requested
     return fallback
-
-
-def _queue_full(model: ServedModel, num_sequences: int) -> bool:
-    """True when ``num_sequences`` more would not fit ``model``'s waiting queue now (the
-    check `AsyncEngine` makes on add, read here from another thread: a hint)."""
-    engine = model.async_engine.engine
-    return engine is not None and engine.num_waiting + num_sequences > engine.config.scheduler.max_queue_len

@@ -26,7 +26,7 @@ import json
 import logging
 import time
 import uuid
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -87,6 +87,9 @@ class ServingContext:
         return model.async_engine.engine
 
 
+JobOn = Callable[[ServedModel], Awaitable["_Job"]]  # prepares a request for a given model
+
+
 @dataclasses.dataclass
 class _Job:
     """One HTTP generation request after preparation."""
@@ -120,7 +123,7 @@ async def create_completion(req: CompletionRequest, raw: Request, ctx: ServingCo
                                engine.tokenizer)
         return _Job(req, prompts, params, fmt, aliases, default, _max_model_len(engine), model)
 
-    return await _run(await _degraded(await job_on(ctx.model(req.model)), job_on, ctx, chat=False), raw, ctx)
+    return await _run(await job_on(ctx.model(req.model)), job_on, raw, ctx, chat=False)
 
 
 async def create_chat_completion(req: ChatCompletionRequest, raw: Request, ctx: ServingContext):
@@ -142,22 +145,61 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, ctx: 
                          engine.tokenizer)
         return _Job(req, prompts, params, fmt, aliases, None, _max_model_len(engine), model)
 
-    return await _run(await _degraded(await job_on(ctx.model(req.model)), job_on, ctx, chat=True), raw, ctx)
+    return await _run(await job_on(ctx.model(req.model)), job_on, raw, ctx, chat=True)
 
 
-async def _degraded(job: _Job, job_on, ctx: ServingContext, *, chat: bool) -> _Job:
-    """``job``, or the same request prepared for the fallback model when `degrade.choose`
-    moves it there (counted in ``jaxinfer_requests_degraded_total``)."""
-    n = job.params.n
-    tokens = sum(len(p.token_ids) for p in job.prompts) * n
-    target = degrade.choose(ctx.models, job.model, tokens, len(job.prompts) * n,
-                            allow_fallback=job.request.allow_fallback is not False, chat=chat)
-    if target is job.model:
-        return job
+async def _admit(job: _Job, job_on: JobOn, ctx: ServingContext, *,
+                 chat: bool) -> tuple[_Job, list[RequestSpec], OutputStream]:
+    """Add the request's engine requests to its model, or to the fallback model when
+    degradation moves it there: before adding when the TTFT estimate exceeds the SLO
+    (`degrade.choose`), or when the model's waiting queue turns out full (instead of a 429).
+
+    Returns:
+      (the job as served, its engine requests, their stream).
+    Raises:
+      APIError: 429 (queue full and no fallback for it), 400 (refused by the engine), 503.
+    """
+    allow = job.request.allow_fallback is not False
+    tokens = sum(len(p.token_ids) for p in job.prompts) * job.params.n
+    target = degrade.choose(ctx.models, job.model, tokens, allow_fallback=allow, chat=chat)
+    if target is not job.model:
+        job = await _moved(job, target, job_on, ctx)
+    try:
+        return await _add(job, ctx)
+    except QueueFullError as exc:
+        fallback = degrade.fallback_for(ctx.models, job.model, allow_fallback=allow, chat=chat)
+        if fallback is None:
+            raise _queue_full_error(exc, job, ctx) from exc
+    job = await _moved(job, fallback, job_on, ctx)
+    try:
+        return await _add(job, ctx)
+    except QueueFullError as exc:
+        raise _queue_full_error(exc, job, ctx) from exc
+
+
+async def _moved(job: _Job, target: ServedModel, job_on: JobOn, ctx: ServingContext) -> _Job:
+    """The same request prepared for ``target`` (the fallback; counted as degraded)."""
     moved = await job_on(target)
     ctx.metrics.count_degraded(job.model.name, target.name)
     logger.debug("%s: %s -> fallback %s", job.fmt.id, job.model.name, target.name)
     return moved
+
+
+async def _add(job: _Job, ctx: ServingContext) -> tuple[_Job, list[RequestSpec], OutputStream]:
+    """Add the job's engine requests to its model (`QueueFullError` passes through)."""
+    specs = _specs(job, ctx.config)
+    try:
+        return job, specs, await job.model.async_engine.add(specs)
+    except QueueFullError:
+        raise
+    except Exception as exc:
+        raise from_exception(exc, job.aliases) from exc
+
+
+def _queue_full_error(exc: QueueFullError, job: _Job, ctx: ServingContext) -> APIError:
+    ctx.metrics.reject("queue_full", job.model.name)
+    exc.retry_after = max(exc.retry_after, ctx.config.retry_after)
+    return from_exception(exc)
 
 
 def _max_model_len(engine) -> int:
@@ -196,17 +238,9 @@ def _specs(job: _Job, config: ServerConfig) -> list[RequestSpec]:
     return out
 
 
-async def _run(job: _Job, raw: Request, ctx: ServingContext):
-    specs = _specs(job, ctx.config)
+async def _run(job: _Job, job_on: JobOn, raw: Request, ctx: ServingContext, *, chat: bool):
+    job, specs, stream = await _admit(job, job_on, ctx, chat=chat)
     ae = job.model.async_engine
-    try:
-        stream = await ae.add(specs)
-    except QueueFullError as exc:
-        ctx.metrics.reject("queue_full", job.model.name)
-        exc.retry_after = max(exc.retry_after, ctx.config.retry_after)
-        raise from_exception(exc) from exc
-    except Exception as exc:
-        raise from_exception(exc, job.aliases) from exc
     index = {s.request_id: i for i, s in enumerate(specs)}
     abort = lambda: ae.abort(sorted(stream.unfinished))  # noqa: E731
     served_by = {degrade.SERVED_BY_HEADER: job.model.name}
