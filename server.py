@@ -378,9 +378,8 @@ def main(argv: list[str] | None = None) -> None:
     from jaxinfer import distributed
 
     distributed.initialize(parallel_config(args))  # before any other JAX call; no-op on one process
-    specs = kv_split(args)
     if not distributed.is_leader():  # followers run the leader's steps and serve no HTTP
-        engine = engine_builder(model_args(args, specs[0]))()
+        engine = engine_builder(model_args(args, kv_split(args)[0]))()
         distributed.serve_follower(engine)
         distributed.shutdown(engine)
         return
@@ -389,6 +388,7 @@ def main(argv: list[str] | None = None) -> None:
         sock = listen_socket(config.host, config.port)
     except OSError as e:
         parser.error(f"cannot listen on {config.host}:{config.port}: {e}")
+    specs = kv_split(args)  # after binding: a busy port fails before JAX starts
     models = ModelRegistry([ServedModel(s.name, AsyncEngine(engine_builder(model_args(args, s)),
                                                             log_requests=not args.disable_log_requests),
                                         kv_cache_memory=s.kv_cache_memory) for s in specs],
