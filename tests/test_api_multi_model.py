@@ -57,13 +57,13 @@ def registry(engines: dict, fallback="small", slo=SLO, **kw) -> ModelRegistry:
 @pytest.fixture(scope="module")
 def served():
     models = registry({"big": tiny_engine(1), "small": tiny_engine(2, watermark=0.3, max_queue_len=8)})
-    big = models.get("big").async_engine
-    big.ttft = ControlledEstimate()
+    big, small = models.get("big").async_engine, models.get("small").async_engine
+    big.ttft, small.ttft = ControlledEstimate(), ControlledEstimate()
     app = create_app(models, server_config(served_model_name="big"))
     models.start()
     assert models.wait_ready()
     compiled = CompileCounter.count
-    yield app, big.ttft
+    yield app, big.ttft, small.ttft
     assert CompileCounter.count == compiled, "nothing may compile after warm-up with two models"
     models.shutdown()
 
@@ -88,7 +88,7 @@ def series(text: str) -> dict[tuple, float]:
 
 
 def test_models_lists_both_with_their_pools(served):
-    app, _ = served
+    app = served[0]
     async def go():
         async with client(app) as http:
             return (await http.get("/v1/models")).json(), (await http.get("/v1/models/small")).json()
@@ -111,7 +111,7 @@ def test_unknown_model_is_404_model_not_found(served, path, body):
 
 
 def test_the_model_field_routes_the_request(served):
-    app, _ = served
+    app = served[0]
     big, small = (run(post(app, "/v1/completions", completion(m))) for m in ("big", "small"))
     assert (big.json()["model"], big.headers[SERVED_BY_HEADER]) == ("big", "big")
     assert (small.json()["model"], small.headers[SERVED_BY_HEADER]) == ("small", "small")
@@ -126,7 +126,7 @@ def test_the_model_field_routes_the_request(served):
                               "messages": [{"role": "user", "content": "What is the capital of France?"}]}),
 ])
 def test_over_the_slo_a_request_is_served_by_the_fallback_exactly_as_a_direct_one(served, path, body):
-    app, estimate = served
+    app, estimate, _ = served
     before = series(run(client_get(app, "/metrics")))
     direct = run(post(app, path, {**body, "model": "small"}))
     estimate.forced = 10 * SLO
@@ -148,19 +148,19 @@ def test_over_the_slo_a_request_is_served_by_the_fallback_exactly_as_a_direct_on
     assert after[key] - before[key] == 2  # the JSON and the streamed one
 
 
-def test_within_the_slo_or_without_an_estimate_nothing_moves(served):
-    app, estimate = served
-    for forced in (None, SLO / 2):  # None: the measured estimate of an idle engine (or none yet)
-        estimate.forced = forced
+def test_within_the_slo_without_an_estimate_or_to_a_busier_fallback_nothing_moves(served):
+    app, estimate, fallback = served
+    for forced, there in ((None, None), (SLO / 2, None), (10 * SLO, 20 * SLO)):  # None: as measured (idle)
+        estimate.forced, fallback.forced = forced, there
         try:
             r = run(post(app, "/v1/completions", completion("big")))
         finally:
-            estimate.forced = None
+            estimate.forced = fallback.forced = None
         assert r.headers[SERVED_BY_HEADER] == "big"
 
 
 def test_metrics_carry_one_series_set_per_model(served):
-    app, _ = served
+    app = served[0]
     run(post(app, "/v1/completions", completion("small")))
     s = series(run(client_get(app, "/metrics")))
     for model in ("big", "small"):

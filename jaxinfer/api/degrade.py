@@ -9,6 +9,7 @@ refuses because its waiting queue is full goes to F too (the serving layer asks
 
 * the request says ``"allow_fallback": false``;
 * M has no measured rate yet (no estimate), or the estimate is within S;
+* F's own estimate for the request is no better than M's (F is as congested);
 * the request is a chat request and F has no chat template;
 * F is not ready (warming up, draining, dead).
 
@@ -49,7 +50,8 @@ def choose(registry: ModelRegistry, requested: ServedModel, prompt_tokens: int, 
       allow_fallback: the request's opt-out (False: never degrade).
       chat: a chat request (needs a fallback with a chat template).
     Returns:
-      ``requested``, or the fallback model (`fallback_for`) when the estimate exceeds the SLO.
+      ``requested``, or the fallback model (`fallback_for`) when the estimate exceeds the
+      SLO and the fallback's own estimate is lower (or not measured yet).
     """
     fallback = fallback_for(registry, requested, allow_fallback=allow_fallback, chat=chat)
     if fallback is None:
@@ -57,4 +59,5 @@ def choose(registry: ModelRegistry, requested: ServedModel, prompt_tokens: int, 
     estimate = requested.async_engine.ttft.estimate(prompt_tokens)
     if estimate is None or estimate <= registry.degrade_ttft_slo:
         return requested
-    return fallback
+    there = fallback.async_engine.ttft.estimate(prompt_tokens)  # its tokenizer may count otherwise: near enough
+    return fallback if there is None or there < estimate else requested
