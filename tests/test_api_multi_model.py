@@ -65,6 +65,7 @@ def served():
     compiled = CompileCounter.count
     yield app, big.ttft, small.ttft
     assert CompileCounter.count == compiled, "nothing may compile after warm-up with two models"
+    assert big.ttft.pending_tokens == small.ttft.pending_tokens == 0  # every prompt left the estimate
     models.shutdown()
 
 
@@ -249,6 +250,7 @@ def test_the_measured_estimate_moves_requests_behind_a_long_prefill():
         first, moved, kept = run(go())
     finally:
         models.shutdown()
+    assert ttft.pending_tokens == 0 and ttft.rate > 0
     assert first.headers[SERVED_BY_HEADER] == "big"  # no measurement yet when it came
     assert moved.headers[SERVED_BY_HEADER] == "small"
     assert moved.json()["choices"][0]["text"] == tokenizer().decode(expected_ids(probe, 3))
