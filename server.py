@@ -7,7 +7,10 @@ that is done. SIGTERM drains: new requests are refused, in-flight ones get
 says how many were in flight and how the drain ended. Start-up logs one line of
 effective settings and the warm-up's progress.
 Flags map one-to-one onto `EngineConfig` / `CacheConfig` / `SchedulerConfig` / `ServerConfig`.
-Binds 127.0.0.1 unless ``--host`` says otherwise.
+Binds 127.0.0.1 unless ``--host`` says otherwise. ``--model`` may be repeated: one engine
+(one KV pool) per model, with the KV budget split between them (`jaxinfer.served_models`);
+``--fallback-model`` and ``--degrade-ttft-slo`` turn on graceful degradation
+(`jaxinfer.api.degrade`).
 """
 from __future__ import annotations
 
@@ -24,6 +27,9 @@ logger = logging.getLogger("jaxinfer.server")
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DRAIN_MARGIN_S = 1.0  # requests still running this long before the grace period ends are aborted
+# Engines are built one at a time: several models' engine threads would otherwise import
+# transformers (not thread-safe on first import), read checkpoints and compile all at once.
+_BUILD_LOCK = threading.Lock()
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
 
@@ -51,9 +57,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     model = p.add_argument_group("model")
-    model.add_argument("--model", default=DEFAULT_MODEL, help="name under weights/, a converted folder, a HF "
-                       "checkpoint folder or a .gguf file")
-    model.add_argument("--served-model-name", default=None, help="name clients send as `model` (default: --model)")
+    model.add_argument("--model", action="append", default=None,
+                       help="name under weights/, a converted folder, a HF checkpoint folder or a .gguf file; repeat "
+                       f"it to serve several models, each with its own engine and KV pool (default: {DEFAULT_MODEL})")
+    model.add_argument("--served-model-name", action="append", default=None,
+                       help="name clients send as `model`; repeat it to name each --model in order "
+                       "(default: the --model value)")
+    model.add_argument("--fallback-model", default=None,
+                       help="model that takes requests whose estimated time to first token exceeds "
+                       "--degrade-ttft-slo: a served name, or another model to load and serve under this name "
+                       "(default: none, no degradation)")
+    model.add_argument("--degrade-ttft-slo", type=float, default=None,
+                       help="time-to-first-token target in seconds for --fallback-model (default: none)")
     model.add_argument("--tokenizer", default=None, help="folder (or name under weights/) to load the tokenizer and "
                        "chat template from (default: the model's folder)")
     model.add_argument("--dtype", default="auto", choices=DTYPES,
@@ -127,10 +142,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def served_specs(args):
+    """The `jaxinfer.served_models.ModelSpec` of each model the flags name, before the KV split.
+
+    Raises:
+      ValueError: more names than models, duplicate served names, or degradation flags
+        given without each other.
+    """
+    from jaxinfer.served_models import model_specs
+
+    if (args.fallback_model is None) != (args.degrade_ttft_slo is None):
+        raise ValueError("--fallback-model and --degrade-ttft-slo go together (give both or neither)")
+    if args.degrade_ttft_slo is not None and not args.degrade_ttft_slo > 0:
+        raise ValueError(f"--degrade-ttft-slo must be > 0 seconds, got {args.degrade_ttft_slo}")
+    return model_specs(args.model or [DEFAULT_MODEL], args.served_model_name, args.fallback_model)
+
+
+def model_args(args, spec) -> argparse.Namespace:
+    """The flags of one model: ``args`` with that model's path and KV share."""
+    return argparse.Namespace(**{**vars(args), "model": spec.path, "kv_cache_memory": spec.kv_cache_memory,
+                                 "gpu_memory_utilization": spec.gpu_memory_utilization})
+
+
 def server_config(args):
     from jaxinfer.api.config import ServerConfig
 
-    name = args.model if args.served_model_name is None else args.served_model_name
+    name = served_specs(args)[0].name
     return ServerConfig(host=args.host, port=args.port, served_model_name=name,
                         api_key=args.api_key, max_queue_wait=args.max_queue_wait,
                         request_timeout=args.request_timeout, truncate_prompt=args.truncate_prompt,
@@ -144,8 +181,9 @@ def engine_config(args, model_config):
     max_model_len = args.max_model_len
     if max_model_len is None:
         max_model_len = min(4096, model_config.max_position_embeddings)
+    model_path = args.model[0] if isinstance(args.model, list) else (args.model or DEFAULT_MODEL)
     return EngineConfig(
-        model_path=args.model, dtype=args.dtype, tokenizer=args.tokenizer,
+        model_path=model_path, dtype=args.dtype, tokenizer=args.tokenizer,
         cache=CacheConfig(num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory, watermark=args.watermark,
                           enable_prefix_caching=args.prefix_caching, block_size=args.block_size,
                           gpu_memory_utilization=args.gpu_memory_utilization),
@@ -168,9 +206,14 @@ def parallel_config(args):
 
 def engine_builder(args):
     """A zero-argument callable that loads, builds and warms up the engine (run in the engine
-    thread). ``--dtype auto`` is resolved there, once JAX knows its devices."""
+    thread). ``--dtype auto`` is resolved there, once JAX knows its devices. With several
+    models, one engine is built at a time (`_BUILD_LOCK`); the others wait their turn."""
 
     def build():
+        with _BUILD_LOCK:
+            return _build()
+
+    def _build():
         from jaxinfer.builder import build_engine, load_model, resolve_dtype
         from jaxinfer.config import EngineConfig
 
@@ -249,12 +292,21 @@ class Drain:
             logger.info("drained: %d finished", self.in_flight)
 
 
-def serve(app, async_engine, config, sock: socket.socket | None = None) -> None:
+def serve(app, models, config, sock: socket.socket | None = None) -> None:
     """Run uvicorn until SIGTERM / SIGINT, draining in-flight requests first (`Drain`; on
-    ``sock`` when given, else on ``config.host:config.port``)."""
+    ``sock`` when given, else on ``config.host:config.port``).
+
+    Args:
+      models: the app's `ModelRegistry`, or the `AsyncEngine` of its one model.
+    """
     import uvicorn
 
-    drain = Drain(async_engine, config.shutdown_timeout)
+    from jaxinfer.api.model_registry import ModelRegistry
+    from jaxinfer.async_engine import AsyncEngine
+
+    if isinstance(models, AsyncEngine):
+        models = ModelRegistry.single(config.served_model_name, models)
+    drain = Drain(models, config.shutdown_timeout)
 
     class DrainingServer(uvicorn.Server):
         def handle_exit(self, sig, frame):
@@ -267,7 +319,7 @@ def serve(app, async_engine, config, sock: socket.socket | None = None) -> None:
     # uvicorn re-raises the signal after its graceful shutdown: make that a clean exit
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     server = DrainingServer(uv_config)
-    threading.Thread(target=exit_if_never_ready, args=(async_engine, server), daemon=True).start()
+    threading.Thread(target=exit_if_never_ready, args=(models, server), daemon=True).start()
     try:
         server.run(sockets=[sock] if sock is not None else None)
     finally:
@@ -276,14 +328,11 @@ def serve(app, async_engine, config, sock: socket.socket | None = None) -> None:
         sys.exit(1)  # the engine failed while loading or warming up (logged above)
 
 
-def exit_if_never_ready(async_engine, server) -> None:
-    """Stop serving when the engine fails before it was ever ready (bad weights, out of memory):
-    such a server could never answer, so it exits 1 instead of staying up unready. An engine
-    that dies later leaves the server up with /health red (serving case SC-25)."""
-    from jaxinfer.async_engine import EngineState
-
-    async_engine.ready_event.wait()
-    if async_engine.state == EngineState.DEAD:
+def exit_if_never_ready(models, server) -> None:
+    """Stop serving when an engine fails before it was ever ready (bad weights, out of memory):
+    such a server could never answer for that model, so it exits 1 instead of staying up
+    unready. An engine that dies later leaves the server up with /health red (serving case SC-25)."""
+    if not models.wait_ready():
         server.engine_failed_at_start = True
         server.should_exit = True
 
@@ -294,8 +343,34 @@ def check_flags(parser: argparse.ArgumentParser, args) -> None:
     try:
         server_config(args)
         engine_config(args, probe)
+        specs = served_specs(args)
     except ValueError as e:
         parser.error(str(e))
+    multi_host = (args.num_processes or 1) > 1 or args.coordinator_address is not None
+    if len(specs) > 1 and multi_host:
+        parser.error("several models (--model repeated, or --fallback-model) need a single-process server")
+
+
+def kv_split(args):
+    """Each model's `ModelSpec` with its share of the KV budget (logged when there are several)."""
+    from jaxinfer.builder import cpu_default_kv_bytes
+    from jaxinfer.config import DEFAULT_GPU_MEMORY_UTILIZATION
+    from jaxinfer.served_models import describe_split, split_kv_budget
+
+    specs = served_specs(args)
+    # on a CPU the default budget is shared by the engine's CPU devices (jaxinfer.builder.kv_pool_budget)
+    cpu_default = cpu_default_kv_bytes() // (args.tensor_parallel_size * args.data_parallel_size)
+    specs = split_kv_budget(specs, args.kv_cache_memory, args.gpu_memory_utilization,
+                            DEFAULT_GPU_MEMORY_UTILIZATION, cpu_default if _platform() == "cpu" else None)
+    if len(specs) > 1:
+        logger.info("%s", f"each model: --num-blocks {args.num_blocks}" if args.num_blocks else describe_split(specs))
+    return specs
+
+
+def _platform() -> str:
+    import jax
+
+    return jax.devices()[0].platform
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -304,13 +379,14 @@ def main(argv: list[str] | None = None) -> None:
     check_flags(parser, args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from jaxinfer.api.app import create_app
+    from jaxinfer.api.model_registry import ModelRegistry, ServedModel
     from jaxinfer.async_engine import AsyncEngine
 
     from jaxinfer import distributed
 
     distributed.initialize(parallel_config(args))  # before any other JAX call; no-op on one process
     if not distributed.is_leader():  # followers run the leader's steps and serve no HTTP
-        engine = engine_builder(args)()
+        engine = engine_builder(model_args(args, kv_split(args)[0]))()
         distributed.serve_follower(engine)
         distributed.shutdown(engine)
         return
@@ -319,14 +395,20 @@ def main(argv: list[str] | None = None) -> None:
         sock = listen_socket(config.host, config.port)
     except OSError as e:
         parser.error(f"cannot listen on {config.host}:{config.port}: {e}")
-    async_engine = AsyncEngine(engine_builder(args), log_requests=not args.disable_log_requests)
-    app = create_app(async_engine, config)
-    logger.info("listening on http://%s:%d (model %s loads in the background)", config.host, config.port, args.model)
+    specs = kv_split(args)  # after binding: a busy port fails before JAX starts
+    models = ModelRegistry([ServedModel(s.name, AsyncEngine(engine_builder(model_args(args, s)),
+                                                            log_requests=not args.disable_log_requests),
+                                        kv_cache_memory=s.kv_cache_memory) for s in specs],
+                           fallback=args.fallback_model,
+                           degrade_ttft_slo=args.degrade_ttft_slo)
+    app = create_app(models, config)
+    logger.info("listening on http://%s:%d (model %s loads in the background)", config.host, config.port,
+                ", ".join(s.path for s in specs))
     try:
-        serve(app, async_engine, config, sock)
+        serve(app, models, config, sock)
     finally:
         if jax_multiprocess():
-            distributed.shutdown(getattr(async_engine, "engine", None))  # stop the followers
+            distributed.shutdown(getattr(models.default.async_engine, "engine", None))  # stop the followers
 
 
 def jax_multiprocess() -> bool:

@@ -19,9 +19,15 @@ Scenarios (closed loop; prompts are random token ids; ``ignore_eos`` so lengths 
     TTFT per class (`benchmarks/priority_mix.py`).
   * ``priority-fcfs``: the same mix against the default FCFS server (the reference for
     the priority run's throughput and per-class TTFT).
+  * ``degradation`` (only when named in ``--scenarios``): ``overload``'s load on jaxinfer
+    alone and on ``jaxinfer-fallback``, the same server plus ``--fallback-model`` (default:
+    the same model, served a second time under the name ``fallback``, with its own KV pool)
+    and ``--degrade-ttft-slo`` (``--degrade-ttft-slo-s``). Reports P99 TTFT, 429 counts and
+    ``fallback_share``: the share of requests the fallback answered (from the server's
+    ``jaxinfer_request_success_total`` per model at the end of the run, warm-up included).
 `SCENARIOS` says which systems run which scenario; ``--systems`` / ``--scenarios`` select.
-Queues: every scenario but overload lets clients wait (``--timeout-s``); overload keeps a
-short queue (``--overload-queue-len``, ``--max-queue-wait``) so excess clients get 429.
+Queues: every scenario but overload and degradation lets clients wait (``--timeout-s``);
+those keep a short queue (``--overload-queue-len``, ``--max-queue-wait``) so excess clients get 429.
 
 Servers. jaxinfer runs ``server.py`` with its defaults plus what a scenario needs:
 ``--max-model-len`` (1024), ``--no-prefix-caching``, queue limits, ``--max-num-seqs`` when the
@@ -58,6 +64,8 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
+
 HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # this checkout's jaxinfer, not another installed copy
     sys.path.insert(0, str(HERE.parent))
@@ -84,8 +92,8 @@ from jaxinfer.config import ModelConfig, SchedulerConfig  # noqa: E402
 
 ROOT = HERE.parent
 TARGET_NUM_REQUESTS = 128
-SYSTEMS = ("jaxinfer", "jaxinfer-static", "jaxinfer-before", "llamacpp", "hf-transformers")
-DEFAULT_SYSTEMS = ("jaxinfer", "jaxinfer-static", "llamacpp")  # transformers: ~15 min more per scenario
+SYSTEMS = ("jaxinfer", "jaxinfer-static", "jaxinfer-before", "jaxinfer-fallback", "llamacpp", "hf-transformers")
+DEFAULT_SYSTEMS = ("jaxinfer", "jaxinfer-static", "jaxinfer-fallback", "llamacpp")  # transformers: ~15 min more per scenario
 SERVER_DEFAULT_MAX_NUM_SEQS = SchedulerConfig().max_num_seqs
 
 
@@ -111,12 +119,20 @@ class Scenario:
 
     @property
     def same_kv_budget(self) -> bool:
-        """Both jaxinfer modes run it, so both get the same explicit ``--num-blocks``."""
-        return "jaxinfer-static" in self.systems
+        """Two jaxinfer configurations run it, so both get the same explicit ``--num-blocks``
+        (with a fallback model: per model, the fallback's pool comes on top)."""
+        return "jaxinfer-static" in self.systems or "jaxinfer-fallback" in self.systems
+
+    @property
+    def overloaded(self) -> bool:
+        """A short queue: excess clients get 429 (or, with a fallback, go there)."""
+        return self.name in ("overload", "degradation")
 
 
-SCENARIOS = ("single", "fixed8", "fixed", "sharegpt", "c128", "overload", "priority", "priority-fcfs")
+SCENARIOS = ("single", "fixed8", "fixed", "sharegpt", "c128", "overload", "priority", "priority-fcfs", "degradation")
 PRIORITY_SCENARIOS = ("priority", "priority-fcfs")  # the interactive / batch mix (benchmarks/priority_mix.py)
+DEFAULT_SCENARIOS = SCENARIOS[:-1]  # degradation runs when named
+FALLBACK_NAME = "fallback"  # the served name of the degradation scenario's fallback model
 
 
 def scenarios(a) -> dict[str, Scenario]:
@@ -145,6 +161,8 @@ def scenarios(a) -> dict[str, Scenario]:
                  ("jaxinfer",)),
         Scenario("priority-fcfs", 2 * a.concurrency, a.concurrency, wl(num_requests=2 * a.num_requests, **fixed),
                  ("jaxinfer",)),
+        Scenario("degradation", 4 * a.concurrency, a.concurrency, wl(num_requests=2 * a.num_requests, **fixed),
+                 ("jaxinfer", "jaxinfer-fallback")),
     ]
     return {sc.name: sc for sc in table}
 
@@ -159,7 +177,7 @@ def queue_limits(scen: Scenario, a) -> tuple[int, float]:
     """(max queue length, max queue wait s). Every scenario but overload queues every client
     (nobody should be turned away at the designed load); overload keeps a short queue so
     excess clients get 429 + Retry-After at once, which keeps admitted requests' TTFT bounded."""
-    if scen.name == "overload":
+    if scen.overloaded:
         return a.overload_queue_len, a.max_queue_wait
     return max(a.max_queue_len, scen.clients), a.timeout_s
 
@@ -172,6 +190,10 @@ def jaxinfer_command(system: str, port: int, a, scen: Scenario) -> list[str]:
            "--max-model-len", str(a.max_model_len), "--no-prefix-caching",
            "--max-queue-len", str(queue_len), "--max-queue-wait", str(queue_wait),
            "--shutdown-timeout", "5", "--log-level", "warning"]
+    if system == "jaxinfer-fallback":
+        cmd += ["--served-model-name", a.model, "--model", a.fallback_model or a.model,
+                "--served-model-name", FALLBACK_NAME, "--fallback-model", FALLBACK_NAME,
+                "--degrade-ttft-slo", str(a.degrade_ttft_slo_s)]
     if system == "jaxinfer-static":
         cmd += ["--scheduler", "static", "--max-num-seqs", str(scen.pool_clients)]
     elif scen.pool_clients > SERVER_DEFAULT_MAX_NUM_SEQS or scen.name in PRIORITY_SCENARIOS:
@@ -268,7 +290,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--systems", nargs="+", default=list(DEFAULT_SYSTEMS), choices=SYSTEMS)
-    p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
+    p.add_argument("--scenarios", nargs="+", default=list(DEFAULT_SCENARIOS), choices=SCENARIOS)
     p.add_argument("--hf-scenarios", nargs="+", default=["fixed"], choices=SCENARIOS,
                    help="scenarios hf-transformers runs when it is in --systems")
     p.add_argument("--concurrency", type=int, default=32, help="clients of fixed / sharegpt (overload: 4x)")
@@ -291,6 +313,10 @@ def parse_args(argv=None):
     p.add_argument("--overload-queue-len", type=int, default=8, help="overload scenario: waiting requests before 429")
     p.add_argument("--overload-max-retries", type=int, default=0,
                    help="overload scenario: clients resend a 429 after its Retry-After up to this many times")
+    p.add_argument("--fallback-model", default=None,
+                   help="degradation scenario: the fallback model (default: --model, served a second time)")
+    p.add_argument("--degrade-ttft-slo-s", type=float, default=None,
+                   help="degradation scenario: the server's --degrade-ttft-slo (default: --slo-ttft-ms)")
     p.add_argument("--llamacpp-threads", type=int, default=None, help="llama.cpp -t / -tb (default: CPU count)")
     p.add_argument("--batch-timeout-s", type=float, default=0.1, help="hf-transformers: batch formation wait")
     p.add_argument("--hf-threads", type=int, default=None, help="hf-transformers: torch threads (default torch's)")
@@ -307,6 +333,8 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true",
                    help="smoke run: clients / 8, 8 requests (single: 2), 64/16 and 32/16 tokens")
     a = p.parse_args(argv)
+    if a.degrade_ttft_slo_s is None:
+        a.degrade_ttft_slo_s = a.slo_ttft_ms / 1000
     if a.quick:
         a.concurrency, a.num_requests, a.input_len, a.output_len, a.warmup_requests = 4, 8, 64, 16, 1
         a.single_requests, a.single_input_len, a.single_output_len, a.max_model_len = 2, 32, 16, 256
@@ -322,11 +350,12 @@ def run_one(system: str, scen: Scenario, a, out: Path) -> tuple[dict, str]:
           flush=True)
     with llamacpp_peer.running(cmd, out / "logs" / f"{label}.log", a.startup_timeout_s) as url:
         cfg = load.LoadConfig(url, a.model, concurrency=scen.clients, timeout_s=a.timeout_s, seed=a.seed,
-                              max_retries=a.overload_max_retries if scen.name == "overload" else 0,
+                              max_retries=a.overload_max_retries if scen.overloaded else 0,
                               extra_body=dict(llamacpp_peer.REQUEST_EXTRA) if system == "llamacpp" else None)
         bench = priority_mix.run_priority_mix if scen.name in PRIORITY_SCENARIOS else run_benchmark
         run = bench(cfg, scen.workload, label=label, out_dir=out / "runs", warmup_requests=a.warmup_requests,
                     slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms, server_info=system_info(system, cmd))
+        share = fallback_share(httpx.get(f"{url}/metrics", timeout=30).text) if system == "jaxinfer-fallback" else None
     rows = [(label, run["summary"])] + [(f"{label} {name}", c["summary"]) for name, c in run.get("classes", {}).items()]
     print(report.markdown_table(rows), flush=True)
     entry = {"concurrency": scen.clients, "command": display_command(cmd), **system_entry(run["summary"]),
@@ -334,7 +363,23 @@ def run_one(system: str, scen: Scenario, a, out: Path) -> tuple[dict, str]:
     if "classes" in run:
         entry["classes"] = {name: {"priority": c["priority"], "concurrency": c["clients"],
                                    **system_entry(c["summary"])} for name, c in run["classes"].items()}
+    if share is not None:
+        entry["fallback_share"] = share
     return entry, label
+
+
+def fallback_share(metrics_text: str) -> float | None:
+    """The share of the requests a jaxinfer server finished (stop or length) that its
+    ``fallback`` model answered, from its ``GET /metrics`` text (None before any finished)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    served = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for s in family.samples:
+            if s.name == "jaxinfer_request_success_total" and s.labels.get("finished_reason") in ("stop", "length"):
+                served[s.labels["model_name"]] = served.get(s.labels["model_name"], 0) + s.value
+    total = sum(served.values())
+    return served.get(FALLBACK_NAME, 0) / total if total else None
 
 
 def plan(a) -> list[tuple[Scenario, list[str]]]:

@@ -124,6 +124,10 @@ def compare_markdown(result: dict) -> str:
         rows += [(f"{name} {cls} (priority {c['priority']}, c={c['concurrency']})", _as_summary(c))
                  for name, e in systems.items() for cls, c in e.get("classes", {}).items()]
         md.append(report.markdown_table(rows))
+        for name, e in systems.items():
+            if e.get("fallback_share") is not None:
+                md.append(f"\n{name}: {e['fallback_share']:.0%} of the finished requests were answered by the "
+                          "fallback model.\n")
     if result.get("ratios"):
         md.append("\n### Ratios (first system over second)\n\n"
                   "| scenario | pair | output tok/s | TTFT p99 | TPOT p50 |\n|---|---|---|---|---|\n")

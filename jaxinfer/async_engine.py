@@ -17,6 +17,9 @@ Threading contract:
     `EngineDeadError` and refuses new work; `is_healthy` turns False at once.
   * `start_draining` (SIGTERM) refuses new requests while in-flight ones finish;
     `shutdown` aborts what is left and joins the thread.
+  * The engine thread feeds `ttft` (`jaxinfer.ttft_estimator.TTFTEstimator`: prompt
+    tokens still ahead, prefill rate measured from step timings), which any thread may
+    ask for a new request's expected time to first token (graceful degradation).
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from jaxinfer import request_log
 from jaxinfer.engine_protocol import Engine, RequestSpec  # noqa: F401 - RequestSpec is part of this API
 from jaxinfer.errors import QueueFullError, RequestError
 from jaxinfer.outputs import RequestOutput
+from jaxinfer.ttft_estimator import TTFTEstimator
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +144,7 @@ class AsyncEngine:
         self._lock = threading.Lock()  # orders "dead" against new commands
         self._thread = threading.Thread(target=self._run, name="jaxinfer-engine", daemon=True)
         self.ready_event = threading.Event()
+        self.ttft = TTFTEstimator()  # fed by the engine thread; read by the HTTP layer
 
     # ----- lifecycle ----------------------------------------------------------------------
     def start(self) -> "AsyncEngine":
@@ -282,8 +287,13 @@ class AsyncEngine:
                 if self._apply(cmd):
                     return
             steps = engine.num_steps
+            prefilled = engine.snapshot().prefill_tokens
+            t0 = time.perf_counter()
             outputs = engine.step()
+            seconds = time.perf_counter() - t0
             self._deliver(outputs)
+            if engine.num_steps != steps:
+                self.ttft.on_step(seconds, engine.snapshot().prefill_tokens - prefilled)
             if not outputs and engine.num_steps == steps and engine.has_unfinished_requests():
                 if self._wait_for_deadline():  # nothing could run: wait for a command or a deadline
                     return
@@ -317,6 +327,7 @@ class AsyncEngine:
             return
         for spec in specs:
             self._streams[spec.request_id] = stream
+            self.ttft.on_added(spec.request_id, len(spec.prompt_token_ids))
             if self.log_requests:
                 request_log.log_added(spec.request_id, len(spec.prompt_token_ids), spec.params)
         self._post([(stream, _ACCEPTED)])
@@ -327,6 +338,7 @@ class AsyncEngine:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue
+            self.ttft.on_output(out.request_id)
             if out.finished:
                 del self._streams[out.request_id]
                 if self.log_requests:
@@ -344,6 +356,7 @@ class AsyncEngine:
                 stream.loop.call_soon_threadsafe(stream.put_batch, batch)
             except RuntimeError:  # its event loop is closed: nobody is listening
                 for rid in stream.request_ids:
+                    self.ttft.on_output(rid)
                     if self._streams.pop(rid, None) is not None:
                         self.engine.abort_request(rid)
 

@@ -122,13 +122,37 @@ def test_bad_flags_are_refused():
                                    ["--gpu-memory-utilization", "0"], ["--gpu-memory-utilization", "1.5"],
                                    ["--gpu-memory-utilization", "-0.2"], ["--block-size", "12"],
                                    ["--prefill-budget-while-decoding", "0"], ["--scheduling-policy", "lottery"],
-                                   ["--priority-aging-s", "0"], ["--priority-aging-s", "-1"]])
+                                   ["--priority-aging-s", "0"], ["--priority-aging-s", "-1"],
+                                   ["--model", "m", "--model", "m"], ["--served-model-name", "a", "--served-model-name", "b"],
+                                   ["--fallback-model", "m"], ["--degrade-ttft-slo", "1"],
+                                   ["--fallback-model", "m", "--degrade-ttft-slo", "0"],
+                                   ["--fallback-model", "m", "--degrade-ttft-slo", "1", "--num-processes", "2"]])
 def test_flags_the_config_rejects_exit_2_before_loading(flags, capsys):
     parser = server.build_parser()
     with pytest.raises(SystemExit) as exc:
         server.check_flags(parser, parser.parse_args(flags))  # argparse's choices or the config's checks
     assert exc.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_several_models_each_get_a_name_and_a_share_of_the_kv_budget(caplog):
+    import logging
+
+    args = server.build_parser().parse_args([
+        "--model", "m", "--served-model-name", "big", "--model", "m", "--served-model-name", "small",
+        "--fallback-model", "small", "--degrade-ttft-slo", "2.5", "--kv-cache-memory", "4GiB", "--max-num-seqs", "3"])
+    server.check_flags(server.build_parser(), args)
+    assert server.server_config(args).served_model_name == "big"  # the default model
+    caplog.set_level(logging.INFO, logger="jaxinfer.server")
+    specs = server.kv_split(args)
+    assert [(s.path, s.name, s.kv_cache_memory) for s in specs] == [("m", "big", 2 << 30), ("m", "small", 2 << 30)]
+    assert "KV budget per model (per device): big 2.00 GiB, small 2.00 GiB" in caplog.text
+    configs = [server.engine_config(server.model_args(args, s), model_config()) for s in specs]
+    assert [c.cache.kv_cache_memory for c in configs] == [2 << 30, 2 << 30]
+    assert all(c.model_path == "m" and c.scheduler.max_num_seqs == 3 for c in configs)  # other flags: each model
+    other = server.build_parser().parse_args(["--fallback-model", "tiny", "--degrade-ttft-slo", "1"])
+    assert [(s.path, s.name) for s in server.served_specs(other)] == [(server.DEFAULT_MODEL, server.DEFAULT_MODEL),
+                                                                     ("tiny", "tiny")]  # loaded as well
 
 
 def test_engine_failing_at_start_up_exits_1(tmp_path):
@@ -161,3 +185,36 @@ def test_a_port_in_use_exits_2_before_loading():
         assert time.monotonic() - t0 < 60
     finally:
         held.close()
+
+
+def test_several_models_are_built_one_at_a_time(monkeypatch):
+    """Engine threads of several models must not load at once (transformers' first import is
+    not thread-safe: two threads importing AutoTokenizer together failed)."""
+    import threading
+    import time
+
+    from jaxinfer import builder
+
+    active, most = [0], [0]
+    lock = threading.Lock()
+
+    def load_model(config, load_format):
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(0.05)
+        with lock:
+            active[0] -= 1
+        return model_config(), None, None, None
+
+    monkeypatch.setattr(builder, "load_model", load_model)
+    monkeypatch.setattr(builder, "build_engine", lambda config, **kw: config.model_path)
+    args = server.build_parser().parse_args(["--model", "a", "--model", "b", "--model", "c", "--dtype", "float32"])
+    built = []
+    threads = [threading.Thread(target=lambda s=s: built.append(server.engine_builder(server.model_args(args, s))()))
+               for s in server.served_specs(args)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert sorted(built) == ["a", "b", "c"] and most[0] == 1

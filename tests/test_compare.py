@@ -161,6 +161,33 @@ def test_compare_plan_selects_systems_per_scenario():
     assert scen["c128"].workload.num_requests >= 128
 
 
+def test_compare_degradation_runs_overload_with_and_without_a_fallback():
+    """The degradation scenario through server.py's own flag parsing: the same primary (name,
+    pool, short queue) in both runs, plus a fallback model with its own pool and the SLO;
+    fallback_share reads the server's per-model success counters."""
+    import server
+
+    compare = load_benchmark("compare")
+    a = compare.parse_args(["--scenarios", "degradation", "--degrade-ttft-slo-s", "2.5"])
+    (scen, systems), = compare.plan(a)
+    assert systems == ["jaxinfer", "jaxinfer-fallback"] and scen.clients == 4 * a.concurrency
+    parse = lambda system: server.build_parser().parse_args(compare.server_command(system, 8000, a, scen)[2:])  # noqa: E731
+    alone, with_fallback = parse("jaxinfer"), parse("jaxinfer-fallback")
+    assert [s.name for s in server.served_specs(alone)] == [a.model]
+    specs = server.served_specs(with_fallback)
+    assert [(s.path, s.name) for s in specs] == [(a.model, a.model), (a.model, "fallback")]
+    assert (with_fallback.fallback_model, with_fallback.degrade_ttft_slo) == ("fallback", 2.5)
+    assert alone.num_blocks == with_fallback.num_blocks == compare.num_blocks(scen, a)
+    assert alone.max_queue_len == with_fallback.max_queue_len == a.overload_queue_len
+    assert "degradation" not in [s.name for s, _ in compare.plan(compare.parse_args([]))]  # only when named
+    text = ('# TYPE jaxinfer_request_success counter\n'
+            'jaxinfer_request_success_total{model_name="m",finished_reason="length"} 3.0\n'
+            'jaxinfer_request_success_total{model_name="m",finished_reason="abort"} 5.0\n'
+            'jaxinfer_request_success_total{model_name="fallback",finished_reason="stop"} 1.0\n')
+    assert compare.fallback_share(text) == 1 / 4
+    assert compare.fallback_share("") is None
+
+
 def test_compare_jaxinfer_commands_share_the_kv_budget():
     """c128 through server.py's own flag parsing: both modes get one pool that holds all 128
     requests; static batching's max_model_len reservations fit fewer; continuous batching

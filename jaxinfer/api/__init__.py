@@ -4,6 +4,7 @@ Modules, request order: ``protocol`` (pydantic bodies) -> ``routes`` (endpoints)
 ``serving`` (lifecycle of one generation request) with ``prompts`` (prompt ids),
 ``params`` (`SamplingParams`), ``responses`` / ``logprobs`` (JSON and SSE shapes);
 ``errors`` (OpenAI error envelope), ``metrics`` (Prometheus), ``config`` (`ServerConfig`),
+``model_registry`` (the served models by name), ``degrade`` (the fallback decision),
 ``app`` (`create_app`). Contract: docs/api.md.
 """
 from jaxinfer.api.app import create_app

@@ -1,9 +1,10 @@
 """`create_app`: the FastAPI application of one server (routes, errors, metrics, lifespan).
 
-The app owns nothing global: its metrics registry, config and engine handle live on
-``app.state``, so tests can run several apps in one process. The lifespan starts the engine
-thread if nobody did (loading and warm-up then run in the background while HTTP already
-answers ``/live``) and shuts it down on exit. Probes (``/health``, ``/live``) are kept out
+The app owns nothing global: its metrics registry, config and engine handles live on
+``app.state``, so tests can run several apps in one process. It serves one model (an
+`AsyncEngine`) or several (a `ModelRegistry`, one engine each). The lifespan starts the
+engine threads if nobody did (loading and warm-up then run in the background while HTTP
+already answers ``/live``) and shuts them down on exit. Probes (``/health``, ``/live``) are kept out
 of the access log (`jaxinfer.api.access_log`).
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from jaxinfer.api.body_limit import BodySizeLimit
 from jaxinfer.api.config import ServerConfig
 from jaxinfer.api.errors import install_error_handlers
 from jaxinfer.api.metrics import Metrics
+from jaxinfer.api.model_registry import ModelRegistry
 from jaxinfer.api.prompts import check_chat_template
 from jaxinfer.api.serving import ServingContext
 from jaxinfer.api.status_counter import ErrorResponseCounter
@@ -35,27 +37,33 @@ Errors always use OpenAI's envelope `{"error": {"message", "type", "param", "cod
 """
 
 
-def create_app(async_engine: AsyncEngine, server_config: ServerConfig | None = None) -> FastAPI:
+def create_app(models: AsyncEngine | ModelRegistry, server_config: ServerConfig | None = None) -> FastAPI:
     """Build the app.
 
     Args:
-      async_engine: the engine front end (started or not; the lifespan starts it).
+      models: the engine front end of the one served model (served as
+        ``server_config.served_model_name``), or a `ModelRegistry` of several (each under
+        its own name; ``served_model_name`` is then unused). Started or not: the
+        lifespan starts them.
       server_config: HTTP settings (defaults: `ServerConfig()`).
     Returns:
       A FastAPI app; ``app.state.ctx`` is its `ServingContext`.
     """
     config = server_config or ServerConfig()
-    ctx = ServingContext(async_engine, config, Metrics(async_engine, config.served_model_name))
-    async_engine.add_ready_callback(lambda engine: check_chat_template(engine.tokenizer))
+    if isinstance(models, AsyncEngine):
+        models = ModelRegistry.single(config.served_model_name, models)
+    ctx = ServingContext(models, config, Metrics(models))
+    for m in models:
+        m.async_engine.add_ready_callback(lambda engine: check_chat_template(engine.tokenizer))
 
     install_probe_filter()  # /health and /live polls stay out of the access log
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         install_probe_filter()  # again, in case logging was configured since (idempotent)
-        async_engine.start()
+        models.start()
         yield
-        await asyncio.to_thread(async_engine.shutdown)
+        await asyncio.to_thread(models.shutdown)
 
     app = FastAPI(title="jaxinfer", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
     app.state.ctx = ctx

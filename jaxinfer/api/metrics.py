@@ -6,8 +6,11 @@ scheduled, first token, finished); HTTP error statuses are counted by
 `jaxinfer.api.status_counter.ErrorResponseCounter`; engine state (queues, KV blocks,
 counters) is read at scrape time from the engine's `snapshot()` (an `LLMEngine` and a
 data-parallel router alike) by a custom collector, so nothing is double-counted and the
-engine thread never touches prometheus. Every series carries ``model_name`` (the served
-model name). ``*_created`` series are disabled (process-wide, on import).
+engine thread never touches prometheus. Every series carries ``model_name`` (vLLM's label
+name): the served model the series is about, one set of series per model when the server
+serves several (`jaxinfer.api.model_registry`). HTTP error responses are counted under
+the default (first) model, since a 404 or 413 may name no model. ``*_created`` series are
+disabled (process-wide, on import).
 
 Names (vLLM's ``vllm:*`` metrics with our prefix where one exists; semantics follow vLLM):
   histograms  jaxinfer_time_to_first_token_seconds   arrival -> first token
@@ -23,6 +26,7 @@ Names (vLLM's ``vllm:*`` metrics with our prefix where one exists; semantics fol
   summary     jaxinfer_kv_fragmentation_step_ratio (_sum, _count: one sample per engine step)
   counters    jaxinfer_request_success_total{finished_reason}, jaxinfer_http_error_responses_total{status},
               jaxinfer_requests_rejected_total{reason}, jaxinfer_preemptions_total,
+              jaxinfer_requests_degraded_total{fallback} (model_name: the model asked for),
               jaxinfer_request_timeouts_total, jaxinfer_requests_aborted_total,
               jaxinfer_prompt_tokens_total, jaxinfer_prefill_tokens_total,
               jaxinfer_generation_tokens_total, jaxinfer_compilations_total,
@@ -58,16 +62,16 @@ class Metrics:
     """The server's metrics.
 
     Args:
-      async_engine: the `AsyncEngine` whose engine is read at scrape time.
-      model_name: the served model name, the ``model_name`` label of every series.
+      models: the served models (`jaxinfer.api.model_registry.ModelRegistry`), whose
+        engines are read at scrape time; each name is a ``model_name`` label value.
     """
 
-    def __init__(self, async_engine, model_name: str):
-        self.model_name = model_name
+    def __init__(self, models):
+        self.model_name = models.default.name  # the label of server-wide series
         self.registry = r = CollectorRegistry()
 
         def histogram(name: str, doc: str, buckets: tuple):
-            return Histogram(name, doc, [MODEL_LABEL], buckets=buckets, registry=r).labels(model_name)
+            return Histogram(name, doc, [MODEL_LABEL], buckets=buckets, registry=r)
 
         self.ttft = histogram("jaxinfer_time_to_first_token_seconds", "Arrival to first output token (s).",
                               _LATENCY_BUCKETS)
@@ -86,42 +90,60 @@ class Metrics:
                                     "Generated tokens of finished requests.", _TOKEN_BUCKETS)
         self._rejected = Counter("jaxinfer_requests_rejected", "HTTP requests refused for overload or readiness.",
                                  [MODEL_LABEL, "reason"], registry=r)
-        for reason in REJECT_REASONS:
-            self._rejected.labels(model_name, reason)
+        self._degraded = Counter("jaxinfer_requests_degraded",
+                                 "Requests moved to the fallback model because their estimated time to first "
+                                 "token exceeded --degrade-ttft-slo (model_name: the model asked for).",
+                                 [MODEL_LABEL, "fallback"], registry=r)
+        for m in models:
+            for h in (self.ttft, self.tpot, self.e2e, self.queue_time, self.prefill_time, self.decode_time,
+                      self.prompt_len, self.output_len):
+                h.labels(m.name)  # every series exists (at 0) from the start
+            for reason in REJECT_REASONS:
+                self._rejected.labels(m.name, reason)
+            if models.fallback is not None and m.name != models.fallback:
+                self._degraded.labels(m.name, models.fallback)
         self._errors = Counter("jaxinfer_http_error_responses",
                                "HTTP responses with status >= 400, by status (each response counted once).",
                                [MODEL_LABEL, "status"], registry=r)
         for status in ERROR_STATUSES:
-            self._errors.labels(model_name, str(status))
-        r.register(_EngineCollector(async_engine, model_name))
+            self._errors.labels(self.model_name, str(status))
+        for m in models:
+            r.register(_EngineCollector(m.async_engine, m.name))
 
-    def reject(self, reason: str) -> None:
-        """Count a request refused for ``reason`` (one of `REJECT_REASONS`)."""
-        self._rejected.labels(self.model_name, reason).inc()
+    def reject(self, reason: str, model: str | None = None) -> None:
+        """Count a request for ``model`` (default: the default model) refused for ``reason``
+        (one of `REJECT_REASONS`)."""
+        self._rejected.labels(model or self.model_name, reason).inc()
+
+    def count_degraded(self, model: str, fallback: str) -> None:
+        """Count one request for ``model`` that the ``fallback`` model answered instead."""
+        self._degraded.labels(model, fallback).inc()
 
     def count_error_response(self, status: int) -> None:
         """Count one HTTP response with this status (>= 400)."""
         self._errors.labels(self.model_name, str(status)).inc()
 
-    def observe_finished(self, out: RequestOutput) -> None:
-        """Record the histograms of a request that ended with ``stop`` or ``length``
-        (intervals in seconds from its ``time.monotonic`` timestamps; lengths in tokens)."""
+    def observe_finished(self, out: RequestOutput, model: str | None = None) -> None:
+        """Record the histograms of a request that ``model`` (default: the default model)
+        ended with ``stop`` or ``length`` (intervals in seconds from its ``time.monotonic``
+        timestamps; lengths in tokens)."""
         m = out.metrics
         if m is None or m.finished_time is None:
             return
+        label = model or self.model_name
         n = len(out.outputs[0].token_ids)
-        self.e2e.observe(m.finished_time - m.arrival_time)
-        self.prompt_len.observe(len(out.prompt_token_ids))
-        self.output_len.observe(n)
+        self.e2e.labels(label).observe(m.finished_time - m.arrival_time)
+        self.prompt_len.labels(label).observe(len(out.prompt_token_ids))
+        self.output_len.labels(label).observe(n)
         if m.first_scheduled_time is not None:
-            self.queue_time.observe(m.first_scheduled_time - m.arrival_time)
+            self.queue_time.labels(label).observe(m.first_scheduled_time - m.arrival_time)
         if m.first_token_time is not None:
-            self.ttft.observe(m.first_token_time - m.arrival_time)
-            self.decode_time.observe(m.finished_time - m.first_token_time)
+            self.ttft.labels(label).observe(m.first_token_time - m.arrival_time)
+            self.decode_time.labels(label).observe(m.finished_time - m.first_token_time)
             if m.first_scheduled_time is not None:
-                self.prefill_time.observe(m.first_token_time - m.first_scheduled_time)
+                self.prefill_time.labels(label).observe(m.first_token_time - m.first_scheduled_time)
             if n > 1:
-                self.tpot.observe((m.finished_time - m.first_token_time) / (n - 1))
+                self.tpot.labels(label).observe((m.finished_time - m.first_token_time) / (n - 1))
 
     def render(self) -> tuple[bytes, str]:
         """(body, content type) for ``GET /metrics``."""

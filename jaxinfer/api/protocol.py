@@ -55,6 +55,9 @@ class _GenerationRequest(_Strict):
                                 "HTTP 504, or an error event in a stream.")
     priority: int | None = Field(0, ge=-(2**63), lt=2**63, description="Scheduling priority, lower first "
                                  "(vLLM); used with `--scheduling-policy priority`. Default 0.")
+    allow_fallback: bool | None = Field(
+        True, description="false: never move this request to the server's fallback model (`--fallback-model`), "
+                          "even when its estimated time to first token exceeds `--degrade-ttft-slo`.")
 
     @property
     def include_usage(self) -> bool:
@@ -241,6 +244,10 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "jaxinfer"
     max_model_len: int | None = None
+    kv_cache_memory: int | None = Field(
+        None, description="This model's share of `--kv-cache-memory` in bytes per device (several models split it).")
+    kv_blocks: int | None = Field(None, description="KV blocks in this model's pool (its own pool).")
+    fallback: bool = Field(False, description="True for the model that takes degraded requests (`--fallback-model`).")
 
 
 class ModelList(BaseModel):

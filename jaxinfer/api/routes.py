@@ -2,8 +2,8 @@
 
 ``/v1/*`` (and ``/tokenize``, ``/detokenize``) need ``Authorization: Bearer <key>`` when the
 server has an API key; ``/live``, ``/health`` and ``/metrics`` never do. ``/live`` is 200 as
-soon as HTTP listens; ``/health`` is 200 only when the engine is warmed up and its thread
-alive (503 + Retry-After while loading, draining or dead).
+soon as HTTP listens; ``/health`` is 200 only when every served model's engine is warmed up
+and its thread alive (503 + Retry-After while one is loading, draining or dead).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from jaxinfer.api import prompts as prompts_mod
 from jaxinfer.api import serving
 from jaxinfer.api.errors import APIError, from_exception
+from jaxinfer.api.model_registry import ServedModel
 from jaxinfer.api.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                    CompletionResponse, DetokenizeRequest, DetokenizeResponse, ErrorResponse,
                                    ModelCard, ModelList, TokenizeRequest, TokenizeResponse)
@@ -71,31 +72,33 @@ async def chat_completions(body: ChatCompletionRequest, raw: Request, ctx: Servi
     return await serving.create_chat_completion(body, raw, ctx)
 
 
-def _model_card(ctx: ServingContext) -> ModelCard:
-    engine = ctx.async_engine.engine
-    return ModelCard(id=ctx.config.served_model_name, created=ctx.started,
-                     max_model_len=engine.config.scheduler.max_model_len if engine is not None else None)
+def _model_card(ctx: ServingContext, model: ServedModel) -> ModelCard:
+    engine = model.async_engine.engine
+    loaded = engine is not None
+    return ModelCard(id=model.name, created=ctx.started,
+                     max_model_len=engine.config.scheduler.max_model_len if loaded else None,
+                     kv_cache_memory=model.kv_cache_memory,
+                     kv_blocks=engine.snapshot().kv_blocks_total if loaded else None,
+                     fallback=model.name == ctx.models.fallback)
 
 
 @v1.get("/models", response_model=ModelList)
 async def models(ctx: ServingContext = Depends(get_ctx)):
-    """The served model."""
-    return ModelList(data=[_model_card(ctx)])
+    """The served models (the default one first)."""
+    return ModelList(data=[_model_card(ctx, m) for m in ctx.models])
 
 
 @v1.get("/models/{model_id:path}", response_model=ModelCard)
 async def model(model_id: str, ctx: ServingContext = Depends(get_ctx)):
-    """One model (``client.models.retrieve``); 404 for any other name."""
-    ctx.check_model(model_id)
-    return _model_card(ctx)
+    """One model (``client.models.retrieve``); 404 for a name not served."""
+    return _model_card(ctx, ctx.model(model_id))
 
 
 @debug.post("/tokenize", response_model=TokenizeResponse)
 async def tokenize(body: TokenizeRequest, ctx: ServingContext = Depends(get_ctx)):
     """The prompt token ids the engine would see for `prompt` (text or ids) or chat `messages`
     (no truncation applied)."""
-    engine = ctx.engine()
-    ctx.check_model(body.model)
+    engine = ctx.engine(ctx.model(body.model))
     try:
         if (body.prompt is None) == (body.messages is None):
             raise RequestError("give exactly one of prompt or messages", param="prompt")
@@ -120,8 +123,7 @@ async def tokenize(body: TokenizeRequest, ctx: ServingContext = Depends(get_ctx)
 @debug.post("/detokenize", response_model=DetokenizeResponse)
 async def detokenize(body: DetokenizeRequest, ctx: ServingContext = Depends(get_ctx)):
     """The text of token ids (special tokens kept)."""
-    engine = ctx.engine()
-    ctx.check_model(body.model)
+    engine = ctx.engine(ctx.model(body.model))
     V = engine.model_config.vocab_size
     if engine.tokenizer is None:
         raise APIError(400, "this model has no tokenizer", param="tokens")
@@ -138,13 +140,17 @@ async def live():
 
 @ops.get("/health", responses={503: {"model": ErrorResponse, "description": "Not ready (`Retry-After`)."}})
 async def health(ctx: ServingContext = Depends(get_ctx)):
-    """Readiness: 200 once weights are loaded and every bucket compiled, while serving."""
-    ae = ctx.async_engine
-    if ae.is_healthy:
+    """Readiness: 200 once every model's weights are loaded and every bucket compiled, while
+    serving; otherwise 503 naming the first model that is not ready (with several models)."""
+    waiting = ctx.models.not_ready()
+    if not waiting:
         return {"status": "ready"}
+    m = waiting[0]
+    ae = m.async_engine
     state = ae.state.value if ae.state != EngineState.READY else "dead"
     retry = 5 if ae.state == EngineState.STARTING else 10
-    return JSONResponse(APIError(503, f"not ready: {state}" + (f" ({ae.error})" if ae.error else ""),
+    which = f" ({m.name})" if len(ctx.models) > 1 else ""
+    return JSONResponse(APIError(503, f"not ready{which}: {state}" + (f" ({ae.error})" if ae.error else ""),
                                  code=state).body(), status_code=503, headers={"Retry-After": str(retry)})
 
 

@@ -1,8 +1,10 @@
 """One generation request end to end: prompts -> engine requests -> JSON or SSE.
 
 Owns the request lifecycle on the asyncio side:
-  1. Readiness and model name checks (503 / 404), prompt preparation and truncation,
-     `SamplingParams` (400 on any invalid field, before any engine work).
+  1. Model lookup (404 ``model_not_found``) and readiness (503), prompt preparation and
+     truncation, `SamplingParams` (400 on any invalid field, before any engine work);
+     then graceful degradation (`jaxinfer.api.degrade`) may move the request to the
+     fallback model, whose tokenizer prepares it again.
   2. Fan-out: ``n`` choices per prompt become independent engine requests (seeds
      ``seed + i``), added as one group (all admitted or none: 400 / 429).
   3. While the client waits, a watcher blocks on the ASGI ``receive`` channel; a
@@ -24,16 +26,18 @@ import json
 import logging
 import time
 import uuid
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from jaxinfer.api import degrade
 from jaxinfer.api import params as params_mod
 from jaxinfer.api import prompts as prompts_mod
 from jaxinfer.api.config import ServerConfig
 from jaxinfer.api.errors import APIError, from_exception, queue_wait_error, timeout_error
 from jaxinfer.api.metrics import Metrics
+from jaxinfer.api.model_registry import ModelRegistry, ServedModel
 from jaxinfer.api.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
 from jaxinfer.api.responses import ChatFormat, ChoiceCursor, CompletionFormat, usage
 from jaxinfer.async_engine import AsyncEngine, EngineNotReadyError, OutputStream, RequestSpec
@@ -48,31 +52,42 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 @dataclasses.dataclass
 class ServingContext:
-    """What the handlers share (one per app)."""
+    """What the handlers share (one per app): the served models, settings, metrics."""
 
-    async_engine: AsyncEngine
+    models: ModelRegistry
     config: ServerConfig
     metrics: Metrics
     started: int = dataclasses.field(default_factory=lambda: int(time.time()))  # unix seconds
 
-    def engine(self):
-        """The engine, once ready.
+    @property
+    def async_engine(self) -> AsyncEngine:
+        """The default (first) model's engine front end."""
+        return self.models.default.async_engine
+
+    def model(self, name: str | None) -> ServedModel:
+        """The served model named ``name`` (the default for None).
+
+        Raises:
+          APIError: 404 ``model_not_found`` for a name not served.
+        """
+        return self.models.get(name)
+
+    def engine(self, model: ServedModel | None = None):
+        """The engine of ``model`` (default: the default model), once ready.
 
         Raises:
           EngineNotReadyError / EngineDeadError: warming up, draining, dead (503).
         """
+        model = model or self.models.default
         try:
-            self.async_engine.check_accepting()
+            model.async_engine.check_accepting()
         except EngineNotReadyError:
-            self.metrics.reject("not_ready")
+            self.metrics.reject("not_ready", model.name)
             raise
-        return self.async_engine.engine
+        return model.async_engine.engine
 
-    def check_model(self, model: str | None) -> None:
-        """404 unless ``model`` is absent or the served name."""
-        if model is not None and model != self.config.served_model_name:
-            raise APIError(404, f"the model {model!r} does not exist; this server serves "
-                                f"{self.config.served_model_name!r}", param="model", code="model_not_found")
+
+JobOn = Callable[[ServedModel], Awaitable["_Job"]]  # prepares a request for a given model
 
 
 @dataclasses.dataclass
@@ -86,44 +101,105 @@ class _Job:
     aliases: dict[str, str]
     default_max_tokens: int | None  # when the request gives none (completions: 16)
     max_model_len: int
+    model: ServedModel  # the model that answers
 
 
 async def create_completion(req: CompletionRequest, raw: Request, ctx: ServingContext):
     """``POST /v1/completions``."""
-    engine = ctx.engine()
-    ctx.check_model(req.model)
     aliases = params_mod.COMPLETION_ALIASES
     default = params_mod.COMPLETIONS_DEFAULT_MAX_TOKENS
 
-    def prepare():  # tokenizing a long prompt must not stall the event loop: run in a thread
-        with _as_api_error(aliases):
-            params = params_mod.completion_params(req)
-            return params, [_truncate(p, req, params.max_tokens or default, engine, ctx.config)
-                            for p in prompts_mod.completion_prompts(req, engine.tokenizer)]
+    async def job_on(model: ServedModel) -> _Job:
+        engine = ctx.engine(model)
 
-    params, prompts = await asyncio.to_thread(prepare)
-    fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", ctx.config.served_model_name, int(time.time()),
-                           params.logprobs, engine.tokenizer)
-    return await _run(_Job(req, prompts, params, fmt, aliases, default, _max_model_len(engine)), raw, ctx)
+        def prepare():  # tokenizing a long prompt must not stall the event loop: run in a thread
+            with _as_api_error(aliases):
+                params = params_mod.completion_params(req)
+                return params, [_truncate(p, req, params.max_tokens or default, engine, ctx.config)
+                                for p in prompts_mod.completion_prompts(req, engine.tokenizer)]
+
+        params, prompts = await asyncio.to_thread(prepare)
+        fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", model.name, int(time.time()), params.logprobs,
+                               engine.tokenizer)
+        return _Job(req, prompts, params, fmt, aliases, default, _max_model_len(engine), model)
+
+    return await _run(await job_on(ctx.model(req.model)), job_on, raw, ctx, chat=False)
 
 
 async def create_chat_completion(req: ChatCompletionRequest, raw: Request, ctx: ServingContext):
     """``POST /v1/chat/completions``."""
-    engine = ctx.engine()
-    ctx.check_model(req.model)
     aliases = params_mod.chat_aliases(req)
 
-    def prepare():  # template rendering and tokenizing run in a thread, as for completions
-        with _as_api_error(aliases):
-            params = params_mod.chat_params(req)
-            prompt = prompts_mod.chat_prompt(req, engine.tokenizer, add_generation_prompt=req.add_generation_prompt
-                                             is not False, continue_final_message=bool(req.continue_final_message))
-            return params, [_truncate(prompt, req, params.max_tokens, engine, ctx.config)]
+    async def job_on(model: ServedModel) -> _Job:
+        engine = ctx.engine(model)
 
-    params, prompts = await asyncio.to_thread(prepare)
-    fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", ctx.config.served_model_name, int(time.time()),
-                     params.logprobs, engine.tokenizer)
-    return await _run(_Job(req, prompts, params, fmt, aliases, None, _max_model_len(engine)), raw, ctx)
+        def prepare():  # template rendering and tokenizing run in a thread, as for completions
+            with _as_api_error(aliases):
+                params = params_mod.chat_params(req)
+                prompt = prompts_mod.chat_prompt(req, engine.tokenizer, add_generation_prompt=req.add_generation_prompt
+                                                 is not False, continue_final_message=bool(req.continue_final_message))
+                return params, [_truncate(prompt, req, params.max_tokens, engine, ctx.config)]
+
+        params, prompts = await asyncio.to_thread(prepare)
+        fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", model.name, int(time.time()), params.logprobs,
+                         engine.tokenizer)
+        return _Job(req, prompts, params, fmt, aliases, None, _max_model_len(engine), model)
+
+    return await _run(await job_on(ctx.model(req.model)), job_on, raw, ctx, chat=True)
+
+
+async def _admit(job: _Job, job_on: JobOn, ctx: ServingContext, *,
+                 chat: bool) -> tuple[_Job, list[RequestSpec], OutputStream]:
+    """Add the request's engine requests to its model, or to the fallback model when
+    degradation moves it there: before adding when the TTFT estimate exceeds the SLO
+    (`degrade.choose`), or when the model's waiting queue turns out full (instead of a 429).
+
+    Returns:
+      (the job as served, its engine requests, their stream).
+    Raises:
+      APIError: 429 (queue full and no fallback for it), 400 (refused by the engine), 503.
+    """
+    allow = job.request.allow_fallback is not False
+    tokens = sum(len(p.token_ids) for p in job.prompts) * job.params.n
+    target = degrade.choose(ctx.models, job.model, tokens, allow_fallback=allow, chat=chat)
+    if target is not job.model:
+        job = await _moved(job, target, job_on, ctx)
+    try:
+        return await _add(job, ctx)
+    except QueueFullError as exc:
+        fallback = degrade.fallback_for(ctx.models, job.model, allow_fallback=allow, chat=chat)
+        if fallback is None:
+            raise _queue_full_error(exc, job, ctx) from exc
+    job = await _moved(job, fallback, job_on, ctx)
+    try:
+        return await _add(job, ctx)
+    except QueueFullError as exc:
+        raise _queue_full_error(exc, job, ctx) from exc
+
+
+async def _moved(job: _Job, target: ServedModel, job_on: JobOn, ctx: ServingContext) -> _Job:
+    """The same request prepared for ``target`` (the fallback; counted as degraded)."""
+    moved = await job_on(target)
+    ctx.metrics.count_degraded(job.model.name, target.name)
+    logger.debug("%s: %s -> fallback %s", job.fmt.id, job.model.name, target.name)
+    return moved
+
+
+async def _add(job: _Job, ctx: ServingContext) -> tuple[_Job, list[RequestSpec], OutputStream]:
+    """Add the job's engine requests to its model (`QueueFullError` passes through)."""
+    specs = _specs(job, ctx.config)
+    try:
+        return job, specs, await job.model.async_engine.add(specs)
+    except QueueFullError:
+        raise
+    except Exception as exc:
+        raise from_exception(exc, job.aliases) from exc
+
+
+def _queue_full_error(exc: QueueFullError, job: _Job, ctx: ServingContext) -> APIError:
+    ctx.metrics.reject("queue_full", job.model.name)
+    exc.retry_after = max(exc.retry_after, ctx.config.retry_after)
+    return from_exception(exc)
 
 
 def _max_model_len(engine) -> int:
@@ -162,36 +238,31 @@ def _specs(job: _Job, config: ServerConfig) -> list[RequestSpec]:
     return out
 
 
-async def _run(job: _Job, raw: Request, ctx: ServingContext):
-    specs = _specs(job, ctx.config)
-    try:
-        stream = await ctx.async_engine.add(specs)
-    except QueueFullError as exc:
-        ctx.metrics.reject("queue_full")
-        exc.retry_after = max(exc.retry_after, ctx.config.retry_after)
-        raise from_exception(exc) from exc
-    except Exception as exc:
-        raise from_exception(exc, job.aliases) from exc
+async def _run(job: _Job, job_on: JobOn, raw: Request, ctx: ServingContext, *, chat: bool):
+    job, specs, stream = await _admit(job, job_on, ctx, chat=chat)
+    ae = job.model.async_engine
     index = {s.request_id: i for i, s in enumerate(specs)}
-    abort = lambda: ctx.async_engine.abort(sorted(stream.unfinished))  # noqa: E731
+    abort = lambda: ae.abort(sorted(stream.unfinished))  # noqa: E731
+    served_by = {degrade.SERVED_BY_HEADER: job.model.name}
     try:
         async with abort_on_disconnect(raw, abort):
             if not job.request.stream:
-                outputs = await _collect(stream, ctx)
-                return JSONResponse(job.fmt.response([outputs[s.request_id] for s in specs], _lengths(job)))
+                outputs = await _collect(stream, ctx, job.model)
+                return JSONResponse(job.fmt.response([outputs[s.request_id] for s in specs], _lengths(job)),
+                                    headers=served_by)
             first = await _first_outputs(stream, ctx, job)
     except BaseException:
         abort()
         raise
     return StreamingResponse(_sse(job, stream, first, index, raw, ctx), media_type="text/event-stream",
-                             headers=SSE_HEADERS)
+                             headers={**SSE_HEADERS, **served_by})
 
 
 def _lengths(job: _Job) -> list[int]:
     return [len(p.token_ids) for p in job.prompts]
 
 
-async def _collect(stream: OutputStream, ctx: ServingContext) -> dict[str, RequestOutput]:
+async def _collect(stream: OutputStream, ctx: ServingContext, model: ServedModel) -> dict[str, RequestOutput]:
     """Wait until every request of the group ended; raise the HTTP error if one failed."""
     final: dict[str, RequestOutput] = {}
     while not stream.finished:
@@ -201,8 +272,8 @@ async def _collect(stream: OutputStream, ctx: ServingContext) -> dict[str, Reque
             raise from_exception(exc) from exc
         for out in batch:
             if out.finished:
-                _check_failure(out, ctx, stream)
-                ctx.metrics.observe_finished(out)
+                _check_failure(out, ctx, stream, model)
+                ctx.metrics.observe_finished(out, model.name)
                 final[out.request_id] = out
     return final
 
@@ -215,32 +286,32 @@ async def _first_outputs(stream: OutputStream, ctx: ServingContext, job: _Job) -
         raise from_exception(exc) from exc
     for out in batch:
         if out.finished:
-            _check_failure(out, ctx, stream)
+            _check_failure(out, ctx, stream, job.model)
     return batch
 
 
-def _check_failure(out: RequestOutput, ctx: ServingContext, stream: OutputStream) -> None:
+def _check_failure(out: RequestOutput, ctx: ServingContext, stream: OutputStream, model: ServedModel) -> None:
     reason = out.outputs[0].finish_reason
     if reason in ("stop", "length"):
         return
-    ctx.async_engine.abort(sorted(stream.unfinished))
-    raise _failure_error(reason, ctx)
+    model.async_engine.abort(sorted(stream.unfinished))
+    raise _failure_error(reason, ctx, model)
 
 
-def _retry_after(ctx: ServingContext) -> float:
+def _retry_after(ctx: ServingContext, model: ServedModel) -> float:
     """``Retry-After`` for a 429: the waiting queue's drain time at the engine's measured
     admission rate (`jaxinfer.drain_rate`), never below ``config.retry_after``."""
-    engine = ctx.async_engine.engine
+    engine = model.async_engine.engine
     measured = engine.snapshot().retry_after_s if engine is not None else 0.0
     return max(measured, ctx.config.retry_after)
 
 
-def _failure_error(reason: str, ctx: ServingContext) -> APIError:
+def _failure_error(reason: str, ctx: ServingContext, model: ServedModel) -> APIError:
     if reason == "timeout":
         return timeout_error(None)
     if reason == "rejected":
-        ctx.metrics.reject("queue_wait_expired")
-        return queue_wait_error(ctx.config.max_queue_wait, _retry_after(ctx))
+        ctx.metrics.reject("queue_wait_expired", model.name)
+        return queue_wait_error(ctx.config.max_queue_wait, _retry_after(ctx, model))
     if reason == "error":  # the static-batching baseline could not reserve max_model_len of KV
         return APIError(503, "the KV cache cannot hold this request's max_model_len reservation (static batching)",
                         code="kv_cache_exhausted", retry_after=ctx.config.retry_after)
@@ -251,7 +322,7 @@ def _failure_error(reason: str, ctx: ServingContext) -> APIError:
 async def _sse(job: _Job, stream: OutputStream, first: list[RequestOutput], index: dict[str, int], raw: Request,
                ctx: ServingContext) -> AsyncIterator[str]:
     """The event stream: deltas per choice, finish chunks, usage, ``[DONE]``."""
-    abort = lambda: ctx.async_engine.abort(sorted(stream.unfinished))  # noqa: E731
+    abort = lambda: job.model.async_engine.abort(sorted(stream.unfinished))  # noqa: E731
     cursors = [ChoiceCursor() for _ in index]
     final: dict[str, RequestOutput] = {}
     try:
@@ -261,7 +332,7 @@ async def _sse(job: _Job, stream: OutputStream, first: list[RequestOutput], inde
             batch = first
             while True:
                 for out in batch:
-                    error = _stream_failure(out, ctx)
+                    error = _stream_failure(out, ctx, job.model)
                     if error is not None:
                         abort()
                         yield _event(json.dumps(error.body()))
@@ -271,7 +342,7 @@ async def _sse(job: _Job, stream: OutputStream, first: list[RequestOutput], inde
                     if chunk is not None:
                         yield _event(chunk)
                     if out.finished:
-                        ctx.metrics.observe_finished(out)
+                        ctx.metrics.observe_finished(out, job.model.name)
                         final[out.request_id] = out
                 if stream.finished:
                     break
@@ -290,11 +361,11 @@ async def _sse(job: _Job, stream: OutputStream, first: list[RequestOutput], inde
             abort()
 
 
-def _stream_failure(out: RequestOutput, ctx: ServingContext) -> APIError | None:
+def _stream_failure(out: RequestOutput, ctx: ServingContext, model: ServedModel) -> APIError | None:
     reason = out.outputs[0].finish_reason
     if reason is None or reason in ("stop", "length"):
         return None
-    return _failure_error(reason, ctx)
+    return _failure_error(reason, ctx, model)
 
 
 def _event(data: str) -> str:
