@@ -25,6 +25,7 @@ from api_helpers import EOS, REPO, client, fake_engine, running_app
 from jaxinfer.bench.metadata import parse_metrics as bench_parse_metrics
 from jaxinfer.bench.serve import step_mean_fragmentation
 from jaxinfer.api.metrics import _COUNTERS, Metrics
+from jaxinfer.api.model_registry import ModelRegistry
 from jaxinfer.dp_router import DataParallelRouter
 from jaxinfer.engine_protocol import RequestSpec
 from jaxinfer.sampling_params import SamplingParams
@@ -240,7 +241,8 @@ def test_data_parallel_metrics_equal_the_sum_over_replicas():
                                  for i, p in enumerate(prompts)])
             while router.has_unfinished_requests():
                 router.step()
-        text = Metrics(SimpleNamespace(engine=router, is_healthy=True), NAME).render()[0].decode()
+        models = ModelRegistry.single(NAME, SimpleNamespace(engine=router, is_healthy=True))
+        text = Metrics(models).render()[0].decode()
         snaps = [e.snapshot() for e in engines]
         assert all(s.prefix_cache_hits > 0 for s in snaps)
         for name, (field, _) in _COUNTERS.items():
