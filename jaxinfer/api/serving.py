@@ -92,7 +92,7 @@ async def create_completion(req: CompletionRequest, raw: Request, ctx: ServingCo
     """``POST /v1/completions``."""
     engine = ctx.engine()
     ctx.check_model(req.model)
-    aliases = params_mod.COMPLETION_ALIASES
+    aliases = dict(params_mod.COMPLETION_ALIASES, **params_mod.structured_aliases(req))
     default = params_mod.COMPLETIONS_DEFAULT_MAX_TOKENS
 
     def prepare():  # tokenizing a long prompt must not stall the event loop: run in a thread
@@ -117,12 +117,14 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, ctx: 
         with _as_api_error(aliases):
             params = params_mod.chat_params(req)
             prompt = prompts_mod.chat_prompt(req, engine.tokenizer, add_generation_prompt=req.add_generation_prompt
-                                             is not False, continue_final_message=bool(req.continue_final_message))
+                                             is not False, continue_final_message=bool(req.continue_final_message),
+                                             tools=params_mod.tools_as_dicts(req),
+                                             parse_special=ctx.config.parse_special_tokens_in_messages)
             return params, [_truncate(prompt, req, params.max_tokens, engine, ctx.config)]
 
     params, prompts = await asyncio.to_thread(prepare)
     fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", ctx.config.served_model_name, int(time.time()),
-                     params.logprobs, engine.tokenizer)
+                     params.logprobs, engine.tokenizer, parse_tools=params_mod.tool_mode(req) != "none")
     return await _run(_Job(req, prompts, params, fmt, aliases, None, _max_model_len(engine)), raw, ctx)
 
 
