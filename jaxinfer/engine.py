@@ -211,6 +211,8 @@ class LLMEngine:
                                f"{self.block_manager.num_usable_blocks}: it can never fit; lower max_tokens or "
                                f"{SHORTEN_HINT}", param="max_tokens", code=CONTEXT_LENGTH_EXCEEDED)
         params.check_token_ids(V)
+        if params.structured_outputs is not None:  # compiles (then cached), so a bad grammar is refused here
+            self.grammar_engine().matcher(params.structured_outputs)
         if len(params.logit_bias) > self.config.max_logit_bias:
             raise RequestError(f"at most {self.config.max_logit_bias} logit_bias entries", param="logit_bias")
         if params.logprobs is not None and params.logprobs > self.config.max_logprobs:

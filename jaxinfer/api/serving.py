@@ -98,6 +98,7 @@ async def create_completion(req: CompletionRequest, raw: Request, ctx: ServingCo
     def prepare():  # tokenizing a long prompt must not stall the event loop: run in a thread
         with _as_api_error(aliases):
             params = params_mod.completion_params(req)
+            _compile_grammar(engine, params)
             return params, [_truncate(p, req, params.max_tokens or default, engine, ctx.config)
                             for p in prompts_mod.completion_prompts(req, engine.tokenizer)]
 
@@ -116,6 +117,7 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, ctx: 
     def prepare():  # template rendering and tokenizing run in a thread, as for completions
         with _as_api_error(aliases):
             params = params_mod.chat_params(req)
+            _compile_grammar(engine, params)
             prompt = prompts_mod.chat_prompt(req, engine.tokenizer, add_generation_prompt=req.add_generation_prompt
                                              is not False, continue_final_message=bool(req.continue_final_message),
                                              tools=params_mod.tools_as_dicts(req),
@@ -126,6 +128,14 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, ctx: 
     fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", ctx.config.served_model_name, int(time.time()),
                      params.logprobs, engine.tokenizer, parse_tools=params_mod.tool_mode(req) != "none")
     return await _run(_Job(req, prompts, params, fmt, aliases, None, _max_model_len(engine)), raw, ctx)
+
+
+def _compile_grammar(engine, params: SamplingParams) -> None:
+    """Compile a structured-output constraint here, in the request's worker thread, so the
+    engine thread finds it in the grammar cache (a complex schema takes milliseconds to
+    seconds); an invalid one is a 400 before the engine sees the request."""
+    if params.structured_outputs is not None and hasattr(engine, "grammar_engine"):
+        engine.grammar_engine().matcher(params.structured_outputs)
 
 
 def _max_model_len(engine) -> int:
