@@ -12,6 +12,10 @@ Scenarios (closed loop; prompts are random token ids; ``ignore_eos`` so lengths 
     serve every one of them; static batching reserves ``max_model_len`` per member, so only
     ``pool / max_model_len`` of them fit and the rest fail with 503).
   * ``overload``: 4x the clients the KV pool holds, ``fixed``'s lengths, short queue.
+  * ``json8``: ``fixed8`` with every request constrained to a JSON schema (an array of at
+    least `JSON8_MIN_ITEMS` objects, so each answer runs to its full length like
+    ``fixed8``'s): structured-output throughput against ``fixed8``'s unconstrained one
+    (jaxinfer only; the per-step host cost of the mask is `benchmarks/grammar_mask.py`'s).
 `SCENARIOS` says which systems run which scenario; ``--systems`` / ``--scenarios`` select.
 Queues: every scenario but overload lets clients wait (``--timeout-s``); overload keeps a
 short queue (``--overload-queue-len``, ``--max-queue-wait``) so excess clients get 429.
@@ -93,6 +97,7 @@ class Scenario:
         except for overload).
       workload: requests to send (lengths in tokens).
       systems: systems that run it (when selected).
+      extra_body: fields added to every request of the scenario (structured outputs).
     """
 
     name: str
@@ -100,6 +105,7 @@ class Scenario:
     pool_clients: int
     workload: workloads.WorkloadConfig
     systems: tuple[str, ...]
+    extra_body: dict | None = None
 
     @property
     def same_kv_budget(self) -> bool:
@@ -107,7 +113,13 @@ class Scenario:
         return "jaxinfer-static" in self.systems
 
 
-SCENARIOS = ("single", "fixed8", "fixed", "sharegpt", "c128", "overload")
+SCENARIOS = ("single", "fixed8", "fixed", "sharegpt", "c128", "overload", "json8")
+JSON8_MIN_ITEMS = 64
+JSON8_SCHEMA = {"type": "object", "properties": {"rows": {
+    "type": "array", "minItems": JSON8_MIN_ITEMS, "items": {"type": "object", "properties": {
+        "id": {"type": "integer", "minimum": 0}, "label": {"enum": ["red", "green", "blue"]},
+        "note": {"type": "string", "maxLength": 24}}, "required": ["id", "label", "note"],
+        "additionalProperties": False}}}, "required": ["rows"], "additionalProperties": False}
 
 
 def scenarios(a) -> dict[str, Scenario]:
@@ -132,6 +144,8 @@ def scenarios(a) -> dict[str, Scenario]:
                  ("jaxinfer", "jaxinfer-static")),
         Scenario("overload", 4 * a.concurrency, a.concurrency, wl(num_requests=2 * a.num_requests, **fixed),
                  ("jaxinfer", "jaxinfer-static")),
+        Scenario("json8", max(8 // s, 1), max(8 // s, 1), wl(num_requests=a.num_requests, **fixed), ("jaxinfer",),
+                 extra_body={"structured_outputs": {"json": JSON8_SCHEMA}}),
     ]
     return {sc.name: sc for sc in table}
 
@@ -308,13 +322,20 @@ def run_one(system: str, scen: Scenario, a, out: Path) -> tuple[dict, str]:
     with llamacpp_peer.running(cmd, out / "logs" / f"{label}.log", a.startup_timeout_s) as url:
         cfg = load.LoadConfig(url, a.model, concurrency=scen.clients, timeout_s=a.timeout_s, seed=a.seed,
                               max_retries=a.overload_max_retries if scen.name == "overload" else 0,
-                              extra_body=dict(llamacpp_peer.REQUEST_EXTRA) if system == "llamacpp" else None)
+                              extra_body=_extra_body(system, scen))
         run = run_benchmark(cfg, scen.workload, label=label, out_dir=out / "runs", warmup_requests=a.warmup_requests,
                             slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms, server_info=system_info(system, cmd))
     print(report.markdown_table([(label, run["summary"])]), flush=True)
     entry = {"concurrency": scen.clients, "command": display_command(cmd), **system_entry(run["summary"]),
              "cpu_busy_before": busy_cpu}
     return entry, label
+
+
+def _extra_body(system: str, scen: Scenario) -> dict | None:
+    """Request fields for ``system`` in ``scen``: llama.cpp's, then the scenario's."""
+    extra = dict(llamacpp_peer.REQUEST_EXTRA) if system == "llamacpp" else {}
+    extra.update(scen.extra_body or {})
+    return extra or None
 
 
 def plan(a) -> list[tuple[Scenario, list[str]]]:

@@ -44,8 +44,8 @@ class StructuredOutputsParams:
     json_object: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.json, dict):  # stored as canonical text: hashable, a cache key
-            object.__setattr__(self, "json", json.dumps(self.json, sort_keys=True))
+        if isinstance(self.json, dict):  # stored as text: hashable, a cache key (key order kept: it is
+            object.__setattr__(self, "json", json.dumps(self.json))  # the order properties are written in)
         if self.choice is not None:
             if isinstance(self.choice, str) or not all(isinstance(c, str) for c in self.choice) or not self.choice:
                 raise RequestError("choice must be a non-empty list of strings", param="structured_outputs")
