@@ -83,6 +83,8 @@ def test_mixed_batch_equals_alone_and_no_compilation(llm):
     assert both[0].outputs[0].token_ids == alone_free
     assert both[1].outputs[0].token_ids == alone_json
     assert CompileCounter.count == before
+    st = llm.engine.stats
+    assert st.mask_steps > 0 and st.mask_rows >= st.mask_steps and st.phase_seconds["mask"] > 0
 
 
 def test_grammar_compiled_once_per_schema_and_errors(llm):
