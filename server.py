@@ -126,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--shutdown-timeout", type=float, default=30.0, help="SIGTERM grace period (s)")
     server.add_argument("--max-request-bytes", type=parse_bytes, default=16 << 20,
                         help="larger request bodies get 413 before parsing (default: 16MiB)")
+    server.add_argument("--parse-special-tokens-in-messages", action="store_true",
+                        help="special-token strings typed in chat messages become control tokens "
+                             "(default: plain text, so a message cannot forge a turn)")
     server.add_argument("--disable-log-requests", action="store_true",
                         help="no log line per request received and finished")
     server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
@@ -171,7 +174,8 @@ def server_config(args):
     return ServerConfig(host=args.host, port=args.port, served_model_name=name,
                         api_key=args.api_key, max_queue_wait=args.max_queue_wait,
                         request_timeout=args.request_timeout, truncate_prompt=args.truncate_prompt,
-                        shutdown_timeout=args.shutdown_timeout, max_request_bytes=args.max_request_bytes)
+                        shutdown_timeout=args.shutdown_timeout, max_request_bytes=args.max_request_bytes,
+                        parse_special_tokens_in_messages=args.parse_special_tokens_in_messages)
 
 
 def engine_config(args, model_config):

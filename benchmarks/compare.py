@@ -25,6 +25,10 @@ Scenarios (closed loop; prompts are random token ids; ``ignore_eos`` so lengths 
     and ``--degrade-ttft-slo`` (``--degrade-ttft-slo-s``). Reports P99 TTFT, 429 counts and
     ``fallback_share``: the share of requests the fallback answered (from the server's
     ``jaxinfer_request_success_total`` per model at the end of the run, warm-up included).
+  * ``json8``: ``fixed8`` with every request constrained to a JSON schema (an array of at
+    least `JSON8_MIN_ITEMS` objects, so each answer runs to its full length like
+    ``fixed8``'s): structured-output throughput against ``fixed8``'s unconstrained one
+    (jaxinfer only; the per-step host cost of the mask is `benchmarks/grammar_mask.py`'s).
 `SCENARIOS` says which systems run which scenario; ``--systems`` / ``--scenarios`` select.
 Queues: every scenario but overload and degradation lets clients wait (``--timeout-s``);
 those keep a short queue (``--overload-queue-len``, ``--max-queue-wait``) so excess clients get 429.
@@ -109,6 +113,7 @@ class Scenario:
         except for overload).
       workload: requests to send (lengths in tokens).
       systems: systems that run it (when selected).
+      extra_body: fields added to every request of the scenario (structured outputs).
     """
 
     name: str
@@ -116,6 +121,7 @@ class Scenario:
     pool_clients: int
     workload: workloads.WorkloadConfig
     systems: tuple[str, ...]
+    extra_body: dict | None = None
 
     @property
     def same_kv_budget(self) -> bool:
@@ -129,10 +135,17 @@ class Scenario:
         return self.name in ("overload", "degradation")
 
 
-SCENARIOS = ("single", "fixed8", "fixed", "sharegpt", "c128", "overload", "priority", "priority-fcfs", "degradation")
+SCENARIOS = ("single", "fixed8", "fixed", "sharegpt", "c128", "overload", "priority", "priority-fcfs", "json8",
+             "degradation")
 PRIORITY_SCENARIOS = ("priority", "priority-fcfs")  # the interactive / batch mix (benchmarks/priority_mix.py)
 DEFAULT_SCENARIOS = SCENARIOS[:-1]  # degradation runs when named
 FALLBACK_NAME = "fallback"  # the served name of the degradation scenario's fallback model
+JSON8_MIN_ITEMS = 64
+JSON8_SCHEMA = {"type": "object", "properties": {"rows": {
+    "type": "array", "minItems": JSON8_MIN_ITEMS, "items": {"type": "object", "properties": {
+        "id": {"type": "integer", "minimum": 0}, "label": {"enum": ["red", "green", "blue"]},
+        "note": {"type": "string", "maxLength": 24}}, "required": ["id", "label", "note"],
+        "additionalProperties": False}}}, "required": ["rows"], "additionalProperties": False}
 
 
 def scenarios(a) -> dict[str, Scenario]:
@@ -161,6 +174,8 @@ def scenarios(a) -> dict[str, Scenario]:
                  ("jaxinfer",)),
         Scenario("priority-fcfs", 2 * a.concurrency, a.concurrency, wl(num_requests=2 * a.num_requests, **fixed),
                  ("jaxinfer",)),
+        Scenario("json8", max(8 // s, 1), max(8 // s, 1), wl(num_requests=a.num_requests, **fixed), ("jaxinfer",),
+                 extra_body={"structured_outputs": {"json": JSON8_SCHEMA}}),
         Scenario("degradation", 4 * a.concurrency, a.concurrency, wl(num_requests=2 * a.num_requests, **fixed),
                  ("jaxinfer", "jaxinfer-fallback")),
     ]
@@ -351,7 +366,7 @@ def run_one(system: str, scen: Scenario, a, out: Path) -> tuple[dict, str]:
     with llamacpp_peer.running(cmd, out / "logs" / f"{label}.log", a.startup_timeout_s) as url:
         cfg = load.LoadConfig(url, a.model, concurrency=scen.clients, timeout_s=a.timeout_s, seed=a.seed,
                               max_retries=a.overload_max_retries if scen.overloaded else 0,
-                              extra_body=dict(llamacpp_peer.REQUEST_EXTRA) if system == "llamacpp" else None)
+                              extra_body=_extra_body(system, scen))
         bench = priority_mix.run_priority_mix if scen.name in PRIORITY_SCENARIOS else run_benchmark
         run = bench(cfg, scen.workload, label=label, out_dir=out / "runs", warmup_requests=a.warmup_requests,
                     slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms, server_info=system_info(system, cmd))
@@ -380,6 +395,11 @@ def fallback_share(metrics_text: str) -> float | None:
                 served[s.labels["model_name"]] = served.get(s.labels["model_name"], 0) + s.value
     total = sum(served.values())
     return served.get(FALLBACK_NAME, 0) / total if total else None
+def _extra_body(system: str, scen: Scenario) -> dict | None:
+    """Request fields for ``system`` in ``scen``: llama.cpp's, then the scenario's."""
+    extra = dict(llamacpp_peer.REQUEST_EXTRA) if system == "llamacpp" else {}
+    extra.update(scen.extra_body or {})
+    return extra or None
 
 
 def plan(a) -> list[tuple[Scenario, list[str]]]:

@@ -21,6 +21,7 @@ Q_CHUNK = 64  # queries per context work item of the XLA attention path (B2)
 GROUP_BLOCKS = 4  # blocks per context group of a single-token row (XLA path, B1)
 GROUPS_PER_ITER = 32  # context groups one B1 loop iteration reads (capped by the rows)
 PENALTY_FIELDS = ("hist_ids", "num_prompt", "num_hist")  # sent only when a row uses penalties
+MASK_FIELD = "bitmask"  # sent only when a row has a structured-output constraint
 
 
 def num_work_items(num_tokens: int, num_rows: int) -> int:
@@ -62,6 +63,10 @@ class StepInputs:
     ships no history (it was ~90% of a decode step's input bytes), so the runner keeps
     two sampler variants per row count (vLLM v1 likewise sends penalty state only for
     the requests that need it).
+    Structured outputs: only in steps where some row has a grammar matcher
+    (``req.matcher``), bitmask [R, ceil(V/32)] int32, all ones (-1) here; the engine
+    fills the constrained rows (`jaxinfer.grammar.GrammarEngine.fill_bitmask`). A second
+    sampler variant per row count, as for penalties.
     Flags [] bool: any_sampled, any_sort (top-k/top-p), any_penalty, any_logprobs.
     """
 
@@ -97,7 +102,8 @@ def prepare(sched: SchedulerOutput, layout: BatchLayout) -> StepInputs:
     """
     num_rows = len(sched.scheduled)
     bucket = layout.ladders.round_up(sched.num_tokens, num_rows, _rows_width(sched, layout))
-    a = empty_inputs(bucket, layout, penalties=any(req.params.has_penalties for req, _ in sched.scheduled))
+    a = empty_inputs(bucket, layout, penalties=any(req.params.has_penalties for req, _ in sched.scheduled),
+                     mask=any(req.matcher is not None for req, _ in sched.scheduled))
     offset = 0
     for i, (req, n) in enumerate(sched.scheduled):
         _fill_tokens(a, i, offset, req, n, layout)
@@ -112,10 +118,10 @@ def prepare(sched: SchedulerOutput, layout: BatchLayout) -> StepInputs:
     return StepInputs(bucket, a)
 
 
-def empty_inputs(b: Bucket, layout: BatchLayout, penalties: bool = True) -> dict[str, np.ndarray]:
+def empty_inputs(b: Bucket, layout: BatchLayout, penalties: bool = True, mask: bool = True) -> dict[str, np.ndarray]:
     """All-padding arrays of bucket ``b``: what `prepare` fills, and the shapes warm-up
-    compiles from (``penalties``: with the `PENALTY_FIELDS`, which warm-up always takes so
-    that both sampler variants compile)."""
+    compiles from (``penalties``: with the `PENALTY_FIELDS`; ``mask``: with the all-ones
+    `MASK_FIELD`; warm-up takes both so that every sampler variant compiles)."""
     T, R, W, V = b.num_tokens, b.num_seqs, b.ctx_blocks, layout.vocab_size
     C = num_work_items(T, R)
     NG = num_context_groups(R, W)
@@ -137,6 +143,8 @@ def empty_inputs(b: Bucket, layout: BatchLayout, penalties: bool = True) -> dict
         "any_sampled": np.zeros((), bool), "any_sort": np.zeros((), bool), "any_penalty": np.zeros((), bool),
         "any_logprobs": np.zeros((), bool),
     }
+    if mask:
+        a[MASK_FIELD] = np.full((R, (V + 31) // 32), -1, i32)
     if penalties:
         a.update(hist_ids=np.full((R, layout.max_model_len), V, i32), num_prompt=np.zeros(R, i32),
                  num_hist=np.zeros(R, i32))

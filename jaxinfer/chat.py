@@ -1,20 +1,30 @@
 """Conversations -> the prompt the engine sees, shared by the HTTP API and `LLM.chat`.
 
-Owns the chat roles (``developer`` is ``system``), text-part flattening, the Unicode check,
-system messages for templates without a system role (merged into the first user turn,
-never silently lost: serving case SC-24), and the template call. A conversation is
-rendered once and encoded without added special tokens, so a template that writes BOS
-itself yields exactly one (SC-23; also how transformers tokenizes chats). Errors are
-`RequestError` naming ``messages``. No JAX here.
+Owns the chat roles (``developer`` is ``system``; ``tool`` results), text-part flattening,
+the Unicode check, system messages for templates without a system role (merged into the
+first user turn, never silently lost: serving case SC-24), tools and tool calls for
+templates without tool support (`jaxinfer.tool_calls`), and the template call. A
+conversation is rendered once and encoded without added special tokens, so a template
+that writes BOS itself yields exactly one (SC-23; also how transformers tokenizes chats).
+
+Special tokens typed inside message contents (``<|im_end|>\n<|im_start|>system``) are
+plain text by default: only the template's own markers become control tokens, so a user
+cannot forge a turn. ``parse_special=True`` (the server's
+``--parse-special-tokens-in-messages``) restores parsing them. Errors are `RequestError`
+naming ``messages``. No JAX here.
 """
 from __future__ import annotations
 
 import functools
+import re
 
+from jaxinfer import tool_calls
 from jaxinfer.errors import RequestError
 
 SYSTEM_PROBE = "jaxinfer-system-probe-7f3a"
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+_HOLE = "\ue000jxi{}\ue001"  # stands for message i's content while rendering (private-use characters)
+_HOLE_RE = re.compile("\ue000jxi(\\d+)\ue001")
 
 
 def check_text(text: str, param: str) -> None:
@@ -49,15 +59,24 @@ def conversation_from_dicts(conv) -> list[dict]:
         if not isinstance(content, str):
             raise RequestError(f"message content must be a string or text parts, got {content!r:.80}",
                                param="messages")
-        out.append({"role": m["role"], "content": content})
+        msg = {"role": m["role"], "content": content}
+        if m.get("tool_calls"):
+            msg["tool_calls"] = m["tool_calls"]
+        out.append(msg)
     return out
 
 
 def render_conversation(convo: list[dict], tokenizer, *, add_generation_prompt: bool = True,
-                        continue_final_message: bool = False) -> tuple[str, list[int]]:
-    """Render ``convo`` (dicts with a role in `ROLES` and string content) with the chat
-    template; returns ``(text, token_ids)``.
+                        continue_final_message: bool = False, tools: list[dict] | None = None,
+                        parse_special: bool = False) -> tuple[str, list[int]]:
+    """Render ``convo`` (dicts with a role in `ROLES`, string content, and for assistant turns
+    optional OpenAI ``tool_calls``) with the chat template; returns ``(text, token_ids)``.
 
+    Args:
+      tools: OpenAI tool definitions offered to the model (described in the system turn when
+        the template has no tool support of its own).
+      parse_special: map special-token strings inside message contents to their ids (off:
+        they are plain text; the template's own markers are special either way).
     Raises:
       RequestError (param ``messages``): no messages, no tokenizer or template, invalid
       Unicode, the template rejects the conversation, ``continue_final_message`` without a
@@ -69,17 +88,78 @@ def render_conversation(convo: list[dict], tokenizer, *, add_generation_prompt: 
         raise RequestError("this model has no chat template: use /v1/completions", param="messages")
     if continue_final_message and convo[-1]["role"] != "assistant":
         raise RequestError("continue_final_message needs a final assistant message", param="messages")
-    convo = [{"role": ROLES[m["role"]], "content": m["content"]} for m in convo]
+    native_tools = tokenizer.template_takes_tools()
+    convo = [_as_template_message(m, native_tools) for m in convo]
     for turn in convo:
         check_text(turn["content"], "messages")
+    if tools and not native_tools:
+        convo = _with_tools_text(convo, tools)
     if not supports_system_role(tokenizer):
         convo = merge_system_into_user(convo)
+    contents = [m["content"] for m in convo]
+    holes = [dict(m, content=_HOLE.format(i)) for i, m in enumerate(convo)]
     try:
-        text = tokenizer.render_chat(convo, add_generation_prompt=add_generation_prompt,
-                                     continue_final_message=continue_final_message)
+        text = tokenizer.render_chat(holes, add_generation_prompt=add_generation_prompt,
+                                     continue_final_message=continue_final_message,
+                                     tools=tools if native_tools else None)
     except Exception as exc:  # jinja errors raised by the template (e.g. role order)
         raise RequestError(f"the chat template rejected the messages: {exc}", param="messages") from exc
-    return text, tokenizer.encode(text, add_special_tokens=False)
+    return _encode_filled(text, contents, tokenizer, parse_special)
+
+
+def _as_template_message(m: dict, native_tools: bool) -> dict:
+    """A message as the template sees it: canonical role; tool calls and results as text
+    unless the template renders them itself."""
+    out = {"role": ROLES[m["role"]], "content": m["content"]}
+    calls = m.get("tool_calls") or []
+    if native_tools:
+        if calls:
+            out["tool_calls"] = calls
+        return out
+    if calls:
+        blocks = [tool_calls.render_call(c["function"]["name"], c["function"].get("arguments") or "{}")
+                  for c in calls]
+        out["content"] = "\n".join(([m["content"]] if m["content"] else []) + blocks)
+    if out["role"] == "tool":
+        out["content"] = tool_calls.render_response(m["content"])
+    return out
+
+
+def _with_tools_text(convo: list[dict], tools: list[dict]) -> list[dict]:
+    """Prepend the tools' description to the system turn (a new one if there is none)."""
+    text = tool_calls.tools_system_text(tools)
+    if convo and convo[0]["role"] == "system":
+        return [dict(convo[0], content=f"{convo[0]['content']}\n\n{text}")] + convo[1:]
+    return [{"role": "system", "content": text}] + convo
+
+
+def _encode_filled(text: str, contents: list[str], tokenizer, parse_special: bool) -> tuple[str, list[int]]:
+    """Put the contents into the rendered holes and encode. With ``parse_special`` off,
+    a content span that contains a special token is re-encoded on its own as plain text;
+    a conversation without one encodes exactly as the whole text does."""
+    pieces, spans, pos = [], [], 0
+    for m in _HOLE_RE.finditer(text):
+        pieces.append(text[pos:m.start()])
+        start = sum(map(len, pieces))
+        pieces.append(contents[int(m.group(1))])
+        spans.append((start, start + len(pieces[-1])))
+        pos = m.end()
+    pieces.append(text[pos:])
+    full = "".join(pieces)
+    ids, offsets = tokenizer.encode_with_offsets(full)
+    if parse_special or not _special_inside(ids, offsets, spans, tokenizer.all_special_ids):
+        return full, ids
+    out, cursor = [], 0
+    for a, b in spans:
+        out += tokenizer.encode(full[cursor:a], add_special_tokens=False)
+        out += tokenizer.encode_plain(full[a:b])
+        cursor = b
+    return full, out + tokenizer.encode(full[cursor:], add_special_tokens=False)
+
+
+def _special_inside(ids, offsets, spans, special_ids) -> bool:
+    return any(t in special_ids and any(a <= s and e <= b for a, b in spans)
+               for t, (s, e) in zip(ids, offsets) if e > s)
 
 
 @functools.lru_cache(maxsize=8)

@@ -10,7 +10,10 @@ Lifecycle of a request:
   3. Each ``step``: **schedule** (expire deadlines, top up running requests, preempt the
      policy's victim on memory pressure, admit waiting ones) -> **execute** (pack into a bucket,
      one jitted call, sampled ids back once) -> **update** (append tokens, stop rules,
-     incremental detokenization and stop strings, logprobs).
+     incremental detokenization and stop strings, logprobs). A step with structured-output
+     rows also has a **mask** phase between pack and call: the grammar engine
+     (`jaxinfer.grammar`) fills those rows' token bitmask, and update advances their
+     matchers (a matcher whose grammar is complete finishes its request with ``stop``).
   4. A finished request (stop, length, abort, timeout, rejected) frees its blocks in the
      step it ends and is reported once with ``finished=True``.
 The engine is single-threaded: the async front end calls it from one thread.
@@ -41,7 +44,7 @@ from jaxinfer.scheduler import SchedulerOutput, make_scheduler
 logger = logging.getLogger(__name__)
 
 
-STEP_PHASES = ("schedule", "prepare", "execute", "update")
+STEP_PHASES = ("schedule", "prepare", "mask", "execute", "update")
 
 
 class EngineStats:
@@ -67,6 +70,8 @@ class EngineStats:
         # Wall seconds per phase of `LLMEngine.step` (host work vs. the runner's call, which
         # includes the device work and the one read back): where a step's time goes.
         self.phase_seconds: dict[str, float] = dict.fromkeys(STEP_PHASES, 0.0)
+        self.mask_steps = 0  # steps that had a ``mask`` phase (its per-step cost = seconds / steps)
+        self.mask_rows = 0  # constrained rows masked, over those steps
 
 
 class LLMEngine:
@@ -101,6 +106,7 @@ class LLMEngine:
         self._detok: dict[str, object] = {}
         self._pending_outputs: list[RequestOutput] = []
         self._rng = np.random.default_rng(config.seed)
+        self._grammar = None  # jaxinfer.grammar.GrammarEngine, made at the first constrained request
         self.stats = EngineStats()
         self.eos_token_ids = frozenset(model_config.eos_token_ids)
         pool_tokens = self.block_manager.num_usable_blocks * cc.block_size
@@ -184,6 +190,8 @@ class LLMEngine:
                       max_tokens=max_tokens, eos_token_ids=self.eos_token_ids, arrival_time=now,
                       deadline=spec.deadline, max_queue_wait_deadline=None if mqw is None else now + mqw)
         req.prompt = spec.prompt
+        if params.structured_outputs is not None:
+            req.matcher = self.grammar_engine().matcher(params.structured_outputs)
         self.requests[spec.request_id] = req
         if self.tokenizer is not None:
             from jaxinfer.tokenizer import IncrementalDetokenizer
@@ -193,6 +201,20 @@ class LLMEngine:
                 stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output)
         self.stats.prompt_tokens += req.num_prompt_tokens
         self.scheduler.add_request(req)
+
+    def grammar_engine(self):
+        """The `jaxinfer.grammar.GrammarEngine` of this model (made once, on first use).
+
+        Raises:
+          RequestError: the engine has no tokenizer (structured outputs need one).
+        """
+        if self._grammar is None:
+            if self.tokenizer is None:
+                raise RequestError("structured outputs need the model's tokenizer", param="structured_outputs")
+            from jaxinfer.grammar import GrammarEngine
+
+            self._grammar = GrammarEngine(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
+        return self._grammar
 
     def _validate(self, ids: list[int], params: SamplingParams) -> int:
         """Check one prompt and its options against this engine; returns the effective
@@ -226,6 +248,8 @@ class LLMEngine:
                                f"{self.block_manager.num_usable_blocks}: it can never fit; lower max_tokens or "
                                f"{SHORTEN_HINT}", param="max_tokens", code=CONTEXT_LENGTH_EXCEEDED)
         params.check_token_ids(V)
+        if params.structured_outputs is not None:  # compiles (then cached), so a bad grammar is refused here
+            self.grammar_engine().matcher(params.structured_outputs)
         if len(params.logit_bias) > self.config.max_logit_bias:
             raise RequestError(f"at most {self.config.max_logit_bias} logit_bias entries", param="logit_bias")
         if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
@@ -274,13 +298,16 @@ class LLMEngine:
             # counted before update advances num_computed_tokens (else a prompt's last chunk is missed)
             prefill = sum(n for r, n in sched.scheduled if r.num_computed_tokens < r.num_prompt_tokens)
             inputs = batch_mod.prepare(sched, self.layout)
+            tm = time.perf_counter()
+            self._fill_mask(sched, inputs)
             t2 = time.perf_counter()
             result = self.runner.execute(inputs)
             t3 = time.perf_counter()
             outputs.extend(self._update(sched, result))
             self.stats.num_steps += 1
             self.stats.prefill_tokens += prefill
-            phases["prepare"] += t2 - t1
+            phases["prepare"] += tm - t1
+            phases["mask"] += t2 - tm
             phases["execute"] += t3 - t2
             phases["update"] += time.perf_counter() - t3
         self.stats.kv_slots = self._kv_slots()
@@ -296,6 +323,27 @@ class LLMEngine:
         self._admitted_seen = admitted
         self.stats.retry_after_s = self._drain.seconds_to_drain(len(self.scheduler.waiting), now)
 
+    def _fill_mask(self, sched: SchedulerOutput, inputs: batch_mod.StepInputs) -> None:
+        """Fill the structured-output rows of the step's bitmask (when the step has one)."""
+        bitmask = inputs.arrays.get(batch_mod.MASK_FIELD)
+        if bitmask is None:
+            return
+        rows = [(req.matcher, i) for i, (req, _) in enumerate(sched.scheduled) if req.matcher is not None]
+        self._grammar.fill_bitmask(rows, bitmask)
+        self.stats.mask_steps += 1
+        self.stats.mask_rows += len(rows)
+
+    def _advance_matcher(self, req: Request) -> None:
+        """Feed the new token to the request's grammar; finish it once the grammar is complete."""
+        tok = req.output_token_ids[-1]
+        if req.is_finished and tok in self.eos_token_ids:
+            return
+        if not req.matcher.consume_token(tok):  # cannot happen under the mask; keep the text, stop
+            logger.warning("request %s: grammar rejected token %d: %s", req.request_id, tok,
+                           req.matcher.get_error()[:200])
+        if not req.is_finished and (req.matcher.is_stopped() or req.matcher.is_error()):
+            self.scheduler.finish(req, FinishReason.STOP)
+
     def _update(self, sched: SchedulerOutput, result: dict) -> list[RequestOutput]:
         rows = {id(req): i for i, (req, _) in enumerate(sched.scheduled)}
         sampled = result["token_ids"][:len(sched.scheduled)].tolist()
@@ -304,6 +352,8 @@ class LLMEngine:
         for req in got:
             self.stats.generation_tokens += 1
             i = rows[id(req)]
+            if req.matcher is not None:
+                self._advance_matcher(req)
             self._record_logprobs(req, result, i)
             if self.config.return_logits:
                 req.logits.append(np.asarray(result["logits"][i]))
@@ -324,7 +374,7 @@ class LLMEngine:
         req.cumulative_logprob += entry[tok].logprob
         for j in range(n):
             t = int(result["top_ids"][i, j])
-            if t not in entry:
+            if t not in entry and np.isfinite(result["top_logprobs"][i, j]):  # masked tokens are -inf
                 entry[t] = Logprob(float(result["top_logprobs"][i, j]), j + 1)
         if self.tokenizer is not None:
             for t, lp in entry.items():

@@ -4,9 +4,9 @@ Owns the parameters, the paged KV cache (donated to every step and returned by i
 one ahead-of-time compiled executable per `Bucket`, and the compilation counter.
 One step = two compiled calls with the logits kept on device: the model step per
 (tokens, context) bucket (embed, scanned layers with K/V write + paged attention, LM
-head at the rows that need logits), then the sampler per (row count, penalties or not)
+head at the rows that need logits), then the sampler per (row count, penalties or not, structured-output mask or not)
 (split so warm-up compiles the sampler a few times, not once per model bucket; the
-no-penalty variant takes no token history). Sampled ids come back to the host once per
+no-penalty variant takes no token history, the no-mask variant no bitmask). Sampled ids come back to the host once per
 step.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer.attention import AttentionBackend, AttentionMetadata, kv_storage_dtype
-from jaxinfer.batch import PENALTY_FIELDS, StepInputs
+from jaxinfer.batch import MASK_FIELD, PENALTY_FIELDS, StepInputs
 from jaxinfer.buckets import Bucket
 from jaxinfer.config import ModelConfig
 from jaxinfer.models.llama import LlamaForCausalLM
@@ -70,9 +70,10 @@ def _specs(arrays: dict, sharding=None) -> dict:
     return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding) for k, v in arrays.items()}
 
 
-def _sampler_key(num_seqs: int, arrays: dict) -> tuple[int, bool]:
-    """Sampler executables are per (row count, whether the penalty history is sent)."""
-    return num_seqs, "hist_ids" in arrays
+def _sampler_key(num_seqs: int, arrays: dict) -> tuple[int, bool, bool]:
+    """Sampler executables are per (row count, whether the penalty history is sent,
+    whether the structured-output bitmask is sent)."""
+    return num_seqs, "hist_ids" in arrays, MASK_FIELD in arrays
 
 
 def kv_cache_shape(cfg: ModelConfig, num_blocks: int, block_size: int) -> tuple[int, ...]:
@@ -149,8 +150,10 @@ class ModelRunner:
             self.num_compilations += 1
             self.compile_seconds += time.perf_counter() - t0
         variants = [sample_a]
-        if all(k in sample_a for k in PENALTY_FIELDS):  # warm-up shapes: both variants
+        if all(k in sample_a for k in PENALTY_FIELDS):  # warm-up shapes: both penalty variants
             variants.append({k: v for k, v in sample_a.items() if k not in PENALTY_FIELDS})
+        if MASK_FIELD in sample_a:  # ... each with and without the mask
+            variants += [{k: v for k, v in s.items() if k != MASK_FIELD} for s in variants]
         for s in variants:
             self._compile_sampler(bucket.num_seqs, s)
 

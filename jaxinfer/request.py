@@ -47,6 +47,7 @@ class Request:
       arrival_time, deadline: ``time.monotonic()`` seconds; deadline None = none.
       max_queue_wait_deadline: monotonic time after which a still-waiting request is
         rejected (None = wait forever).
+      matcher: the grammar state of a structured-output request (`jaxinfer.grammar`), or None.
     """
 
     request_id: str
@@ -75,6 +76,7 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
+    matcher: object | None = None  # llguidance matcher of a structured-output request (advanced per token)
 
     @property
     def num_prompt_tokens(self) -> int:

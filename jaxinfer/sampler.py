@@ -4,7 +4,8 @@ Every option is a per-row array, so one compiled step serves any mix of greedy a
 sampled rows. Expensive stages run under ``lax.cond`` on batch-wide flags (XLA executes
 only the taken branch), so a greedy batch pays for an argmax only.
 
-Order (as vLLM): logit_bias -> penalties (repetition: CTRL, Keskar et al. 2019;
+Order (as vLLM): token bitmask of structured outputs (``bitmask``, only in steps where a
+row is constrained; -inf for disallowed tokens) -> logit_bias -> penalties (repetition: CTRL, Keskar et al. 2019;
 presence/frequency: OpenAI API docs) -> [logprobs taken here] -> temperature ->
 min_p -> top_k -> top_p (nucleus, Holtzman et al. 2019) -> Gumbel-max draw with a
 per-row key ``fold_in(PRNGKey(seed), output_index)``: the same request and seed give
@@ -14,6 +15,22 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+
+def apply_bitmask(logits: jax.Array, bitmask: jax.Array) -> jax.Array:
+    """Set disallowed tokens to -inf.
+
+    Args:
+      logits: [R, V] float32.
+      bitmask: [R, ceil(V / 32)] int32; bit ``t % 32`` of word ``t // 32`` set = token ``t``
+        allowed (llguidance / xgrammar layout; ``-1`` words allow all 32 tokens).
+    Returns:
+      [R, V] float32, the allowed logits unchanged.
+    """
+    R, V = logits.shape
+    bits = (bitmask[:, :, None] >> jnp.arange(32, dtype=jnp.int32)[None, None, :]) & 1
+    allowed = bits.reshape(R, -1)[:, :V].astype(bool)
+    return jnp.where(allowed, logits, -jnp.inf)
 
 
 def _apply_bias(logits, s):
@@ -78,16 +95,20 @@ def sample(logits: jax.Array, s: dict, num_top_logprobs: int) -> dict:
     Args:
       logits: [R, V] float32 raw logits.
       s: per-row sampling arrays from ``batch.StepInputs`` (see there for names/shapes);
-        penalties apply only when the penalty history (``hist_ids`` ...) is present.
+        penalties apply only when the penalty history (``hist_ids`` ...) is present, the
+        structured-output mask only when ``bitmask`` is.
       num_top_logprobs: static N of the returned top-N logprobs (the server maximum).
 
     Returns:
       dict with ``token_ids [R] int32``; ``logprob [R] float32`` and ``rank [R] int32``
       of the chosen token; ``top_ids [R, N] int32`` and ``top_logprobs [R, N] float32``.
-      Logprobs are log-softmax of the logits after bias and penalties, before
+      Logprobs are log-softmax of the logits after mask, bias and penalties, before
       temperature and filtering (zeros when no row asked for them).
     """
-    logits = _apply_bias(logits.astype(jnp.float32), s)
+    logits = logits.astype(jnp.float32)
+    if "bitmask" in s:  # static: the structured-output variant (`batch.MASK_FIELD` present)
+        logits = apply_bitmask(logits, s["bitmask"])
+    logits = _apply_bias(logits, s)
     if "hist_ids" in s:  # static: the penalty variant (`batch.PENALTY_FIELDS` present)
         logits = jax.lax.cond(s["any_penalty"], _apply_penalties, lambda l, _: l, logits, s)
     greedy_ids = jnp.argmax(logits, axis=-1).astype(jnp.int32)

@@ -11,6 +11,7 @@ import math
 from typing import Mapping
 
 from jaxinfer.errors import RequestError
+from jaxinfer.structured_outputs import StructuredOutputsParams
 
 
 MAX_STOP_STRINGS = 64
@@ -47,6 +48,9 @@ class SamplingParams:
       include_stop_str_in_output: keep the matched stop string in the text.
       priority: scheduling priority, lower is served first (vLLM's convention); only
         ``--scheduling-policy priority`` uses it. Any integer; default 0.
+      structured_outputs: a constraint the output must match (JSON schema, regex, choice,
+        grammar; `jaxinfer.structured_outputs.StructuredOutputsParams` or its dict form),
+        enforced by a token mask in the sampler; None = unconstrained.
     """
 
     n: int = 1
@@ -67,6 +71,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     priority: int = 0
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         # Accept the convenient Python types, store hashable ones; anything else is a
@@ -76,6 +81,8 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", _as_tuple(self.stop_token_ids, "stop_token_ids",
                                                              "a list of token ids"))
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        if self.structured_outputs is not None:
+            object.__setattr__(self, "structured_outputs", StructuredOutputsParams.from_dict(self.structured_outputs))
         self._validate()
 
     def _validate(self) -> None:

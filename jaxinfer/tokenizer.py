@@ -61,6 +61,16 @@ class Tokenizer:
         """
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
 
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of ``text`` with special-token strings in it encoded as ordinary text
+        (no special tokens added either): for user-written message contents."""
+        return list(self._tok.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """``encode(text, add_special_tokens=False)`` and each token's character span in ``text``."""
+        enc = self._tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``ids`` (no clean-up of tokenization spaces, so decoding is concatenative)."""
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens,
@@ -71,8 +81,12 @@ class Tokenizer:
         """Whether the tokenizer carries a chat template."""
         return bool(getattr(self._tok, "chat_template", None))
 
+    def template_takes_tools(self) -> bool:
+        """Whether the chat template renders a ``tools`` list itself (it names ``tools``)."""
+        return self.has_chat_template and "tools" in str(self._tok.chat_template)
+
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    continue_final_message: bool = False) -> str:
+                    continue_final_message: bool = False, tools: list[dict] | None = None) -> str:
         """Render ``messages`` with the chat template (transformers ``apply_chat_template``).
 
         Args:
@@ -80,6 +94,7 @@ class Tokenizer:
           add_generation_prompt: end with the assistant header (ignored when continuing).
           continue_final_message: leave the last (assistant) message open so the model
             continues it; then no generation prompt is added.
+          tools: OpenAI tool definitions, for templates that render them (`template_takes_tools`).
         Raises:
           ValueError: the tokenizer has no chat template, or the template rejects the messages.
         """
@@ -87,7 +102,7 @@ class Tokenizer:
             raise ValueError("this model's tokenizer has no chat template")
         return self._tok.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt and not continue_final_message,
-            continue_final_message=continue_final_message)
+            continue_final_message=continue_final_message, **({"tools": tools} if tools else {}))
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             continue_final_message: bool = False) -> list[int]:

@@ -378,17 +378,20 @@ def test_prompts_are_tokenized_off_the_event_loop(api, monkeypatch):
     import asyncio
 
     on_loop = []
-    encode = api.engine.tokenizer.encode
 
-    def spy(*args, **kw):
-        try:
-            asyncio.get_running_loop()
-            on_loop.append(True)
-        except RuntimeError:
-            on_loop.append(False)
-        return encode(*args, **kw)
+    def spy(fn):
+        def wrapped(*args, **kw):
+            try:
+                asyncio.get_running_loop()
+                on_loop.append(True)
+            except RuntimeError:
+                on_loop.append(False)
+            return fn(*args, **kw)
+        return wrapped
 
-    monkeypatch.setattr(api.engine.tokenizer, "encode", spy)
+    tok = api.engine.tokenizer
+    monkeypatch.setattr(tok, "encode", spy(tok.encode))  # completions, /tokenize
+    monkeypatch.setattr(tok, "encode_with_offsets", spy(tok.encode_with_offsets))  # chat
     assert completion(api, prompt="Hello", max_tokens=1).status_code == 200
     assert chat(api, messages=[{"role": "user", "content": "hi"}], max_tokens=1).status_code == 200
     assert api.http.post("/tokenize", json={"prompt": "Hello"}).status_code == 200

@@ -146,7 +146,9 @@ def test_priority_mix_smoke_against_the_api():
 def test_compare_plan_selects_systems_per_scenario():
     compare = load_benchmark("compare")
     runs = {s.name: systems for s, systems in compare.plan(compare.parse_args([]))}
-    assert list(runs) == ["single", "fixed8", "fixed", "sharegpt", "c128", "overload", "priority", "priority-fcfs"]
+    assert list(runs) == ["single", "fixed8", "fixed", "sharegpt", "c128", "overload", "priority", "priority-fcfs",
+                          "json8"]
+    assert runs["json8"] == ["jaxinfer"]
     assert all("llamacpp" in runs[s] for s in ("single", "fixed8", "fixed"))
     assert all("jaxinfer-static" in runs[s] for s in ("fixed", "sharegpt", "c128"))
     assert "llamacpp" not in runs["c128"] and not any("hf-transformers" in v for v in runs.values())
@@ -159,6 +161,10 @@ def test_compare_plan_selects_systems_per_scenario():
     assert (single.clients, single.workload.input_len, single.workload.output_len) == (1, 128, 128)
     assert (scen["fixed8"].clients, scen["fixed"].clients, scen["c128"].clients) == (8, 32, 128)
     assert scen["c128"].workload.num_requests >= 128
+    json8 = scen["json8"]  # fixed8 with a schema on every request, sent only to jaxinfer
+    assert (json8.clients, json8.workload) == (8, scen["fixed8"].workload)
+    assert compare._extra_body("jaxinfer", json8) == {"structured_outputs": {"json": compare.JSON8_SCHEMA}}
+    assert compare._extra_body("jaxinfer", single) is None
 
 
 def test_compare_degradation_runs_overload_with_and_without_a_fallback():

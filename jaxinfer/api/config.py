@@ -26,6 +26,9 @@ class ServerConfig:
       retry_after: the least ``Retry-After`` (seconds) on 429; the engine suggests more when
         its measured admission rate says the queue needs longer (`jaxinfer.drain_rate`).
       max_request_bytes: larger request bodies get 413 before they are parsed (None: no limit).
+      parse_special_tokens_in_messages: map special-token strings typed inside chat message
+        contents to control tokens (off: they are plain text, so a message cannot forge a
+        turn; `jaxinfer.chat`). Also applies to ``/tokenize`` with ``messages``.
     """
 
     host: str = "127.0.0.1"
@@ -38,6 +41,7 @@ class ServerConfig:
     shutdown_timeout: float = 30.0
     retry_after: float = 1.0
     max_request_bytes: int | None = 16 << 20
+    parse_special_tokens_in_messages: bool = False
 
     def __post_init__(self) -> None:
         if self.truncate_prompt not in ("none", "left"):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -75,13 +76,18 @@ def from_exception(exc: BaseException, param_aliases: dict[str, str] | None = No
 
     Args:
       exc: `RequestError`, `QueueFullError`, `EngineNotReadyError`, `EngineDeadError` or `APIError`.
-      param_aliases: renames of ``param`` for this endpoint (chat reports ``prompt`` as ``messages``).
+      param_aliases: renames of ``param`` for this endpoint (chat reports ``prompt`` as ``messages``);
+        the message names the renamed field too (``max_completion_tokens``), except for
+        ``prompt``, whose messages speak of prompt tokens.
     """
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, RequestError):
         param = (param_aliases or {}).get(exc.param, exc.param)
-        return APIError(400, exc.message, param=param, code=exc.code)
+        message = exc.message
+        if param != exc.param and exc.param != "prompt":
+            message = re.sub(rf"(?<![\w.]){re.escape(exc.param)}\b", param, message)
+        return APIError(400, message, param=param, code=exc.code)
     if isinstance(exc, QueueFullError):
         return APIError(429, exc.message, code="queue_full", retry_after=exc.retry_after)
     if isinstance(exc, EngineNotReadyError):

@@ -5,12 +5,19 @@ the default; the default, never an explicit value, shrinks to what the context l
 without a limit (up to the context). ``top_k`` -1 and 0 both disable
 top-k. Chat ``logprobs: true`` gives the sampled token's logprob, ``top_logprobs: k`` adds
 k alternatives; ``top_logprobs`` without ``logprobs: true`` is a 400.
+
+Structured outputs come from at most one of ``response_format`` (``json_object`` /
+``json_schema``), vLLM's ``structured_outputs``, and (chat) ``tool_choice`` ``"required"``
+or a named function, which constrain the answer to tool-call blocks
+(`jaxinfer.tool_calls.tool_call_grammar`). Errors in them name the field the client sent.
 """
 from __future__ import annotations
 
+from jaxinfer import tool_calls
 from jaxinfer.api.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
 from jaxinfer.errors import RequestError
 from jaxinfer.sampling_params import SamplingParams
+from jaxinfer.structured_outputs import StructuredOutputsParams
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
@@ -37,7 +44,82 @@ def chat_aliases(req: ChatCompletionRequest) -> dict[str, str]:
     aliases = dict(CHAT_ALIASES)
     if req.max_completion_tokens is not None:
         aliases["max_tokens"] = "max_completion_tokens"
+    aliases.update(structured_aliases(req))
     return aliases
+
+
+def structured_aliases(req: _GenerationRequest) -> dict[str, str]:
+    """``structured_outputs`` errors renamed to the field that carried the constraint."""
+    if req.response_format is not None:
+        return {"structured_outputs": "response_format"}
+    if isinstance(req, ChatCompletionRequest) and tool_mode(req) in ("required", "named"):
+        return {"structured_outputs": "tools"}
+    return {}
+
+
+def tool_mode(req: ChatCompletionRequest) -> str:
+    """``"none"`` (no tools offered or ``tool_choice: none``), ``"auto"``, ``"required"`` or ``"named"``.
+
+    Raises:
+      RequestError (param ``tool_choice``): a choice without tools, or a name not among them.
+    """
+    choice = req.tool_choice
+    if not req.tools:
+        if choice not in (None, "none"):
+            raise RequestError("tool_choice needs tools", param="tool_choice")
+        return "none"
+    if choice is None or isinstance(choice, str):
+        return choice or "auto"
+    if choice.function.name not in {t.function.name for t in req.tools}:
+        raise RequestError(f"tool_choice names {choice.function.name!r}, which is not among the tools",
+                           param="tool_choice")
+    return "named"
+
+
+def tools_as_dicts(req: ChatCompletionRequest) -> list[dict] | None:
+    """The request's tools as OpenAI dicts, when they are offered to the model (mode not none)."""
+    if tool_mode(req) == "none":
+        return None
+    return [t.model_dump(exclude_none=True) for t in req.tools]
+
+
+def structured_constraint(req: _GenerationRequest) -> StructuredOutputsParams | None:
+    """The output constraint of a request, or None.
+
+    Raises:
+      RequestError: a malformed ``response_format`` / ``structured_outputs``, or several
+        constraints at once.
+    """
+    found = []
+    rf = req.response_format
+    if rf is not None and rf.type != "text":
+        if rf.type == "json_object":
+            found.append(("response_format", StructuredOutputsParams(json_object=True)))
+        else:
+            if rf.json_schema is None or rf.json_schema.schema_ is None:
+                raise RequestError("response_format of type json_schema needs json_schema.schema",
+                                   param="response_format")
+            found.append(("response_format", _constraint(lambda: StructuredOutputsParams(json=rf.json_schema.schema_),
+                                                         "response_format")))
+    if req.structured_outputs is not None:
+        found.append(("structured_outputs",
+                      _constraint(lambda: StructuredOutputsParams.from_dict(req.structured_outputs),
+                                  "structured_outputs")))
+    if isinstance(req, ChatCompletionRequest) and tool_mode(req) in ("required", "named"):
+        name = req.tool_choice.function.name if tool_mode(req) == "named" else None
+        found.append(("tool_choice", StructuredOutputsParams(grammar=tool_calls.tool_call_grammar(
+            tools_as_dicts(req), name))))
+    if len(found) > 1:
+        raise RequestError(f"only one output constraint per request; got {', '.join(f for f, _ in found)}",
+                           param=found[1][0])
+    return found[0][1] if found else None
+
+
+def _constraint(make, param: str) -> StructuredOutputsParams:
+    try:
+        return make()
+    except RequestError as exc:
+        raise RequestError(exc.message, param=param) from None
 
 
 def completion_params(req: CompletionRequest) -> SamplingParams:
@@ -88,6 +170,7 @@ def _params(req: _GenerationRequest, max_tokens: int | None, logprobs: int | Non
         skip_special_tokens=req.skip_special_tokens is not False,
         include_stop_str_in_output=bool(req.include_stop_str_in_output),
         priority=req.priority or 0,
+        structured_outputs=structured_constraint(req),
     )
 
 

@@ -5,7 +5,9 @@ conversations go through `jaxinfer.chat` (shared with `LLM.chat`). Contracts:
   * Text prompts are encoded with the tokenizer's special tokens (BOS if it adds one);
     token-id prompts are used verbatim (no BOS added or removed) (SC-07, SC-23).
   * Chat prompts are rendered, then encoded without added special tokens, so a template
-    that writes BOS itself yields exactly one (SC-23).
+    that writes BOS itself yields exactly one (SC-23). Special-token strings inside message
+    contents are plain text unless the server says otherwise (`jaxinfer.chat`); completion
+    prompts keep parsing them (their author writes the whole prompt).
   * A template that drops or rejects the system role gets the system text merged into the
     first user turn, never silently lost (SC-24).
   * Truncation keeps the **last** tokens: ``truncate_prompt_tokens: K`` keeps K; the server
@@ -57,17 +59,29 @@ def completion_prompts(req: CompletionRequest, tokenizer) -> list[Prompt]:
 
 
 def chat_prompt(req: ChatCompletionRequest | list[ChatMessage], tokenizer, *, add_generation_prompt: bool = True,
-                continue_final_message: bool = False) -> Prompt:
+                continue_final_message: bool = False, tools: list[dict] | None = None,
+                parse_special: bool = False) -> Prompt:
     """Render a conversation with the chat template and encode it (`jaxinfer.chat`).
 
+    Args:
+      tools: tool definitions offered to the model (OpenAI dicts), or None.
+      parse_special: special-token strings in message contents become control tokens.
     Raises:
       RequestError (param ``messages``): see `jaxinfer.chat.render_conversation`.
     """
     messages = req.messages if isinstance(req, ChatCompletionRequest) else req
-    convo = [{"role": m.role, "content": m.text()} for m in messages]
+    convo = [_message_dict(m) for m in messages]
     text, ids = render_conversation(convo, tokenizer, add_generation_prompt=add_generation_prompt,
-                                    continue_final_message=continue_final_message)
+                                    continue_final_message=continue_final_message, tools=tools,
+                                    parse_special=parse_special)
     return Prompt(ids, text)
+
+
+def _message_dict(m: ChatMessage) -> dict:
+    d = {"role": m.role, "content": m.text()}
+    if m.tool_calls:
+        d["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+    return d
 
 
 def truncate(prompt: Prompt, *, keep: int | None, max_model_len: int, max_tokens: int | None,

@@ -8,7 +8,7 @@ Response models document the shapes the handlers emit (``/docs``).
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
@@ -21,6 +21,22 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool | None = Field(False, description="Send a final chunk with `usage` before `[DONE]`.")
+
+
+class JSONSchemaFormat(_Strict):
+    """``response_format.json_schema``."""
+
+    name: str = Field(..., min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="The JSON schema the output follows.")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """OpenAI ``response_format``: free text, any JSON object, or JSON following a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
 
 
 class _GenerationRequest(_Strict):
@@ -58,6 +74,13 @@ class _GenerationRequest(_Strict):
     allow_fallback: bool | None = Field(
         True, description="false: never move this request to the server's fallback model (`--fallback-model`), "
                           "even when its estimated time to first token exceeds `--degrade-ttft-slo`.")
+    response_format: ResponseFormat | None = Field(
+        None, description="`{\"type\": \"json_object\"}` or `{\"type\": \"json_schema\", \"json_schema\": "
+                          "{\"name\", \"schema\"}}`: the output is JSON (following the schema), enforced by a "
+                          "token mask.")
+    structured_outputs: dict[str, Any] | None = Field(
+        None, description="vLLM's constraint: exactly one of `json` (schema), `regex`, `choice` (list of strings), "
+                          "`grammar` (Lark or GBNF).")
 
     @property
     def include_usage(self) -> bool:
@@ -83,15 +106,50 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str = Field(..., description="The arguments as JSON text.")
+
+
+class ToolCall(_Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = Field(None, description="An assistant turn's calls (round-trips through "
+                                                                "the chat template).")
+    tool_call_id: str | None = Field(None, description="For `tool` messages: the call this result answers.")
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(p.text for p in self.content)
         return self.content or ""
+
+
+class FunctionDefinition(_Strict):
+    name: str = Field(..., min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="JSON schema of the arguments object.")
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(_GenerationRequest):
@@ -106,6 +164,11 @@ class ChatCompletionRequest(_GenerationRequest):
     add_generation_prompt: bool | None = Field(True, description="End the prompt with the assistant header.")
     continue_final_message: bool | None = Field(
         False, description="Continue the last (assistant) message instead of starting a new one.")
+    tools: list[Tool] | None = Field(None, description="Functions the model may call (`message.tool_calls`).")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="`none`, `auto` (default with tools), `required` (at least one call, enforced) or "
+                          "`{\"type\": \"function\", \"function\": {\"name\"}}` (that call, enforced).")
+    parallel_tool_calls: bool | None = None
 
 
 class TokenizeRequest(_Strict):
@@ -177,16 +240,27 @@ class CompletionResponse(BaseModel):
     usage: Usage | None = None
 
 
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_no_calls(self, handler):
+        return {k: v for k, v in handler(self).items() if k != "tool_calls" or v}
 
 
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -198,11 +272,26 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage | None = None
 
 
+class DeltaFunction(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    """A streamed piece of one call; ``index`` says which call it extends."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunction
+
+
 class DeltaMessage(BaseModel):
     """A streamed piece of the assistant message; absent fields are omitted."""
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")
     def _drop_none(self, handler):
@@ -213,7 +302,7 @@ class ChatChunkChoice(BaseModel):
     index: int
     delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
 
 
 class ChatCompletionChunk(BaseModel):

@@ -5,11 +5,18 @@ answer), ``first_chunks`` (chat's role announcements), ``delta_chunk`` (what a c
 gained since the last chunk: text difference, its tokens' logprobs, finish reason) and
 ``usage_chunk``. Deltas are differences of the engine's cumulative ``text``, which never
 shrinks, so streamed text concatenated equals the non-streamed text (SC-10).
+
+A chat request with tools (``tool_choice`` not ``none``) has its answer parsed for
+tool-call blocks (`jaxinfer.tool_calls`): calls become ``message.tool_calls`` with
+``finish_reason: "tool_calls"``. Streamed, an answer that starts as a call block is held
+back until it ends, then sent as one ``delta.tool_calls`` chunk (each call's id, name and
+whole arguments) with the finish reason; any other answer streams as text.
 """
 from __future__ import annotations
 
 import dataclasses
 
+from jaxinfer import tool_calls
 from jaxinfer.api import logprobs as lp
 from jaxinfer.api import protocol as P
 from jaxinfer.outputs import RequestOutput
@@ -23,6 +30,7 @@ class ChoiceCursor:
     num_tokens: int = 0
     text_offset: int = 0
     finished: bool = False
+    plain_text: bool = False  # tools offered: the answer is known not to start with a call block
 
 
 def usage(prompt_lengths: list[int], outputs: list[RequestOutput]) -> P.Usage:
@@ -102,7 +110,23 @@ class CompletionFormat(_Format):
 
 
 class ChatFormat(_Format):
-    """``/v1/chat/completions``: ``chat.completion`` / ``chat.completion.chunk`` objects."""
+    """``/v1/chat/completions``: ``chat.completion`` / ``chat.completion.chunk`` objects.
+
+    ``parse_tools``: tools were offered, so answers are parsed for tool calls.
+    """
+
+    def __init__(self, *args, parse_tools: bool = False):
+        super().__init__(*args)
+        self.parse_tools = parse_tools
+
+    def _message(self, comp) -> tuple[P.AssistantMessage, str | None]:
+        """The message and finish reason of a finished choice (tool calls parsed out)."""
+        if self.parse_tools:
+            content, calls = tool_calls.parse(comp.text)
+            if calls:
+                finish = "tool_calls" if comp.finish_reason == "stop" else comp.finish_reason
+                return P.AssistantMessage(content=content, tool_calls=calls), finish
+        return P.AssistantMessage(content=comp.text), comp.finish_reason
 
     def response(self, outputs: list[RequestOutput], prompt_lengths: list[int]) -> dict:
         choices = []
@@ -110,8 +134,8 @@ class ChatFormat(_Format):
             comp = out.outputs[0]
             logprobs = (lp.chat_logprobs(comp.token_ids, comp.logprobs or [], self.logprobs, self.tokenizer)
                         if self.logprobs is not None else None)
-            choices.append(P.ChatChoice(index=i, message=P.AssistantMessage(content=comp.text), logprobs=logprobs,
-                                        finish_reason=comp.finish_reason))
+            message, finish = self._message(comp)
+            choices.append(P.ChatChoice(index=i, message=message, logprobs=logprobs, finish_reason=finish))
         body = P.ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices,
                                         usage=usage(prompt_lengths, outputs))
         return body.model_dump()
@@ -121,6 +145,29 @@ class ChatFormat(_Format):
         return [P.ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[
             P.ChatChunkChoice(index=i, delta=P.DeltaMessage(role="assistant", content=""))]).model_dump_json()
             for i in range(num_choices)]
+
+    def delta_chunk(self, index: int, out: RequestOutput, cur: ChoiceCursor) -> str | None:
+        """As `_Format.delta_chunk`; with tools, an answer that may be a call block is held
+        back, and a finished one that is becomes a ``tool_calls`` delta."""
+        comp = out.outputs[0]
+        if not self.parse_tools or cur.plain_text:
+            return super().delta_chunk(index, out, cur)
+        if comp.finish_reason is None and tool_calls.may_become_call(comp.text):
+            return None
+        message, finish = self._message(comp) if comp.finish_reason is not None else (None, None)
+        if message is None or not message.tool_calls:
+            cur.plain_text = True
+            return super().delta_chunk(index, out, cur)
+        calls = [P.DeltaToolCall(index=k, id=c.id, type="function",
+                                 function=P.DeltaFunction(name=c.function.name, arguments=c.function.arguments))
+                 for k, c in enumerate(message.tool_calls)]
+        entries = (comp.logprobs or [])[cur.num_tokens:] if self.logprobs is not None else None
+        logprobs = (lp.chat_logprobs(comp.token_ids[cur.num_tokens:], entries, self.logprobs, self.tokenizer)
+                    if entries is not None else None)
+        delta = P.DeltaMessage(content=message.content, tool_calls=calls)
+        cur.text_len, cur.num_tokens, cur.finished = len(comp.text), len(comp.token_ids), True
+        return P.ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[
+            P.ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish)]).model_dump_json()
 
     def _chunk(self, index, text, token_ids, entries, finish, cur):
         logprobs = (lp.chat_logprobs(token_ids, entries, self.logprobs, self.tokenizer)

@@ -106,7 +106,8 @@ async def tokenize(body: TokenizeRequest, ctx: ServingContext = Depends(get_ctx)
             ids = (await asyncio.to_thread(
                 prompts_mod.chat_prompt, body.messages, engine.tokenizer,
                 add_generation_prompt=body.add_generation_prompt is not False,
-                continue_final_message=bool(body.continue_final_message))).token_ids
+                continue_final_message=bool(body.continue_final_message),
+                parse_special=ctx.config.parse_special_tokens_in_messages)).token_ids
         elif isinstance(body.prompt, str):
             ids = await asyncio.to_thread(prompts_mod.encode_text, engine.tokenizer, body.prompt,
                                           add_special_tokens=body.add_special_tokens is not False)

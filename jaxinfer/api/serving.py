@@ -106,7 +106,7 @@ class _Job:
 
 async def create_completion(req: CompletionRequest, raw: Request, ctx: ServingContext):
     """``POST /v1/completions``."""
-    aliases = params_mod.COMPLETION_ALIASES
+    aliases = dict(params_mod.COMPLETION_ALIASES, **params_mod.structured_aliases(req))
     default = params_mod.COMPLETIONS_DEFAULT_MAX_TOKENS
 
     async def job_on(model: ServedModel) -> _Job:
@@ -115,6 +115,7 @@ async def create_completion(req: CompletionRequest, raw: Request, ctx: ServingCo
         def prepare():  # tokenizing a long prompt must not stall the event loop: run in a thread
             with _as_api_error(aliases):
                 params = params_mod.completion_params(req)
+                _compile_grammar(engine, params)
                 return params, [_truncate(p, req, params.max_tokens or default, engine, ctx.config)
                                 for p in prompts_mod.completion_prompts(req, engine.tokenizer)]
 
@@ -136,13 +137,16 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, ctx: 
         def prepare():  # template rendering and tokenizing run in a thread, as for completions
             with _as_api_error(aliases):
                 params = params_mod.chat_params(req)
+                _compile_grammar(engine, params)
                 prompt = prompts_mod.chat_prompt(req, engine.tokenizer, add_generation_prompt=req.add_generation_prompt
-                                                 is not False, continue_final_message=bool(req.continue_final_message))
+                                                 is not False, continue_final_message=bool(req.continue_final_message),
+                                                 tools=params_mod.tools_as_dicts(req),
+                                                 parse_special=ctx.config.parse_special_tokens_in_messages)
                 return params, [_truncate(prompt, req, params.max_tokens, engine, ctx.config)]
 
         params, prompts = await asyncio.to_thread(prepare)
         fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", model.name, int(time.time()), params.logprobs,
-                         engine.tokenizer)
+                         engine.tokenizer, parse_tools=params_mod.tool_mode(req) != "none")
         return _Job(req, prompts, params, fmt, aliases, None, _max_model_len(engine), model)
 
     return await _run(await job_on(ctx.model(req.model)), job_on, raw, ctx, chat=True)
@@ -200,6 +204,14 @@ def _queue_full_error(exc: QueueFullError, job: _Job, ctx: ServingContext) -> AP
     ctx.metrics.reject("queue_full", job.model.name)
     exc.retry_after = max(exc.retry_after, ctx.config.retry_after)
     return from_exception(exc)
+
+
+def _compile_grammar(engine, params: SamplingParams) -> None:
+    """Compile a structured-output constraint here, in the request's worker thread, so the
+    engine thread finds it in the grammar cache (a complex schema takes milliseconds to
+    seconds); an invalid one is a 400 before the engine sees the request."""
+    if params.structured_outputs is not None and hasattr(engine, "grammar_engine"):
+        engine.grammar_engine().matcher(params.structured_outputs)
 
 
 def _max_model_len(engine) -> int:
