@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--shutdown-timeout", type=float, default=30.0, help="SIGTERM grace period (s)")
     server.add_argument("--max-request-bytes", type=parse_bytes, default=16 << 20,
                         help="larger request bodies get 413 before parsing (default: 16MiB)")
+    server.add_argument("--instance-id", default=None,
+                        help="value of the x-jaxinfer-instance header on every response, which shows behind a load "
+                             "balancer where a request went (default: hostname:port)")
     server.add_argument("--disable-log-requests", action="store_true",
                         help="no log line per request received and finished")
     server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
@@ -125,10 +128,12 @@ def server_config(args):
     from jaxinfer.api.config import ServerConfig
 
     name = args.model if args.served_model_name is None else args.served_model_name
+    instance_id = f"{socket.gethostname()}:{args.port}" if args.instance_id is None else args.instance_id
     return ServerConfig(host=args.host, port=args.port, served_model_name=name,
                         api_key=args.api_key, max_queue_wait=args.max_queue_wait,
                         request_timeout=args.request_timeout, truncate_prompt=args.truncate_prompt,
-                        shutdown_timeout=args.shutdown_timeout, max_request_bytes=args.max_request_bytes)
+                        shutdown_timeout=args.shutdown_timeout, max_request_bytes=args.max_request_bytes,
+                        instance_id=instance_id)
 
 
 def engine_config(args, model_config):

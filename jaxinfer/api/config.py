@@ -26,6 +26,8 @@ class ServerConfig:
       retry_after: the least ``Retry-After`` (seconds) on 429; the engine suggests more when
         its measured admission rate says the queue needs longer (`jaxinfer.drain_rate`).
       max_request_bytes: larger request bodies get 413 before they are parsed (None: no limit).
+      instance_id: the ``x-jaxinfer-instance`` header every response carries (None: no header;
+        ``server.py`` defaults it to ``hostname:port``).
     """
 
     host: str = "127.0.0.1"
@@ -38,6 +40,7 @@ class ServerConfig:
     shutdown_timeout: float = 30.0
     retry_after: float = 1.0
     max_request_bytes: int | None = 16 << 20
+    instance_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.truncate_prompt not in ("none", "left"):
@@ -52,3 +55,6 @@ class ServerConfig:
                 raise ValueError(f"{name} must be > 0 seconds (or unset for no limit), got {value}")
         if self.max_request_bytes is not None and self.max_request_bytes < 1:
             raise ValueError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
+        if self.instance_id is not None and not (self.instance_id.isascii() and self.instance_id.isprintable()
+                                                 and self.instance_id.strip()):
+            raise ValueError(f"instance_id must be printable ASCII, got {self.instance_id!r}")
