@@ -93,7 +93,8 @@ class Cluster:
     """
 
     def __init__(self, instances: int, server_args: list[str] = (), *, host: str = "127.0.0.1", port: int = 8000,
-                 base_port: int | None = None, ports: list[int] | None = None, run_dir: str | Path | None = None, balance: str = "hash",
+                 base_port: int | None = None, ports: list[int] | None = None, run_dir: str | Path | None = None,
+                 balance: str = "hash",
                  check: HealthCheck = HealthCheck(), ready_timeout: float = 900.0, stop_timeout: float = 40.0,
                  env: dict | None = None, say: Callable[[str], None] = print):
         if instances < 1:
@@ -243,8 +244,8 @@ class Cluster:
 
     # ----- changes while running -------------------------------------------------------------
     def add_instance(self, port: int | None = None) -> Instance:
-        """Start one more instance (on ``port``, default: after the highest one), wait until it is warm, then reload HAProxy with it
-        (the old HAProxy process finishes its open connections). Returns the new instance.
+        """Start one more instance (on ``port``, default: after the highest one), wait until it is
+        warm, then reload HAProxy with it (the old HAProxy process finishes its open connections). Returns the new instance.
 
         Raises:
           ClusterError: as `start`.

@@ -151,7 +151,8 @@ def _backend(upstreams: list[Upstream], balance: str, check: HealthCheck) -> str
         lines.append("    balance roundrobin")
     lines += ["    option httpchk GET /health  # 503 while warming up or draining",
               "    http-check expect status 200",
-              f"    default-server check inter {check.interval_ms}ms fall {check.fall} rise {check.rise} weight {WEIGHT}"]
+              f"    default-server check inter {check.interval_ms}ms fall {check.fall} rise {check.rise} "
+              f"weight {WEIGHT}"]
     lines += [f"    server {u.name} {u.address}" for u in upstreams]
     return "\n".join(lines) + "\n"
 
@@ -176,7 +177,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("servers", nargs="+", metavar="HOST:PORT", help="the jaxinfer servers, in order")
     p.add_argument("--bind", default="127.0.0.1:8000", help="where HAProxy listens")
     p.add_argument("--balance", default="hash", choices=BALANCES, help="routing")
-    p.add_argument("--admin-socket", default="/run/haproxy/jaxinfer-admin.sock", help="runtime API socket ('' for none)")
+    p.add_argument("--admin-socket", default="/run/haproxy/jaxinfer-admin.sock",
+                   help="runtime API socket ('' for none)")
     p.add_argument("--stats", default="127.0.0.1:8404", help="stats page and HAProxy's own metrics ('' for none)")
     p.add_argument("--check-interval-ms", type=int, default=HealthCheck.interval_ms, help="health-check period")
     args = p.parse_args(argv)

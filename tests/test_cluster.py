@@ -43,7 +43,8 @@ def _haproxy_or_skip() -> None:
 
 def tiny_server_args(tmp_path) -> list[str]:
     model = tmp_path / "tiny.json"
-    model.write_text(json.dumps(tiny_config(vocab=49152, hidden=32, layers=1, heads=2, kv_heads=1, inter=64).to_hf_dict()))
+    config = tiny_config(vocab=49152, hidden=32, layers=1, heads=2, kv_heads=1, inter=64)  # SmolLM2's vocabulary
+    model.write_text(json.dumps(config.to_hf_dict()))
     return ["--model", str(model), "--load-format", "dummy", "--tokenizer", str(REPO / "weights/smollm2-135m-instruct"),
             "--served-model-name", "tiny", "--max-model-len", "64", "--max-num-seqs", "4",
             "--max-num-batched-tokens", "16", "--num-blocks", "64", "--shutdown-timeout", "10",
@@ -197,7 +198,8 @@ def test_cli_prints_where_things_listen_restarts_and_stops_cleanly(tmp_path, smo
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "jaxinfer.cluster", "--instances", "1", "--port", str(port), "--base-port",
            str(free_port()), "--run-dir", str(run), *tiny_server_args(tmp_path)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=server_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=server_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
     try:
@@ -205,7 +207,8 @@ def test_cli_prints_where_things_listen_restarts_and_stops_cleanly(tmp_path, smo
         assert any(f"balancer  http://127.0.0.1:{port}" in line for line in lines)
         state = json.loads((run / "state.json").read_text())
         old = state["instances"][0]
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 1}, timeout=30)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
+                       json={"model": "tiny", "prompt": "hi", "max_tokens": 1})
         assert r.status_code == 200 and port_of(r.headers["x-jaxinfer-instance"]) == int(old["url"].rsplit(":", 1)[1])
         restart = subprocess.run([sys.executable, "-m", "jaxinfer.cluster", "--rolling-restart", "--port", str(port),
                                   "--run-dir", str(run), "--timeout", "240"], cwd=REPO, capture_output=True,
