@@ -128,6 +128,11 @@ class Cluster:
         return self.run_dir / "haproxy.sock"
 
     @property
+    def state_path(self) -> Path:
+        """``state.json``: launcher pid, instances, completed rolling restarts (while running)."""
+        return self.run_dir / "state.json"
+
+    @property
     def config_path(self) -> Path:
         return self.run_dir / "haproxy.cfg"
 
@@ -144,6 +149,7 @@ class Cluster:
           jaxinfer.haproxy_runtime.HAProxyError: HAProxy missing and not installable.
         """
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.state_path.unlink(missing_ok=True)  # a stale one would point --rolling-restart at a dead pid
         self.haproxy_binary = hx.ensure_haproxy(self.say)
         try:
             for inst in self.instances:
@@ -175,6 +181,7 @@ class Cluster:
                 proc.kill()
                 proc.wait()
         self.admin_socket.unlink(missing_ok=True)
+        self.state_path.unlink(missing_ok=True)
 
     def __enter__(self) -> "Cluster":
         return self.start()
@@ -312,7 +319,7 @@ class Cluster:
                                for i in self.instances]}
         tmp = self.run_dir / "state.json.tmp"
         tmp.write_text(json.dumps(state, indent=1))
-        tmp.replace(self.run_dir / "state.json")
+        tmp.replace(self.state_path)
 
     def describe(self) -> str:
         """Where everything listens, for the terminal."""
@@ -414,17 +421,25 @@ def main(argv: list[str] | None = None) -> int:
                           run_dir=run_dir, balance=args.balance, say=lambda m: print(m, flush=True))
     except ValueError as e:
         parser.error(str(e))
-    stop, restart = threading.Event(), threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGHUP, lambda *_: restart.set())
+    signal.signal(signal.SIGTERM, _interrupt)  # while starting, SIGTERM is Ctrl+C: start() stops what it began
     try:
         cluster.start()
     except (ClusterError, hx.HAProxyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted while starting; stopped", file=sys.stderr)
+        return 130
+    stop, restart = threading.Event(), threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: restart.set())
     print(cluster.describe(), flush=True)
     return _serve(cluster, stop, restart)
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
 
 
 def _serve(cluster: Cluster, stop: threading.Event, restart: threading.Event) -> int:

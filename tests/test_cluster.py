@@ -23,42 +23,19 @@ import httpx
 import pytest
 
 from api_helpers import REPO, free_port, wait_until
-from helpers import tiny_config
-from jaxinfer import haproxy_runtime
+from cluster_helpers import haproxy_or_skip, server_env, tiny_server_args
 from jaxinfer.cluster import Cluster
 from jaxinfer.haproxy_config import HealthCheck
 
-pytestmark = pytest.mark.slow  # starts five server processes one after another (about 2-4 min on 2 cores)
+pytestmark = pytest.mark.slow  # eight server starts, three of them one after another: ~5 min on 2 busy cores
 
 SESSIONS = [f"session-{i}" for i in range(50)]
 CHECK = HealthCheck(interval_ms=500, fall=2, rise=1)
 
 
-def _haproxy_or_skip() -> None:
-    try:
-        haproxy_runtime.ensure_haproxy(say=lambda m: print(m, file=sys.stderr))
-    except haproxy_runtime.HAProxyError as e:
-        pytest.skip(f"HAProxy is needed for the cluster tests: {e}")
-
-
-def tiny_server_args(tmp_path) -> list[str]:
-    model = tmp_path / "tiny.json"
-    config = tiny_config(vocab=49152, hidden=32, layers=1, heads=2, kv_heads=1, inter=64)  # SmolLM2's vocabulary
-    model.write_text(json.dumps(config.to_hf_dict()))
-    return ["--model", str(model), "--load-format", "dummy", "--tokenizer", str(REPO / "weights/smollm2-135m-instruct"),
-            "--served-model-name", "tiny", "--max-model-len", "64", "--max-num-seqs", "4",
-            "--max-num-batched-tokens", "16", "--num-blocks", "64", "--shutdown-timeout", "10",
-            "--disable-log-requests"]
-
-
-def server_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, not the tests' eight
-    return {**env, "JAX_PLATFORMS": "cpu"}
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, smollm2_dir):
-    _haproxy_or_skip()
+    haproxy_or_skip()
     tmp = tmp_path_factory.mktemp("cluster")
     c = Cluster(3, tiny_server_args(tmp), port=free_port(), ports=[free_port() for _ in range(3)], run_dir=tmp,
                 check=CHECK, ready_timeout=240, stop_timeout=20, env=server_env(), say=lambda m: None)
@@ -166,7 +143,7 @@ def test_rolling_restart_under_load_fails_nothing(cluster):
                 with lock:
                     results.append(outcome)
                 j += 1
-                time.sleep(0.02)  # steady, not saturating: the restarting instances need CPU too
+                time.sleep(0.05)  # steady, not saturating: the restarting instances need CPU too
 
     threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
     for t in threads:
@@ -193,7 +170,7 @@ def test_a_fourth_instance_moves_about_a_quarter(cluster):
 
 def test_cli_prints_where_things_listen_restarts_and_stops_cleanly(tmp_path, smollm2_dir):
     """``python -m jaxinfer.cluster`` with one instance: start, ``--rolling-restart``, SIGTERM."""
-    _haproxy_or_skip()
+    haproxy_or_skip()
     port = free_port()
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "jaxinfer.cluster", "--instances", "1", "--port", str(port), "--base-port",

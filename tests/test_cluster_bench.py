@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from api_helpers import REPO
-from test_cluster import _haproxy_or_skip, server_env, tiny_server_args
+from cluster_helpers import haproxy_or_skip, server_env, tiny_server_args
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow  # two server processes plus warm-up on first use:
 
 
 def test_smoke_hash_mode_writes_consistent_figures(tmp_path, monkeypatch, smollm2_dir):
-    _haproxy_or_skip()
+    haproxy_or_skip()
     import cluster_bench
 
     for key, value in server_env().items():
