@@ -114,6 +114,7 @@ class Cluster:
         self.ready_timeout, self.stop_timeout, self.env, self.say = ready_timeout, stop_timeout, env, say
         self.instances = [self._new_instance(i, p) for i, p in enumerate(ports)]
         self.haproxy: subprocess.Popen | None = None
+        self._replaced: list[subprocess.Popen] = []  # HAProxy processes finishing their connections after a reload
         self.haproxy_binary: str | None = None
         self.rolling_restarts = 0
         self._lock = threading.Lock()
@@ -167,9 +168,10 @@ class Cluster:
     def stop(self) -> None:
         """Stop HAProxy (soft: finish open connections) and every instance (SIGTERM: drain), then
         SIGKILL whatever is still running after ``stop_timeout`` s. Idempotent."""
-        procs = [p for p in [self.haproxy, *(i.proc for i in self.instances)] if p is not None and p.poll() is None]
-        if self.haproxy is not None and self.haproxy.poll() is None:
-            self.haproxy.send_signal(signal.SIGUSR1)  # soft stop
+        balancers = [p for p in [self.haproxy, *self._replaced] if p is not None and p.poll() is None]
+        procs = balancers + [i.proc for i in self.instances if i.proc is not None and i.proc.poll() is None]
+        for proc in balancers:
+            proc.send_signal(signal.SIGUSR1)  # soft stop
         for inst in self.instances:
             if inst.proc is not None and inst.proc.poll() is None:
                 inst.proc.send_signal(signal.SIGTERM)
@@ -227,7 +229,7 @@ class Cluster:
                                             start_new_session=True)
         self._wait_all_up(self.instances, 30.0)
         if old is not None:
-            threading.Thread(target=old.wait, daemon=True).start()  # reap it once its connections end
+            self._replaced.append(old)  # it exits by itself once its connections end
 
     def _wait_all_up(self, instances: list[Instance], timeout: float) -> None:
         names = {i.name for i in instances}
@@ -265,6 +267,7 @@ class Cluster:
                 self._wait_warm(inst)
             except BaseException:
                 inst.proc.kill()
+                inst.proc.wait()
                 raise
             self.instances.append(inst)
             self._start_haproxy()

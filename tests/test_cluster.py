@@ -1,7 +1,7 @@
 """The cluster (issue 18): real HAProxy in front of three real ``server.py`` processes on loopback.
 
 The servers run a tiny random-weight Llama (``--load-format dummy``) with SmolLM2's tokenizer
-and a few small buckets, so they warm up in seconds once the XLA cache is warm. One cluster
+and a few small buckets, compiled on first use (`cluster_helpers.tiny_server_args`). One cluster
 is shared by the module and the tests run in file order: stickiness, SIGKILL of one
 instance, a rolling restart under load (which also brings the killed one back), then a
 fourth instance. Every wait is bounded. Without HAProxy (and no way to install it) the
@@ -27,7 +27,7 @@ from cluster_helpers import haproxy_or_skip, server_env, tiny_server_args
 from jaxinfer.cluster import Cluster
 from jaxinfer.haproxy_config import HealthCheck
 
-pytestmark = pytest.mark.slow  # eight server starts, three of them one after another: ~5 min on 2 busy cores
+pytestmark = pytest.mark.slow  # eight server starts, three of them one after another: 2-4 min on 2 busy cores
 
 SESSIONS = [f"session-{i}" for i in range(50)]
 CHECK = HealthCheck(interval_ms=500, fall=2, rise=1)
@@ -143,7 +143,7 @@ def test_rolling_restart_under_load_fails_nothing(cluster):
                 with lock:
                     results.append(outcome)
                 j += 1
-                time.sleep(0.05)  # steady, not saturating: the restarting instances need CPU too
+                time.sleep(0.2)  # steady, not saturating: the restarting instances need CPU too
 
     threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
     for t in threads:
