@@ -5,8 +5,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 WEIGHTS := weights/smollm2-135m-instruct/.complete
 PYTEST_ARGS ?=
+N ?= 3
 
-.PHONY: setup serve test test-fast bench bench-quick roofline offline-bench weights clean
+.PHONY: setup serve cluster test test-fast bench bench-quick roofline offline-bench weights clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +24,10 @@ setup: $(STAMP) $(WEIGHTS)
 
 serve: setup
 	$(PY) server.py $(ARGS)
+
+# N servers behind HAProxy on 127.0.0.1:8000 (docs/deploy.md); installs haproxy if it is missing.
+cluster: setup
+	$(PY) -m jaxinfer.cluster --instances $(N) $(ARGS)
 
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)

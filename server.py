@@ -129,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--parse-special-tokens-in-messages", action="store_true",
                         help="special-token strings typed in chat messages become control tokens "
                              "(default: plain text, so a message cannot forge a turn)")
+    server.add_argument("--instance-id", default=None,
+                        help="value of the x-jaxinfer-instance header on every response, which shows behind a load "
+                             "balancer where a request went (default: hostname:port)")
     server.add_argument("--disable-log-requests", action="store_true",
                         help="no log line per request received and finished")
     server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
@@ -171,11 +174,13 @@ def server_config(args):
     from jaxinfer.api.config import ServerConfig
 
     name = served_specs(args)[0].name
+    instance_id = f"{socket.gethostname()}:{args.port}" if args.instance_id is None else args.instance_id
     return ServerConfig(host=args.host, port=args.port, served_model_name=name,
                         api_key=args.api_key, max_queue_wait=args.max_queue_wait,
                         request_timeout=args.request_timeout, truncate_prompt=args.truncate_prompt,
                         shutdown_timeout=args.shutdown_timeout, max_request_bytes=args.max_request_bytes,
-                        parse_special_tokens_in_messages=args.parse_special_tokens_in_messages)
+                        parse_special_tokens_in_messages=args.parse_special_tokens_in_messages,
+                        instance_id=instance_id)
 
 
 def engine_config(args, model_config):

@@ -20,6 +20,7 @@ from jaxinfer.api.access_log import install_probe_filter
 from jaxinfer.api.body_limit import BodySizeLimit
 from jaxinfer.api.config import ServerConfig
 from jaxinfer.api.errors import install_error_handlers
+from jaxinfer.api.instance_header import InstanceHeader
 from jaxinfer.api.metrics import Metrics
 from jaxinfer.api.model_registry import ModelRegistry
 from jaxinfer.api.prompts import check_chat_template
@@ -69,7 +70,9 @@ def create_app(models: AsyncEngine | ModelRegistry, server_config: ServerConfig 
     app.state.ctx = ctx
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_request_bytes)
-    app.add_middleware(ErrorResponseCounter, count=ctx.metrics.count_error_response)  # outermost: sees 413s
+    app.add_middleware(ErrorResponseCounter, count=ctx.metrics.count_error_response)  # sees 413s
+    if config.instance_id is not None:  # outermost: every response names its instance
+        app.add_middleware(InstanceHeader, instance_id=config.instance_id)
     app.include_router(routes.v1)
     app.include_router(routes.debug)
     app.include_router(routes.ops)

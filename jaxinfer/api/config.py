@@ -29,6 +29,8 @@ class ServerConfig:
       parse_special_tokens_in_messages: map special-token strings typed inside chat message
         contents to control tokens (off: they are plain text, so a message cannot forge a
         turn; `jaxinfer.chat`). Also applies to ``/tokenize`` with ``messages``.
+      instance_id: the ``x-jaxinfer-instance`` header every response carries (None: no header;
+        ``server.py`` defaults it to ``hostname:port``).
     """
 
     host: str = "127.0.0.1"
@@ -42,6 +44,7 @@ class ServerConfig:
     retry_after: float = 1.0
     max_request_bytes: int | None = 16 << 20
     parse_special_tokens_in_messages: bool = False
+    instance_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.truncate_prompt not in ("none", "left"):
@@ -56,3 +59,6 @@ class ServerConfig:
                 raise ValueError(f"{name} must be > 0 seconds (or unset for no limit), got {value}")
         if self.max_request_bytes is not None and self.max_request_bytes < 1:
             raise ValueError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
+        if self.instance_id is not None and not (self.instance_id.isascii() and self.instance_id.isprintable()
+                                                 and self.instance_id.strip()):
+            raise ValueError(f"instance_id must be printable ASCII, got {self.instance_id!r}")

@@ -1,0 +1,478 @@
+"""``python -m jaxinfer.cluster --instances N [server flags]``: N servers behind HAProxy on one machine.
+
+Owns the single-machine cluster: it starts N ``server.py`` processes on loopback ports
+(``--base-port``, then +1, ...), waits until each is warm (``GET /health`` 200), then starts
+HAProxy in front of them on ``--host:--port`` (127.0.0.1:8000) with the configuration of
+`jaxinfer.haproxy_config` (consistent hashing on ``X-Session-Id`` / the ``user`` field / the
+client address, active checks on ``/health``). It prints where everything listens and
+writes its state under ``--run-dir``. Ctrl+C or SIGTERM stops it all cleanly: HAProxy stops
+accepting and finishes its open connections, the servers drain their in-flight requests.
+
+Rolling restart (`Cluster.rolling_restart`): one instance at a time, mark it ``drain`` in
+HAProxy (no new requests; sessions that hashed to it go to the others meanwhile), wait until
+it has no request in flight, stop it (SIGTERM), start it again with the same flags, wait
+until it is warm and HAProxy's check sees it up, then the next one. A running launcher does
+this on SIGHUP; ``python -m jaxinfer.cluster --rolling-restart [--port P]`` sends that signal
+and waits until it is done. An instance that dies on its own is reported, and HAProxy's
+check takes it out of rotation; it is not restarted automatically.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import httpx
+
+from jaxinfer import haproxy_runtime as hx
+from jaxinfer.haproxy_config import BACKEND, BALANCES, HealthCheck, Upstream, render_config
+
+SERVER_SCRIPT = Path(__file__).resolve().parents[1] / "server.py"
+OWN_SERVER_FLAGS = ("--host", "--port", "--instance-id")  # the launcher sets these per instance
+
+
+class ClusterError(RuntimeError):
+    """An instance or HAProxy failed to start, or did not become ready in time."""
+
+
+@dataclasses.dataclass
+class Instance:
+    """One server process of the cluster.
+
+    Attributes:
+      name: HAProxy's name for it (``inst1``, ``inst2``...).
+      port: its loopback HTTP port.
+      log_path: where its stdout and stderr go (appended across restarts).
+      proc: the running process (None before the first start).
+    """
+
+    name: str
+    port: int
+    log_path: Path
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def upstream(self) -> Upstream:
+        return Upstream(self.name, f"127.0.0.1:{self.port}")
+
+
+class Cluster:
+    """N jaxinfer servers and one HAProxy, as child processes.
+
+    Args:
+      instances: how many servers (>= 1).
+      server_args: ``server.py`` flags for every instance (not ``--host``, ``--port`` or
+        ``--instance-id``, which the launcher sets).
+      host, port: where HAProxy listens.
+      base_port: the first instance's port (default: ``port + 1``); the others follow it.
+      ports: the instances' ports, one each (instead of ``base_port``).
+      run_dir: configuration, admin socket, logs and ``state.json`` (default:
+        ``<tmp>/jaxinfer-cluster-<port>``).
+      balance: ``"hash"`` or ``"roundrobin"`` (the benchmark's baseline).
+      check: HAProxy's health-check timing.
+      ready_timeout: seconds an instance may take to become warm (loading + compiling).
+      stop_timeout: seconds a stopping process gets before SIGKILL (the servers' drain).
+      env: environment of the server processes (default: this one's).
+      say: where progress lines go.
+    Raises:
+      ValueError: bad arguments (checked before anything starts).
+    """
+
+    def __init__(self, instances: int, server_args: list[str] = (), *, host: str = "127.0.0.1", port: int = 8000,
+                 base_port: int | None = None, ports: list[int] | None = None, run_dir: str | Path | None = None,
+                 balance: str = "hash",
+                 check: HealthCheck = HealthCheck(), ready_timeout: float = 900.0, stop_timeout: float = 40.0,
+                 env: dict | None = None, say: Callable[[str], None] = print):
+        if instances < 1:
+            raise ValueError(f"instances must be >= 1, got {instances}")
+        if balance not in BALANCES:
+            raise ValueError(f"balance must be one of {BALANCES}, got {balance!r}")
+        first = port + 1 if base_port is None else base_port
+        ports = list(range(first, first + instances)) if ports is None else list(ports)
+        if len(ports) != instances or len(set(ports)) != instances or port in ports:
+            raise ValueError(f"need {instances} distinct instance ports other than {port}, got {ports}")
+        clash = [a for a in server_args if a.split("=")[0] in OWN_SERVER_FLAGS]
+        if clash:
+            raise ValueError(f"{clash[0]} is set by the launcher for each instance (use --port / --base-port)")
+        self.server_args = list(server_args)
+        self.host, self.port, self.balance, self.check = host, port, balance, check
+        self.run_dir = Path(run_dir or Path(tempfile.gettempdir()) / f"jaxinfer-cluster-{port}")
+        self.ready_timeout, self.stop_timeout, self.env, self.say = ready_timeout, stop_timeout, env, say
+        self.instances = [self._new_instance(i, p) for i, p in enumerate(ports)]
+        self.haproxy: subprocess.Popen | None = None
+        self._replaced: list[subprocess.Popen] = []  # HAProxy processes finishing their connections after a reload
+        self.haproxy_binary: str | None = None
+        self.rolling_restarts = 0
+        self._lock = threading.Lock()
+
+    # ----- paths ----------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def admin_socket(self) -> Path:
+        return self.run_dir / "haproxy.sock"
+
+    @property
+    def state_path(self) -> Path:
+        """``state.json``: launcher pid, instances, completed rolling restarts (while running)."""
+        return self.run_dir / "state.json"
+
+    @property
+    def config_path(self) -> Path:
+        return self.run_dir / "haproxy.cfg"
+
+    def _new_instance(self, index: int, port: int) -> Instance:
+        return Instance(f"inst{index + 1}", port, self.run_dir / f"inst{index + 1}.log")
+
+    # ----- start / stop ---------------------------------------------------------------------
+    def start(self) -> "Cluster":
+        """Install HAProxy if needed, start every instance, wait until all are warm, start HAProxy.
+
+        Raises:
+          ClusterError: an instance exited or stayed unready past ``ready_timeout`` (its log's
+            last lines are in the message), or HAProxy did not come up.
+          jaxinfer.haproxy_runtime.HAProxyError: HAProxy missing and not installable.
+        """
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.state_path.unlink(missing_ok=True)  # a stale one would point --rolling-restart at a dead pid
+        self.haproxy_binary = hx.ensure_haproxy(self.say)
+        try:
+            for inst in self.instances:
+                self._spawn(inst)
+            self.say(f"waiting for {len(self.instances)} instance(s) to load and warm up (logs in {self.run_dir})")
+            for inst in self.instances:
+                self._wait_warm(inst)
+            self._start_haproxy()
+        except BaseException:
+            self.stop()
+            raise
+        self._write_state()
+        return self
+
+    def stop(self) -> None:
+        """Stop HAProxy (soft: finish open connections) and every instance (SIGTERM: drain), then
+        SIGKILL whatever is still running after ``stop_timeout`` s. Idempotent."""
+        balancers = [p for p in [self.haproxy, *self._replaced] if p is not None and p.poll() is None]
+        procs = balancers + [i.proc for i in self.instances if i.proc is not None and i.proc.poll() is None]
+        for proc in balancers:
+            proc.send_signal(signal.SIGUSR1)  # soft stop
+        for inst in self.instances:
+            if inst.proc is not None and inst.proc.poll() is None:
+                inst.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_timeout
+        for proc in procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.admin_socket.unlink(missing_ok=True)
+        self.state_path.unlink(missing_ok=True)
+
+    def __enter__(self) -> "Cluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _spawn(self, inst: Instance) -> None:
+        if not SERVER_SCRIPT.is_file():
+            raise ClusterError(f"{SERVER_SCRIPT} not found: run the cluster from a jaxinfer checkout")
+        cmd = [sys.executable, str(SERVER_SCRIPT), *self.server_args, "--host", "127.0.0.1", "--port", str(inst.port)]
+        with open(inst.log_path, "ab") as log:  # the child keeps its own descriptor
+            inst.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=self.env, start_new_session=True)  # Ctrl+C reaches the launcher only
+
+    def _wait_warm(self, inst: Instance) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        with httpx.Client(timeout=5) as http:
+            while time.monotonic() < deadline:
+                if inst.proc.poll() is not None:
+                    raise ClusterError(f"{inst.name} (port {inst.port}) exited with status {inst.proc.returncode}:\n"
+                                       + _tail(inst.log_path))
+                try:
+                    if http.get(f"{inst.url}/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.25)
+        raise ClusterError(f"{inst.name} (port {inst.port}) not ready after {self.ready_timeout:g} s:\n"
+                           + _tail(inst.log_path))
+
+    # ----- HAProxy --------------------------------------------------------------------------
+    def _start_haproxy(self) -> None:
+        """(Re)write the configuration and start HAProxy; a running one hands over (``-sf``)."""
+        text = render_config([i.upstream for i in self.instances], bind=f"{self.host}:{self.port}",
+                             balance=self.balance, check=self.check, admin_socket=str(self.admin_socket))
+        self.config_path.write_text(text)
+        hx.check_config(self.haproxy_binary, self.config_path)
+        old = self.haproxy if self.haproxy is not None and self.haproxy.poll() is None else None
+        cmd = [self.haproxy_binary, "-db", "-f", str(self.config_path)] + (["-sf", str(old.pid)] if old else [])
+        with open(self.run_dir / "haproxy.log", "ab") as log:
+            self.haproxy = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            start_new_session=True)
+        self._wait_all_up(self.instances, 30.0)
+        if old is not None:
+            self._replaced.append(old)  # it exits by itself once its connections end
+
+    def _wait_all_up(self, instances: list[Instance], timeout: float) -> None:
+        names = {i.name for i in instances}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.haproxy.poll() is not None:
+                raise ClusterError(f"haproxy exited with status {self.haproxy.returncode}:\n"
+                                   + _tail(self.run_dir / "haproxy.log"))
+            try:
+                stats = hx.server_stats(self.admin_socket, BACKEND)
+                if all(stats.get(n, {}).get("status") == "UP" for n in names):
+                    return
+            except OSError:
+                pass  # socket not there yet
+            time.sleep(0.1)
+        raise ClusterError(f"haproxy did not see {sorted(names)} up within {timeout:g} s")
+
+    def server_stats(self) -> dict[str, dict[str, str]]:
+        """HAProxy's ``show stat`` rows of the instances, by name (`jaxinfer.haproxy_runtime.server_stats`)."""
+        return hx.server_stats(self.admin_socket, BACKEND)
+
+    # ----- changes while running -------------------------------------------------------------
+    def add_instance(self, port: int | None = None) -> Instance:
+        """Start one more instance (on ``port``, default: after the highest one), wait until it is
+        warm, then reload HAProxy with it (the old HAProxy process finishes its open connections). Returns the new instance.
+
+        Raises:
+          ClusterError: as `start`.
+        """
+        with self._lock:
+            port = max(i.port for i in self.instances) + 1 if port is None else port
+            inst = self._new_instance(len(self.instances), port)
+            self._spawn(inst)
+            try:
+                self._wait_warm(inst)
+            except BaseException:
+                inst.proc.kill()
+                inst.proc.wait()
+                raise
+            self.instances.append(inst)
+            self._start_haproxy()
+            self._write_state()
+            return inst
+
+    def rolling_restart(self, drain_timeout: float = 300.0, should_stop: Callable[[], bool] = lambda: False) -> None:
+        """Restart the instances one at a time without failing a request (module docstring).
+
+        Args:
+          drain_timeout: seconds to wait for an instance's in-flight requests before stopping
+            it anyway (its own SIGTERM drain then still gives them ``--shutdown-timeout``).
+          should_stop: polled between steps; True ends the restart early.
+        Raises:
+          ClusterError: a restarted instance did not become warm (HAProxy keeps it drained).
+        """
+        with self._lock:
+            for inst in self.instances:
+                if should_stop():
+                    return
+                t0 = time.monotonic()
+                self.say(f"rolling restart: {inst.name} (port {inst.port}) draining")
+                hx.set_state(self.admin_socket, BACKEND, inst.name, "drain")
+                self._wait_idle(inst, drain_timeout)
+                if inst.proc is not None and inst.proc.poll() is None:
+                    inst.proc.send_signal(signal.SIGTERM)
+                    try:
+                        inst.proc.wait(self.stop_timeout)
+                    except subprocess.TimeoutExpired:
+                        inst.proc.kill()
+                        inst.proc.wait()
+                self._spawn(inst)
+                self._wait_warm(inst)
+                hx.set_state(self.admin_socket, BACKEND, inst.name, "ready")
+                self._wait_all_up([inst], 60.0)
+                self.say(f"rolling restart: {inst.name} back up (pid {inst.proc.pid}, {time.monotonic() - t0:.0f} s)")
+            self.rolling_restarts += 1
+            self._write_state()
+
+    def _wait_idle(self, inst: Instance, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if int(self.server_stats().get(inst.name, {}).get("scur") or 0) == 0:
+                return
+            time.sleep(0.1)
+        self.say(f"rolling restart: {inst.name} still busy after {timeout:g} s, stopping it anyway")
+
+    def _write_state(self) -> None:
+        state = {"launcher_pid": os.getpid(), "url": self.url, "rolling_restarts": self.rolling_restarts,
+                 "haproxy_pid": self.haproxy.pid if self.haproxy else None,
+                 "instances": [{"name": i.name, "url": i.url, "pid": i.proc.pid if i.proc else None}
+                               for i in self.instances]}
+        tmp = self.run_dir / "state.json.tmp"
+        tmp.write_text(json.dumps(state, indent=1))
+        tmp.replace(self.state_path)
+
+    def describe(self) -> str:
+        """Where everything listens, for the terminal."""
+        key = "X-Session-Id / user / client address" if self.balance == "hash" else "round robin"
+        lines = [f"jaxinfer cluster: {len(self.instances)} instance(s) behind HAProxy ({key})",
+                 f"  balancer  {self.url}  (OpenAI API at {self.url}/v1)"]
+        lines += [f"  {i.name:<8}  {i.url}  pid {i.proc.pid}  metrics {i.url}/metrics  log {i.log_path}"
+                  for i in self.instances]
+        lines += [f"  haproxy   pid {self.haproxy.pid}  config {self.config_path}  admin socket {self.admin_socket}",
+                  f"Ctrl+C or SIGTERM stops everything; `python -m jaxinfer.cluster --rolling-restart --port "
+                  f"{self.port}` restarts the instances one at a time."]
+        return "\n".join(lines)
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+# ----- command line ---------------------------------------------------------------------------
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each default once: help texts that say ``default:`` themselves are left alone."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        return text if "default:" in text else super()._get_help_string(action)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m jaxinfer.cluster", formatter_class=_HelpFormatter,
+                                description="N jaxinfer servers on loopback ports behind HAProxy (consistent "
+                                            "hashing, health checks on /health); docs/deploy.md.",
+                                epilog="Every other flag is passed to each server.py (see python server.py --help).")
+    p.add_argument("--instances", type=int, default=3, help="servers to start")
+    p.add_argument("--host", default="127.0.0.1", help="address HAProxy listens on")
+    p.add_argument("--port", type=int, default=8000, help="port HAProxy listens on")
+    p.add_argument("--base-port", type=int, default=None, help="first instance's port (default: --port + 1)")
+    p.add_argument("--balance", default="hash", choices=BALANCES,
+                   help="hash: consistent hashing on X-Session-Id / user / client address; roundrobin: baseline")
+    p.add_argument("--run-dir", default=None,
+                   help="configuration, logs, admin socket and state (default: <tmp>/jaxinfer-cluster-<port>)")
+    p.add_argument("--rolling-restart", action="store_true",
+                   help="do not start a cluster: restart the instances of the one running on --port, one at a time")
+    p.add_argument("--timeout", type=float, default=3600.0, help="--rolling-restart: seconds to wait for it")
+    return p
+
+
+def check_server_flags(server_args: list[str]) -> None:
+    """Parse the pass-through flags with ``server.py``'s own parser, so a typo exits 2 before
+    anything starts (argparse prints the error)."""
+    spec = importlib.util.spec_from_file_location("jaxinfer_server_cli", SERVER_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    parser = module.build_parser()
+    parser.prog = "python -m jaxinfer.cluster [cluster flags]"
+    module.check_flags(parser, parser.parse_args(server_args))
+
+
+def request_rolling_restart(run_dir: Path, timeout: float) -> int:
+    """Signal the launcher whose state is in ``run_dir`` (SIGHUP) and wait until it reports the
+    restart done. Returns the exit status (0 done, 1 no launcher / it died / timed out)."""
+    state_file = run_dir / "state.json"
+    try:
+        state = json.loads(state_file.read_text())
+        os.kill(state["launcher_pid"], signal.SIGHUP)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"no running cluster found in {run_dir} ({e})", file=sys.stderr)
+        return 1
+    done, pid = state["rolling_restarts"], state["launcher_pid"]
+    print(f"rolling restart of {state['url']} requested (launcher pid {pid}); its progress is on its output")
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        time.sleep(0.5)
+        try:
+            os.kill(pid, 0)
+            if json.loads(state_file.read_text())["rolling_restarts"] > done:
+                print(f"rolling restart done in {time.monotonic() - t0:.0f} s")
+                return 0
+        except ProcessLookupError:
+            print("the launcher exited before the restart finished", file=sys.stderr)
+            return 1
+        except (OSError, ValueError):
+            pass  # state file being replaced
+    print(f"rolling restart not finished after {timeout:g} s", file=sys.stderr)
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, server_args = parser.parse_known_args(argv)
+    run_dir = Path(args.run_dir or Path(tempfile.gettempdir()) / f"jaxinfer-cluster-{args.port}")
+    if args.rolling_restart:
+        return request_rolling_restart(run_dir, args.timeout)
+    check_server_flags(server_args)
+    try:
+        cluster = Cluster(args.instances, server_args, host=args.host, port=args.port, base_port=args.base_port,
+                          run_dir=run_dir, balance=args.balance, say=lambda m: print(m, flush=True))
+    except ValueError as e:
+        parser.error(str(e))
+    signal.signal(signal.SIGTERM, _interrupt)  # while starting, SIGTERM is Ctrl+C: start() stops what it began
+    try:
+        cluster.start()
+    except (ClusterError, hx.HAProxyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted while starting; stopped", file=sys.stderr)
+        return 130
+    stop, restart = threading.Event(), threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: restart.set())
+    print(cluster.describe(), flush=True)
+    return _serve(cluster, stop, restart)
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
+def _serve(cluster: Cluster, stop: threading.Event, restart: threading.Event) -> int:
+    """Watch the children until asked to stop; run rolling restarts on request."""
+    reported: set[str] = set()
+    status = 0
+    while not stop.wait(0.5):
+        if restart.is_set():
+            restart.clear()
+            try:
+                cluster.rolling_restart(should_stop=stop.is_set)
+                print("rolling restart done", flush=True)
+            except (ClusterError, hx.HAProxyError, OSError) as e:
+                print(f"rolling restart failed: {e}", file=sys.stderr, flush=True)
+        if cluster.haproxy.poll() is not None:
+            print(f"haproxy exited (status {cluster.haproxy.returncode}); stopping", file=sys.stderr)
+            status = 1
+            break
+        for inst in cluster.instances:
+            if inst.proc.poll() is not None and inst.name not in reported:
+                reported.add(inst.name)
+                print(f"{inst.name} exited (status {inst.proc.returncode}); HAProxy routes around it. "
+                      f"Log: {inst.log_path}", file=sys.stderr, flush=True)
+            elif inst.proc.poll() is None:
+                reported.discard(inst.name)
+    print("stopping: HAProxy finishes open connections, instances drain", flush=True)
+    cluster.stop()
+    print("stopped", flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""`jaxinfer.haproxy_config` and `jaxinfer.haproxy_runtime` without any server: the committed
+``deploy/haproxy.cfg`` is the renderer's output, HAProxy itself accepts what is rendered, and a
+missing HAProxy that cannot be installed is a clear error. Routing behaviour is tested against
+real servers in tests/test_cluster.py."""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import stat
+
+import pytest
+
+from api_helpers import REPO
+from jaxinfer import haproxy_config as hc
+from jaxinfer import haproxy_runtime as hx
+
+THREE = ["127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"]
+
+
+def rendered_cli(args: list[str]) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        hc.main(args)
+    return out.getvalue()
+
+
+def test_committed_reference_config_is_the_renderers_output():
+    assert (REPO / "deploy" / "haproxy.cfg").read_text() == rendered_cli(THREE)
+
+
+def directives(text: str, section: str) -> list[str]:
+    """The directive lines of one section (``frontend jaxinfer``...), comments stripped."""
+    lines, inside = [], False
+    for raw in text.splitlines():
+        line = raw.split("  #")[0].rstrip()
+        if line and not line.startswith(" "):
+            inside = line == section
+        elif inside and line.strip() and not line.strip().startswith("#"):
+            lines.append(line.strip())
+    return lines
+
+
+def test_policy_lines():
+    text = rendered_cli(THREE)
+    backend = directives(text, "backend jaxinfer")
+    assert "balance hdr(X-Jaxinfer-Route-Key)" in backend and any(d.startswith("hash-type consistent") for d in backend)
+    assert "option httpchk GET /health" in backend and "http-check expect status 200" in backend
+    assert [d.split()[1:3] for d in backend if d.startswith("server ")] == [[f"inst{i}", a] for i, a in
+                                                                            enumerate(THREE, 1)]
+    defaults = directives(text, "defaults")
+    assert "retry-on conn-failure" in defaults  # never a request that reached an instance
+    frontend = directives(text, "frontend jaxinfer")
+    keys = [d for d in frontend if d.startswith("http-request set-var(txn.route_key)")]
+    assert ["X-Session-Id" in keys[0], "json_query('$.user')" in keys[1], " src " in keys[2]] == [True] * 3
+    rr = rendered_cli([*THREE, "--balance", "roundrobin"])
+    assert "balance roundrobin" in directives(rr, "backend jaxinfer") and "hash-type" not in rr
+
+
+@pytest.mark.parametrize("balance", hc.BALANCES)
+def test_haproxy_accepts_the_rendered_config(tmp_path, balance):
+    binary = hx.find_haproxy()
+    if binary is None:
+        pytest.skip("haproxy is not installed (python -m jaxinfer.cluster installs it)")
+    path = tmp_path / "haproxy.cfg"
+    path.write_text(rendered_cli([*THREE, "--balance", balance]))
+    hx.check_config(binary, path)
+    path.write_text(path.read_text().replace("balance ", "balanse "))
+    with pytest.raises(hx.HAProxyError, match="balanse"):
+        hx.check_config(binary, path)
+
+
+def test_bad_upstreams_are_refused():
+    with pytest.raises(ValueError, match="at least one"):
+        hc.render_config([])
+    with pytest.raises(ValueError, match="unique"):
+        hc.render_config([hc.Upstream("a", "h:1"), hc.Upstream("a", "h:2")])
+    with pytest.raises(ValueError, match="balance"):
+        hc.render_config([hc.Upstream("a", "h:1")], balance="random")
+
+
+def _only_path(monkeypatch, folder) -> None:
+    monkeypatch.setenv("PATH", str(folder))
+    monkeypatch.setattr(hx, "_SEARCH", str(folder))
+
+
+def test_missing_haproxy_without_a_package_manager_says_what_to_do(tmp_path, monkeypatch):
+    _only_path(monkeypatch, tmp_path)
+    with pytest.raises(hx.HAProxyError, match="apt-get install -y haproxy"):
+        hx.ensure_haproxy(say=lambda m: None)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as non-root the install goes through sudo")
+def test_failed_install_is_announced_then_reported(tmp_path, monkeypatch):
+    fake = tmp_path / "apt-get"  # a package manager that always fails
+    fake.write_text("#!/bin/sh\necho 'E: Unable to locate package haproxy' >&2\nexit 100\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    _only_path(monkeypatch, tmp_path)
+    said = []
+    with pytest.raises(hx.HAProxyError, match="could not install haproxy with apt-get.*Unable to locate"):
+        hx.ensure_haproxy(say=said.append)
+    assert said == ["haproxy not found: installing it with apt-get install -y haproxy"]
