@@ -15,7 +15,9 @@ XLA path (CPU default): attention of a token = softmax over
      B2 for multi-token rows with context (a continuing prefill chunk, or a prefix-cache
         hit): a loop over work items of up to ``Q_CHUNK`` queries of one row, each
         gathering that row's context once (no per-token gather),
-merged with one shared max (log-sum-exp). A step of fresh prefills reads no pages, a
+merged with one shared max (log-sum-exp). A sliding-window layer (``window`` W, a traced
+per-layer scalar) also masks keys with ``q_pos - k_pos >= W`` in all three parts (`_in_window`),
+and B1 starts its block walk at the first block any row's window reaches. A step of fresh prefills reads no pages, a
 decode token reads exactly its sequence's context once, and a fresh prefill mixed into
 a decode batch costs no extra context reads.
 Pallas path: writes the new K/V first, then calls ``pallas_kernels.ragged_paged_attention``
@@ -152,10 +154,16 @@ def _merge(parts):
     return acc / denom[..., None]
 
 
+def _in_window(q_pos, k_pos, window):
+    """Whether keys at ``k_pos`` lie in the sliding window of queries at ``q_pos`` (broadcast):
+    ``q_pos - k_pos < window`` (transformers' sliding-window mask). True when ``window`` is None."""
+    return True if window is None else (q_pos - k_pos) < window
+
+
 BLOCKS_PER_ITER = 8  # B1 reads this many blocks per row per loop iteration
 
 
-def _row_context(qg, k_cache, v_cache, layer, meta):
+def _row_context(qg, k_cache, v_cache, layer, meta, window=None):
     """B1: each row's last token against the row's context, scattered back to [T].
 
     Walks the block tables ``BLOCKS_PER_ITER`` blocks at a time with an online softmax
@@ -169,6 +177,7 @@ def _row_context(qg, k_cache, v_cache, layer, meta):
     c = min(BLOCKS_PER_ITER, W)
     tables = jnp.pad(meta.block_tables, ((0, 0), (0, -W % c)))  # null-block padding to a multiple of c
     q = qg[jnp.minimum(meta.row_last, T - 1)]  # [R, K, G, H]
+    q_pos = meta.positions[jnp.minimum(meta.row_last, T - 1)]  # [R]
     span = c * bs
 
     def body(j, carry):
@@ -178,7 +187,8 @@ def _row_context(qg, k_cache, v_cache, layer, meta):
         v = kv_values(v_cache[layer, blocks]).reshape(R, span, K, H)
         s = jnp.einsum("rkgh,rskh->rkgs", q, k.astype(jnp.float32))
         pos = j * span + jnp.arange(span)
-        s = jnp.where((pos[None, :] < meta.row_ctx_len[:, None])[:, None, None, :], s, -jnp.inf)
+        valid = (pos[None, :] < meta.row_ctx_len[:, None]) & _in_window(q_pos[:, None], pos[None, :], window)
+        s = jnp.where(valid[:, None, None, :], s, -jnp.inf)
         m_new = jnp.maximum(m, s.max(-1))
         safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
         p = jnp.exp(s - safe[..., None])
@@ -187,17 +197,22 @@ def _row_context(qg, k_cache, v_cache, layer, meta):
                 acc * scale[..., None] + jnp.einsum("rkgs,rskh->rkgh", p, v.astype(jnp.float32)))
 
     iters = (jnp.max(meta.row_ctx_len) + span - 1) // span
+    first = 0
+    if window is not None:  # skip the blocks below every real row's window
+        real = (meta.row_last < T) & (meta.row_ctx_len > 0)
+        first = jnp.min(jnp.where(real, jnp.maximum(q_pos - window + 1, 0), jnp.iinfo(jnp.int32).max)) // span
     init = (jnp.full((R, K, G), -jnp.inf), jnp.zeros((R, K, G)), jnp.zeros((R, K, G, H)))
-    m, l, a = jax.lax.fori_loop(0, iters, body, init)
+    m, l, a = jax.lax.fori_loop(jnp.minimum(first, iters), iters, body, init)
     to = lambda init, x: init.at[meta.row_last].set(x, mode="drop")  # noqa: E731
     return (to(jnp.full((T, K, G), -jnp.inf), m), to(jnp.zeros((T, K, G)), l), to(jnp.zeros((T, K, G, H)), a))
 
 
-def _chunk_context(qg, k_cache, v_cache, layer, meta, q_chunk: int):
+def _chunk_context(qg, k_cache, v_cache, layer, meta, q_chunk: int, window=None):
     """B2: loop over work items; each is <= q_chunk queries of one row vs that row's context."""
     T, K, G, H = qg.shape
     pad = lambda x, v: jnp.concatenate([x, jnp.full((q_chunk,) + x.shape[1:], v, x.dtype)])  # noqa: E731
     qp = pad(qg, 0.0)
+    pos_p = pad(meta.positions, 0)
     init = (jnp.full((T + q_chunk, K, G), -jnp.inf), jnp.zeros((T + q_chunk, K, G)), jnp.zeros((T + q_chunk, K, G, H)))
 
     def body(i, acc):
@@ -206,7 +221,10 @@ def _chunk_context(qg, k_cache, v_cache, layer, meta, q_chunk: int):
         kc = kv_values(k_cache[layer, meta.block_tables[row]]).reshape(-1, K, H)  # [S, K, H]
         vc = kv_values(v_cache[layer, meta.block_tables[row]]).reshape(-1, K, H)
         s = jnp.einsum("qkgh,skh->qkgs", q, kc.astype(jnp.float32))
-        valid = (jnp.arange(kc.shape[0]) < meta.row_ctx_len[row])[None, :] & (jnp.arange(q_chunk) < n)[:, None]
+        k_pos = jnp.arange(kc.shape[0])[None, :]
+        q_pos = jax.lax.dynamic_slice_in_dim(pos_p, start, q_chunk)[:, None]
+        valid = ((k_pos < meta.row_ctx_len[row]) & (jnp.arange(q_chunk) < n)[:, None]
+                 & _in_window(q_pos, k_pos, window))
         m, l, a = _partial_softmax(jnp.where(valid[:, None, None, :], s, -jnp.inf), vc)
         keep = (jnp.arange(q_chunk) < n)[:, None, None]
         out = []
@@ -220,7 +238,8 @@ def _chunk_context(qg, k_cache, v_cache, layer, meta, q_chunk: int):
     return m[:T], l[:T], a[:T]
 
 
-def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: AttentionMetadata, sm_scale: float):
+def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: AttentionMetadata, sm_scale: float,
+                        window=None):
     """Ragged paged attention in pure jnp (same semantics as the Pallas kernel).
 
     Args:
@@ -228,6 +247,8 @@ def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: Attentio
       k_cache, v_cache: [L, NB, bs, K, H] pages (the cached context is read from them).
       layer: [] int32 layer index. meta: `AttentionMetadata` (XLA-path fields).
       sm_scale: softmax scale (H ** -0.5).
+      window: [] int32 sliding window of this layer (keys with ``q_pos - k_pos < window``
+        are seen), or None (static) for full causal attention.
 
     Returns:
       [T, N, H] in q's dtype; float32 accumulation.
@@ -237,15 +258,16 @@ def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: Attentio
     qg = q.astype(jnp.float32).reshape(T, K, N // K, H) * sm_scale
     s_new = jnp.einsum("tkgh,ukh->tkgu", qg, k_new.astype(jnp.float32))
     same = (meta.token_seq[:, None] == meta.token_seq[None, :]) & (meta.positions[None, :] <= meta.positions[:, None])
+    same = same & _in_window(meta.positions[:, None], meta.positions[None, :], window)
     parts = [_partial_softmax(jnp.where(same[:, None, None, :], s_new, -jnp.inf), v_new)]  # diagonal kept
     if meta.block_tables.shape[1] > 0:  # static: the bucket has a context width
-        parts.append(_row_context(qg, k_cache, v_cache, layer, meta))
-        parts.append(_chunk_context(qg, k_cache, v_cache, layer, meta, min(Q_CHUNK, T)))
+        parts.append(_row_context(qg, k_cache, v_cache, layer, meta, window))
+        parts.append(_chunk_context(qg, k_cache, v_cache, layer, meta, min(Q_CHUNK, T), window))
     return _merge(parts).reshape(T, N, H).astype(q.dtype)
 
 
 def pallas_paged_attention(q, k_cache, v_cache, layer, meta: AttentionMetadata, sm_scale: float,
-                           interpret: bool = False, mesh: Mesh | None = None):
+                           interpret: bool = False, mesh: Mesh | None = None, window=None):
     """``pallas_kernels.ragged_paged_attention`` over the whole context, per TP shard.
 
     The kernel is an opaque custom call that XLA's SPMD partitioner cannot split (it would
@@ -258,37 +280,39 @@ def pallas_paged_attention(q, k_cache, v_cache, layer, meta: AttentionMetadata, 
     Args:
       q: [T, N, H]; k_cache, v_cache: [L, NB, bs, K, H]; layer: [] int32.
       mesh: the replica's ``(data, model)`` mesh, or None on one device.
+      window: [] int32 sliding window of this layer, or None (full causal attention).
     Returns:
       [T, N, H] in q's dtype.
     """
     from pallas_kernels import ragged_paged_attention
 
-    def attend(q, k_cache, v_cache, layer, kv_lens, block_tables, query_start_loc, num_seqs):
+    def attend(q, k_cache, v_cache, layer, kv_lens, block_tables, query_start_loc, num_seqs, *win):
         # The kernel takes q in the cache dtype (bfloat16 models keep q in float32 up to here).
         return ragged_paged_attention(q.astype(k_cache.dtype), k_cache, v_cache, kv_lens, block_tables,
                                       query_start_loc, num_seqs, sm_scale=sm_scale, layer=layer,
-                                      interpret=interpret).astype(q.dtype)
+                                      interpret=interpret, sliding_window=win[0] if win else None).astype(q.dtype)
 
     args = (q, kv_values(k_cache), kv_values(v_cache), layer, meta.kv_lens, meta.block_tables, meta.query_start_loc,
-            meta.num_seqs)
+            meta.num_seqs) + (() if window is None else (window,))
     tp = 1 if mesh is None else mesh.shape["model"]
     if tp == 1:
         return attend(*args)
     heads = "model" if k_cache.shape[3] % tp == 0 else None  # the cache's own K split (sharding.kv_cache_spec)
     q_spec, kv_spec = P(None, heads, None), P(None, None, None, heads, None)
-    sharded = jax.shard_map(attend, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec) + (P(),) * 5,
+    sharded = jax.shard_map(attend, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec) + (P(),) * (len(args) - 3),
                             out_specs=q_spec, check_vma=False)
     return sharded(*args)
 
 
 def paged_attention(backend: AttentionBackend, q, k_new, v_new, k_cache, v_cache, layer,
-                    meta: AttentionMetadata, sm_scale: float):
+                    meta: AttentionMetadata, sm_scale: float, window=None):
     """Write this step's K/V into the pages and attend: the one switch point.
 
     Args:
       backend: which implementation (`AttentionBackend`).
       q: [T, N, H]; k_new, v_new: [T, K, H]; k_cache, v_cache: [L, NB, bs, K, H];
       layer: [] int32; sm_scale: softmax scale (``H ** -0.5``).
+      window: [] int32 sliding window of this layer, or None (static) for full causal attention.
 
     Returns:
       (out [T, N, H], k_cache, v_cache) with the new K/V written.
@@ -296,7 +320,8 @@ def paged_attention(backend: AttentionBackend, q, k_new, v_new, k_cache, v_cache
     k_cache = write_kv(k_cache, layer, meta.slot_mapping, k_new)
     v_cache = write_kv(v_cache, layer, meta.slot_mapping, v_new)
     if backend.name == "xla":
-        out = xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta, sm_scale)
+        out = xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta, sm_scale, window)
     else:
-        out = pallas_paged_attention(q, k_cache, v_cache, layer, meta, sm_scale, backend.interpret, backend.mesh)
+        out = pallas_paged_attention(q, k_cache, v_cache, layer, meta, sm_scale, backend.interpret, backend.mesh,
+                                     window)
     return out, k_cache, v_cache
