@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--served-model-name", default=None, help="name clients send as `model` (default: --model)")
     model.add_argument("--tokenizer", default=None, help="folder (or name under weights/) to load the tokenizer and "
                        "chat template from (default: the model's folder)")
+    model.add_argument("--chat-template", default=None, metavar="FILE",
+                       help="chat template for /v1/chat/completions, replacing the tokenizer's: a Jinja file, a "
+                       "bundled name (gemma3) or the template text; models without one (pretrained base models "
+                       "such as gemma3-270m) answer chat requests with 400 (default: the tokenizer's)")
     model.add_argument("--dtype", default="auto", choices=DTYPES,
                        help="weights, activations and KV cache; auto: bfloat16 on GPU/TPU, float32 on CPU")
     model.add_argument("--attention-backend", default=None, choices=["xla", "pallas"],
@@ -139,7 +143,7 @@ def engine_config(args, model_config):
     if max_model_len is None:
         max_model_len = min(4096, model_config.max_position_embeddings)
     return EngineConfig(
-        model_path=args.model, dtype=args.dtype, tokenizer=args.tokenizer,
+        model_path=args.model, dtype=args.dtype, tokenizer=args.tokenizer, chat_template=args.chat_template,
         cache=CacheConfig(num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory, watermark=args.watermark,
                           enable_prefix_caching=args.prefix_caching, block_size=args.block_size,
                           gpu_memory_utilization=args.gpu_memory_utilization),
@@ -287,6 +291,10 @@ def check_flags(parser: argparse.ArgumentParser, args) -> None:
     try:
         server_config(args)
         engine_config(args, probe)
+        if args.chat_template is not None:
+            from jaxinfer.templates import load_chat_template
+
+            load_chat_template(args.chat_template)
     except ValueError as e:
         parser.error(str(e))
 

@@ -14,6 +14,9 @@ import functools
 from jaxinfer.errors import RequestError
 
 SYSTEM_PROBE = "jaxinfer-system-probe-7f3a"
+NO_TEMPLATE = ("this model has no chat template (a pretrained base model has none): start the server with "
+               "--chat-template FILE or a bundled name such as gemma3 (LLM(chat_template=...) offline), "
+               "or send a prompt to /v1/completions")
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
@@ -66,7 +69,7 @@ def render_conversation(convo: list[dict], tokenizer, *, add_generation_prompt: 
     if not convo:
         raise RequestError("messages must contain at least one message", param="messages")
     if tokenizer is None or not tokenizer.has_chat_template:
-        raise RequestError("this model has no chat template: use /v1/completions", param="messages")
+        raise RequestError(NO_TEMPLATE, param="messages")
     if continue_final_message and convo[-1]["role"] != "assistant":
         raise RequestError("continue_final_message needs a final assistant message", param="messages")
     convo = [{"role": ROLES[m["role"]], "content": m["content"]} for m in convo]
@@ -82,9 +85,14 @@ def render_conversation(convo: list[dict], tokenizer, *, add_generation_prompt: 
     return text, tokenizer.encode(text, add_special_tokens=False)
 
 
-@functools.lru_cache(maxsize=8)
 def supports_system_role(tokenizer) -> bool:
-    """Whether the chat template renders a system message's text (probed once per tokenizer)."""
+    """Whether the chat template renders a system message's text (probed once per tokenizer
+    and template: ``--chat-template`` may replace the template after loading)."""
+    return _supports_system_role(tokenizer, tokenizer.chat_template)
+
+
+@functools.lru_cache(maxsize=8)
+def _supports_system_role(tokenizer, template: str | None) -> bool:
     try:
         text = tokenizer.render_chat([{"role": "system", "content": SYSTEM_PROBE}, {"role": "user", "content": "x"}])
     except Exception:  # templates that raise on the system role

@@ -501,6 +501,8 @@ class EngineConfig:
     platform; `jaxinfer.builder.resolve_dtype` replaces it before anything is built; the
     entry points ``server.py`` and `LLM` default to it). ``tokenizer``: a folder or a name under ``weights/`` to load the
     tokenizer and chat template from instead of the model's folder (None: the model's).
+    ``chat_template``: a ``--chat-template`` value (a file, a bundled name such as ``gemma3``, or
+    Jinja text: `jaxinfer.templates.load_chat_template`) that replaces the tokenizer's template.
     """
 
     model_path: str
@@ -515,6 +517,7 @@ class EngineConfig:
     return_logits: bool = False  # debug/tests: keep each sampled position's raw logits
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
     tokenizer: str | None = None
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -67,9 +67,26 @@ class Tokenizer:
                                 clean_up_tokenization_spaces=False)
 
     @property
+    def chat_template(self) -> str | None:
+        """The chat template's Jinja text (None when the tokenizer has none)."""
+        return getattr(self._tok, "chat_template", None) or None
+
+    @property
     def has_chat_template(self) -> bool:
         """Whether the tokenizer carries a chat template."""
-        return bool(getattr(self._tok, "chat_template", None))
+        return self.chat_template is not None
+
+    def set_chat_template(self, template: str) -> None:
+        """Use ``template`` (Jinja text, e.g. from `jaxinfer.templates.load_chat_template`) as
+        the chat template, replacing the tokenizer's own if it has one (vLLM's
+        ``--chat-template``). Call it before the tokenizer is used for chats.
+
+        Raises:
+          ValueError: empty template text.
+        """
+        if not template or not template.strip():
+            raise ValueError("the chat template is empty")
+        self._tok.chat_template = template
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                     continue_final_message: bool = False) -> str:

@@ -42,9 +42,10 @@ def test_flags_map_onto_config_fields():
 def test_new_flags_map_onto_config_fields():
     args = server.build_parser().parse_args(["--gpu-memory-utilization", "0.7", "--block-size", "32",
                                               "--tokenizer", "tok/dir", "--disable-log-requests",
-                                              "--prefill-budget-while-decoding", "96"])
+                                              "--prefill-budget-while-decoding", "96", "--chat-template", "gemma3"])
     e = server.engine_config(args, model_config())
     assert (e.cache.gpu_memory_utilization, e.cache.block_size, e.tokenizer) == (0.7, 32, "tok/dir")
+    assert e.chat_template == "gemma3"
     assert e.scheduler.prefill_budget_while_decoding == 96
     assert args.disable_log_requests
     d = server.engine_config(server.build_parser().parse_args([]), model_config())
@@ -113,7 +114,7 @@ def test_bad_flags_are_refused():
                                    ["--kv-cache-memory", "0"], ["--request-timeout", "0"], ["--dtype", "float16"],
                                    ["--gpu-memory-utilization", "0"], ["--gpu-memory-utilization", "1.5"],
                                    ["--gpu-memory-utilization", "-0.2"], ["--block-size", "12"],
-                                   ["--prefill-budget-while-decoding", "0"]])
+                                   ["--prefill-budget-while-decoding", "0"], ["--chat-template", "no-such-template"]])
 def test_flags_the_config_rejects_exit_2_before_loading(flags, capsys):
     parser = server.build_parser()
     with pytest.raises(SystemExit) as exc:
