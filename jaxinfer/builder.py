@@ -264,8 +264,8 @@ def load_tokenizer(path_or_name: str | Path, weights_dir: str = "weights"):
 
 
 def apply_chat_template(tokenizer, spec: str | None):
-    """Give ``tokenizer`` the template of a ``--chat-template`` value (`jaxinfer.templates.load_chat_template`);
-    returns the tokenizer. None: unchanged.
+    """``tokenizer`` with the template of a ``--chat-template`` value (`jaxinfer.templates.load_chat_template`),
+    as a new `jaxinfer.tokenizer.Tokenizer` (the given one is unchanged); ``spec`` None: ``tokenizer`` itself.
 
     Raises:
       ValueError: ``spec`` is not a file, a bundled name or template text; or the model has no tokenizer.
@@ -279,8 +279,7 @@ def apply_chat_template(tokenizer, spec: str | None):
         raise ValueError("--chat-template needs a tokenizer, and this model has none (pass --tokenizer)")
     if tokenizer.has_chat_template and tokenizer.chat_template != template:
         logger.info("--chat-template replaces the tokenizer's own chat template")
-    tokenizer.set_chat_template(template)
-    return tokenizer
+    return tokenizer.with_chat_template(template)
 
 
 def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir: str = "weights",

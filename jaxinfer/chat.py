@@ -87,7 +87,7 @@ def render_conversation(convo: list[dict], tokenizer, *, add_generation_prompt: 
 
 def supports_system_role(tokenizer) -> bool:
     """Whether the chat template renders a system message's text (probed once per tokenizer
-    and template: ``--chat-template`` may replace the template after loading)."""
+    and template)."""
     return _supports_system_role(tokenizer, tokenizer.chat_template)
 
 

@@ -9,6 +9,7 @@ Plain Python: this module must not import jax (a test checks it).
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -76,17 +77,19 @@ class Tokenizer:
         """Whether the tokenizer carries a chat template."""
         return self.chat_template is not None
 
-    def set_chat_template(self, template: str) -> None:
-        """Use ``template`` (Jinja text, e.g. from `jaxinfer.templates.load_chat_template`) as
-        the chat template, replacing the tokenizer's own if it has one (vLLM's
-        ``--chat-template``). Call it before the tokenizer is used for chats.
+    def with_chat_template(self, template: str) -> "Tokenizer":
+        """A tokenizer like this one whose chat template is ``template`` (Jinja text, e.g. from
+        `jaxinfer.templates.load_chat_template`), replacing its own if any (vLLM's
+        ``--chat-template``). This one is left unchanged; the vocabulary is shared, not copied.
 
         Raises:
           ValueError: empty template text.
         """
         if not template or not template.strip():
             raise ValueError("the chat template is empty")
-        self._tok.chat_template = template
+        hf = copy.copy(self._tok)  # shallow: the Rust tokenizer is shared, the template attribute is not
+        hf.chat_template = template
+        return Tokenizer(hf)
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                     continue_final_message: bool = False) -> str:

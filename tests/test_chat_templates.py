@@ -64,25 +64,29 @@ def test_no_template_is_a_400_naming_the_flag(bare_tok):
 def test_given_template_renders_as_transformers_does(bare_tok, tmp_path):
     """The gemma3 template on a template-less tokenizer: same text and ids as transformers'
     ``apply_chat_template(chat_template=...)``, system text folded into the first user turn."""
-    apply_chat_template(bare_tok, "gemma3")
+    tok = apply_chat_template(bare_tok, "gemma3")
     convo = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"},
              {"role": "assistant", "content": "hi"}, {"role": "user", "content": "the fox"}]
-    text, ids = render_conversation(convo, bare_tok)
+    text, ids = render_conversation(convo, tok)
     from transformers import AutoTokenizer
 
     hf = AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True)
     want = hf.apply_chat_template(convo, chat_template=GEMMA3_TEMPLATE, tokenize=False, add_generation_prompt=True)
-    assert text == want and ids == bare_tok.encode(want, add_special_tokens=False)
-    assert ids.count(bare_tok.bos_token_id) == 1  # the template writes BOS; encoding adds none
+    assert text == want and ids == tok.encode(want, add_special_tokens=False)
+    assert ids.count(tok.bos_token_id) == 1  # the template writes BOS; encoding adds none
     assert "user\nbe brief\n\nhello world" in text
 
 
-def test_system_role_probe_follows_a_replaced_template(bare_tok):
-    """The cached system-role probe is per template: replacing it re-probes."""
-    apply_chat_template(bare_tok, NO_SYSTEM_TEMPLATE)
-    assert not supports_system_role(bare_tok)
-    apply_chat_template(bare_tok, "gemma3")
-    assert supports_system_role(bare_tok)
+def test_given_template_leaves_the_original_and_probes_its_own_system_role(bare_tok):
+    """Each templated tokenizer is new (the given one keeps no template) and is probed for a
+    system role on its own template."""
+    no_system = apply_chat_template(bare_tok, NO_SYSTEM_TEMPLATE)
+    gemma = apply_chat_template(no_system, "gemma3")
+    assert not bare_tok.has_chat_template and no_system.chat_template == NO_SYSTEM_TEMPLATE
+    assert not supports_system_role(no_system) and supports_system_role(gemma)
+    text, _ = render_conversation([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+                                  no_system)
+    assert text == "<|user|>be brief\n\nhi</s><|assistant|>"  # merged by jaxinfer.chat, not dropped
 
 
 def test_chat_template_needs_a_tokenizer():

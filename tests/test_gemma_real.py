@@ -17,7 +17,7 @@ TIE = 0.01  # the reference marks steps whose top-2 logit margin is below this a
 @pytest.fixture(scope="module")
 def llm(gemma3_dir):
     return LLM(str(gemma3_dir), dtype="float32", max_model_len=1024, max_num_seqs=8, max_num_batched_tokens=256,
-               num_blocks=400, return_logits=True, use_tqdm=False, warmup=False)
+               num_blocks=400, return_logits=True, use_tqdm=False, warmup=False, chat_template="gemma3")
 
 
 def assert_matches_reference(token_ids, ref):
@@ -39,6 +39,15 @@ def test_first_logits_match_reference(llm, gemma3_oracle):
         want = np.load(DATA / "gemma3" / name)
         got = llm.generate([by_index[idx]["prompt_ids"]], one)[0].outputs[0].logits[0]
         assert np.abs(got - want).max() < 1e-3, (idx, np.abs(got - want).max())
+
+
+def test_chat_with_bundled_template_matches_reference(llm, gemma3_oracle):
+    """`LLM.chat` with ``chat_template="gemma3"``: the reference's prompt ids and first tokens."""
+    ref = next(r for r in gemma3_oracle["prompts"] if r["kind"] == "chat")
+    out = llm.chat(ref["messages"], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+                   use_tqdm=False)[0]
+    assert out.prompt_token_ids == ref["prompt_ids"]
+    assert_matches_reference(out.outputs[0].token_ids, dict(ref, generated_ids=ref["generated_ids"][:4]))
 
 
 @pytest.mark.slow
