@@ -59,8 +59,8 @@ class LLM:
                  seed: int = 0, warmup: bool = True, return_logits: bool = False, load_format: str = "auto",
                  weights_dir: str | None = None, max_queue_len: int = 1 << 30, enable_prefix_caching: bool = True,
                  tensor_parallel_size: int = 1, data_parallel_size: int = 1, tokenizer: str | None = None,
-                 chat_template: str | None = None, gpu_memory_utilization: float | None = None, block_size: int = BLOCK_SIZE, use_tqdm: bool = True,
-                 **engine_kwargs):
+                 chat_template: str | None = None, gpu_memory_utilization: float | None = None,
+                 block_size: int = BLOCK_SIZE, use_tqdm: bool = True, **engine_kwargs):
         from jaxinfer.builder import load_model, load_tokenizer, resolve_dtype
         from jaxinfer.weights import default_weights_dir
 

@@ -5,10 +5,10 @@ package data) and the rule that turns the option's value into template text, as 
 ``--chat-template``: a file path, a bundled name, or the template itself inline.
 
 Bundled:
-  * ``gemma3``: the standard Gemma 3 chat template, as published with the
-    instruction-tuned Gemma 3 checkpoints. It writes ``<bos>`` itself, names the assistant ``model``, ends
-    every turn with ``<end_of_turn>`` and folds a leading system message into the first
-    user turn (Gemma 3 has no system role).
+  * ``gemma3``: the standard Gemma 3 chat template, as published with the instruction-tuned
+    Gemma 3 checkpoints. It writes ``<bos>`` itself, names the assistant ``model``, ends every
+    turn with ``<end_of_turn>`` and folds a leading system message into the first user turn
+    (Gemma 3 has no system role).
 
 Plain Python: no JAX here.
 """
