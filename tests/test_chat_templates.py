@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA, ROOT
+from helpers import assert_imports_no_jax
 from jaxinfer.builder import apply_chat_template
 from jaxinfer.chat import render_conversation, supports_system_role
 from jaxinfer.errors import RequestError
@@ -93,3 +94,14 @@ def test_chat_template_needs_a_tokenizer():
     with pytest.raises(ValueError, match="tokenizer"):
         apply_chat_template(None, "gemma3")
     assert apply_chat_template(None, None) is None
+
+
+def test_templates_import_no_jax():
+    assert_imports_no_jax("from jaxinfer.templates import load_chat_template\nload_chat_template('gemma3')")
+
+
+def test_llm_refuses_a_bad_chat_template_before_loading():
+    from jaxinfer import LLM
+
+    with pytest.raises(ValueError, match="--chat-template 'nope'"):  # not the unknown model's error
+        LLM("no-such-model", chat_template="nope")
