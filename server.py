@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="time-to-first-token target in seconds for --fallback-model (default: none)")
     model.add_argument("--tokenizer", default=None, help="folder (or name under weights/) to load the tokenizer and "
                        "chat template from (default: the model's folder)")
+    model.add_argument("--chat-template", action="append", default=None, metavar="FILE",
+                       help="chat template for /v1/chat/completions, replacing the tokenizer's: a Jinja file, a "
+                       "bundled name (gemma3) or the template text; models without one (pretrained base models "
+                       "such as gemma3-270m) answer chat requests with 400 (default: the tokenizer's); repeatable, paired with --model "
+                       "by position")
     model.add_argument("--dtype", default="auto", choices=DTYPES,
                        help="weights, activations and KV cache; auto: bfloat16 on GPU/TPU, float32 on CPU")
     model.add_argument("--attention-backend", default=None, choices=["xla", "pallas"],
@@ -161,13 +166,15 @@ def served_specs(args):
         raise ValueError("--fallback-model and --degrade-ttft-slo go together (give both or neither)")
     if args.degrade_ttft_slo is not None and not args.degrade_ttft_slo > 0:
         raise ValueError(f"--degrade-ttft-slo must be > 0 seconds, got {args.degrade_ttft_slo}")
-    return model_specs(args.model or [DEFAULT_MODEL], args.served_model_name, args.fallback_model)
+    return model_specs(args.model or [DEFAULT_MODEL], args.served_model_name, args.fallback_model,
+                       args.chat_template)
 
 
 def model_args(args, spec) -> argparse.Namespace:
     """The flags of one model: ``args`` with that model's path and KV share."""
     return argparse.Namespace(**{**vars(args), "model": spec.path, "kv_cache_memory": spec.kv_cache_memory,
-                                 "gpu_memory_utilization": spec.gpu_memory_utilization})
+                                 "gpu_memory_utilization": spec.gpu_memory_utilization,
+                                 "chat_template": spec.chat_template})
 
 
 def server_config(args):
@@ -192,7 +199,7 @@ def engine_config(args, model_config):
         max_model_len = min(4096, model_config.max_position_embeddings)
     model_path = args.model[0] if isinstance(args.model, list) else (args.model or DEFAULT_MODEL)
     return EngineConfig(
-        model_path=model_path, dtype=args.dtype, tokenizer=args.tokenizer,
+        model_path=model_path, dtype=args.dtype, tokenizer=args.tokenizer, chat_template=args.chat_template,
         cache=CacheConfig(num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory, watermark=args.watermark,
                           enable_prefix_caching=args.prefix_caching, block_size=args.block_size,
                           gpu_memory_utilization=args.gpu_memory_utilization),
@@ -353,6 +360,10 @@ def check_flags(parser: argparse.ArgumentParser, args) -> None:
         server_config(args)
         engine_config(args, probe)
         specs = served_specs(args)
+        for template in args.chat_template or []:
+            from jaxinfer.templates import load_chat_template
+
+            load_chat_template(template)
     except ValueError as e:
         parser.error(str(e))
     multi_host = (args.num_processes or 1) > 1 or args.coordinator_address is not None

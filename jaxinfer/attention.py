@@ -15,7 +15,10 @@ XLA path (CPU default): attention of a token = softmax over
      B2 for multi-token rows with context (a continuing prefill chunk, or a prefix-cache
         hit): a loop over work items of up to ``Q_CHUNK`` queries of one row, each
         walking that row's context once, only as far as it reaches (no per-token gather),
-merged with one shared max (log-sum-exp). A step of fresh prefills reads no pages, a
+merged with one shared max (log-sum-exp). A sliding-window layer (``window`` W, a traced
+per-layer scalar) also masks keys with ``q_pos - k_pos >= W`` in all three parts
+(`_in_window`); its pages below the window are still walked (masked), as the work lists
+are shared by all layers. A step of fresh prefills reads no pages, a
 decode token reads its sequence's context once (rounded up to a group), and a fresh
 prefill mixed into a decode batch costs no extra context reads: the bytes read track the
 real context, whatever the bucket's table width or the longest row.
@@ -162,7 +165,13 @@ def _merge(parts):
     return acc / denom[..., None]
 
 
-def _group_context(qg, k_cache, v_cache, layer, meta):
+def _in_window(q_pos, k_pos, window):
+    """Whether keys at ``k_pos`` lie in the sliding window of queries at ``q_pos`` (broadcast):
+    ``q_pos - k_pos < window`` (transformers' sliding-window mask). True when ``window`` is None."""
+    return True if window is None else (q_pos - k_pos) < window
+
+
+def _group_context(qg, k_cache, v_cache, layer, meta, window=None):
     """B1: each single-token row's query against its cached context, scattered back to [T].
 
     The context is cut into groups of `GROUP_BLOCKS` blocks; the host lists only the groups
@@ -182,6 +191,7 @@ def _group_context(qg, k_cache, v_cache, layer, meta):
     tables = jnp.pad(meta.block_tables, ((0, 1), (0, -W % c)))  # row R: the padding groups' null row
     q = jnp.concatenate([qg[jnp.minimum(meta.row_last, T - 1)], jnp.zeros((1, K, G, H), qg.dtype)])
     ctx_len = jnp.concatenate([meta.row_ctx_len, jnp.zeros((1,), jnp.int32)])
+    q_pos = jnp.concatenate([meta.positions[jnp.minimum(meta.row_last, T - 1)], jnp.zeros((1,), jnp.int32)])
     flat_k = k_cache.reshape(L * NB, bs, K, H)  # merges unsharded axes only (K may be TP-sharded)
     flat_v = v_cache.reshape(L * NB, bs, K, H)
     segs = dict(num_segments=R + 1, indices_are_sorted=True)
@@ -195,7 +205,8 @@ def _group_context(qg, k_cache, v_cache, layer, meta):
         v = kv_values(flat_v.at[blocks].get(mode="promise_in_bounds")).reshape(P, span, K, H)
         s = jnp.einsum("pkgh,pskh->pkgs", q[rows], k.astype(jnp.float32))
         pos = grp[:, None] * span + jnp.arange(span)
-        s = jnp.where((pos < ctx_len[rows][:, None])[:, None, None, :], s, -jnp.inf)
+        valid = (pos < ctx_len[rows][:, None]) & _in_window(q_pos[rows][:, None], pos, window)
+        s = jnp.where(valid[:, None, None, :], s, -jnp.inf)
         m_new = jnp.maximum(m, jax.ops.segment_max(s.max(-1), rows, **segs))
         safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
         p = jnp.exp(s - safe[rows][..., None])
@@ -213,7 +224,7 @@ def _group_context(qg, k_cache, v_cache, layer, meta):
 CHUNK_CTX_BLOCKS = 16  # blocks of context one B2 inner iteration reads
 
 
-def _chunk_context(qg, k_cache, v_cache, layer, meta, q_chunk: int):
+def _chunk_context(qg, k_cache, v_cache, layer, meta, q_chunk: int, window=None):
     """B2: loop over work items; each is <= q_chunk queries of one row vs that row's context.
 
     An item walks its row's context `CHUNK_CTX_BLOCKS` blocks at a time with an online
@@ -228,19 +239,22 @@ def _chunk_context(qg, k_cache, v_cache, layer, meta, q_chunk: int):
     flat_k, flat_v = k_cache.reshape(L * NB, bs, K, H), v_cache.reshape(L * NB, bs, K, H)
     pad = lambda x, v: jnp.concatenate([x, jnp.full((q_chunk,) + x.shape[1:], v, x.dtype)])  # noqa: E731
     qp = pad(qg, 0.0)
+    pos_p = pad(meta.positions, 0)
     init = (jnp.full((T + q_chunk, K, G), -jnp.inf), jnp.zeros((T + q_chunk, K, G)), jnp.zeros((T + q_chunk, K, G, H)))
 
     def item(i, acc):
         row, start, n = meta.item_row[i], meta.item_start[i], meta.item_len[i]
         q = jax.lax.dynamic_slice_in_dim(qp, start, q_chunk)
         live = jnp.arange(q_chunk) < n
+        q_pos = jax.lax.dynamic_slice_in_dim(pos_p, start, q_chunk)[:, None]
 
         def step(j, carry):
             blocks = jax.lax.dynamic_slice_in_dim(tables[row], j * c, c) + layer * NB
             kc = kv_values(flat_k.at[blocks].get(mode="promise_in_bounds")).reshape(span, K, H)
             vc = kv_values(flat_v.at[blocks].get(mode="promise_in_bounds")).reshape(span, K, H)
             s = jnp.einsum("qkgh,skh->qkgs", q, kc.astype(jnp.float32))
-            valid = (j * span + jnp.arange(span) < meta.row_ctx_len[row])[None, :] & live[:, None]
+            k_pos = (j * span + jnp.arange(span))[None, :]
+            valid = (k_pos < meta.row_ctx_len[row]) & live[:, None] & _in_window(q_pos, k_pos, window)
             return _fold(carry, jnp.where(valid[:, None, None, :], s, -jnp.inf), vc)
 
         part = jax.lax.fori_loop(0, (meta.row_ctx_len[row] + span - 1) // span, step,
@@ -257,7 +271,8 @@ def _chunk_context(qg, k_cache, v_cache, layer, meta, q_chunk: int):
     return m[:T], l[:T], a[:T]
 
 
-def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: AttentionMetadata, sm_scale: float):
+def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: AttentionMetadata, sm_scale: float,
+                        window=None):
     """Ragged paged attention in pure jnp (same semantics as the Pallas kernel).
 
     Args:
@@ -265,6 +280,8 @@ def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: Attentio
       k_cache, v_cache: [L, NB, bs, K, H] pages (the cached context is read from them).
       layer: [] int32 layer index. meta: `AttentionMetadata` (XLA-path fields).
       sm_scale: softmax scale (H ** -0.5).
+      window: [] int32 sliding window of this layer (keys with ``q_pos - k_pos < window``
+        are seen), or None (static) for full causal attention.
 
     Returns:
       [T, N, H] in q's dtype; float32 accumulation.
@@ -274,15 +291,16 @@ def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: Attentio
     qg = q.astype(jnp.float32).reshape(T, K, N // K, H) * sm_scale
     s_new = jnp.einsum("tkgh,ukh->tkgu", qg, k_new.astype(jnp.float32))
     same = (meta.token_seq[:, None] == meta.token_seq[None, :]) & (meta.positions[None, :] <= meta.positions[:, None])
+    same = same & _in_window(meta.positions[:, None], meta.positions[None, :], window)
     parts = [_partial_softmax(jnp.where(same[:, None, None, :], s_new, -jnp.inf), v_new)]  # diagonal kept
     if meta.block_tables.shape[1] > 0:  # static: the bucket has a context width
-        parts.append(_group_context(qg, k_cache, v_cache, layer, meta))
-        parts.append(_chunk_context(qg, k_cache, v_cache, layer, meta, min(Q_CHUNK, T)))
+        parts.append(_group_context(qg, k_cache, v_cache, layer, meta, window))
+        parts.append(_chunk_context(qg, k_cache, v_cache, layer, meta, min(Q_CHUNK, T), window))
     return _merge(parts).reshape(T, N, H).astype(q.dtype)
 
 
 def pallas_paged_attention(q, k_cache, v_cache, layer, meta: AttentionMetadata, sm_scale: float,
-                           interpret: bool = False, mesh: Mesh | None = None):
+                           interpret: bool = False, mesh: Mesh | None = None, window=None):
     """``pallas_kernels.ragged_paged_attention`` over the whole context, per TP shard.
 
     The kernel is an opaque custom call that XLA's SPMD partitioner cannot split (it would
@@ -295,37 +313,39 @@ def pallas_paged_attention(q, k_cache, v_cache, layer, meta: AttentionMetadata, 
     Args:
       q: [T, N, H]; k_cache, v_cache: [L, NB, bs, K, H]; layer: [] int32.
       mesh: the replica's ``(data, model)`` mesh, or None on one device.
+      window: [] int32 sliding window of this layer, or None (full causal attention).
     Returns:
       [T, N, H] in q's dtype.
     """
     from pallas_kernels import ragged_paged_attention
 
-    def attend(q, k_cache, v_cache, layer, kv_lens, block_tables, query_start_loc, num_seqs):
+    def attend(q, k_cache, v_cache, layer, kv_lens, block_tables, query_start_loc, num_seqs, *win):
         # The kernel takes q in the cache dtype (bfloat16 models keep q in float32 up to here).
         return ragged_paged_attention(q.astype(k_cache.dtype), k_cache, v_cache, kv_lens, block_tables,
                                       query_start_loc, num_seqs, sm_scale=sm_scale, layer=layer,
-                                      interpret=interpret).astype(q.dtype)
+                                      interpret=interpret, sliding_window=win[0] if win else None).astype(q.dtype)
 
     args = (q, kv_values(k_cache), kv_values(v_cache), layer, meta.kv_lens, meta.block_tables, meta.query_start_loc,
-            meta.num_seqs)
+            meta.num_seqs) + (() if window is None else (window,))
     tp = 1 if mesh is None else mesh.shape["model"]
     if tp == 1:
         return attend(*args)
     heads = "model" if k_cache.shape[3] % tp == 0 else None  # the cache's own K split (sharding.kv_cache_spec)
     q_spec, kv_spec = P(None, heads, None), P(None, None, None, heads, None)
-    sharded = jax.shard_map(attend, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec) + (P(),) * 5,
+    sharded = jax.shard_map(attend, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec) + (P(),) * (len(args) - 3),
                             out_specs=q_spec, check_vma=False)
     return sharded(*args)
 
 
 def paged_attention(backend: AttentionBackend, q, k_new, v_new, k_cache, v_cache, layer,
-                    meta: AttentionMetadata, sm_scale: float):
+                    meta: AttentionMetadata, sm_scale: float, window=None):
     """Write this step's K/V into the pages and attend: the one switch point.
 
     Args:
       backend: which implementation (`AttentionBackend`).
       q: [T, N, H]; k_new, v_new: [T, K, H]; k_cache, v_cache: [L, NB, bs, K, H];
       layer: [] int32; sm_scale: softmax scale (``H ** -0.5``).
+      window: [] int32 sliding window of this layer, or None (static) for full causal attention.
 
     Returns:
       (out [T, N, H], k_cache, v_cache) with the new K/V written.
@@ -333,7 +353,8 @@ def paged_attention(backend: AttentionBackend, q, k_new, v_new, k_cache, v_cache
     k_cache = write_kv(k_cache, layer, meta.slot_mapping, k_new)
     v_cache = write_kv(v_cache, layer, meta.slot_mapping, v_new)
     if backend.name == "xla":
-        out = xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta, sm_scale)
+        out = xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta, sm_scale, window)
     else:
-        out = pallas_paged_attention(q, k_cache, v_cache, layer, meta, sm_scale, backend.interpret, backend.mesh)
+        out = pallas_paged_attention(q, k_cache, v_cache, layer, meta, sm_scale, backend.interpret, backend.mesh,
+                                     window)
     return out, k_cache, v_cache

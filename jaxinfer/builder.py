@@ -267,10 +267,31 @@ def load_tokenizer(path_or_name: str | Path, weights_dir: str = "weights"):
                      f"tokenizer_config.json, or the name of a model under {weights_dir}/")
 
 
+def apply_chat_template(tokenizer, spec: str | None):
+    """``tokenizer`` with the template of a ``--chat-template`` value (`jaxinfer.templates.load_chat_template`),
+    as a new `jaxinfer.tokenizer.Tokenizer` (the given one is unchanged); ``spec`` None: ``tokenizer`` itself.
+
+    Raises:
+      ValueError: ``spec`` is not a file, a bundled name or template text; or the model has no tokenizer.
+    """
+    if spec is None:
+        return tokenizer
+    from jaxinfer.templates import load_chat_template
+
+    template = load_chat_template(spec)
+    if tokenizer is None:
+        raise ValueError("--chat-template needs a tokenizer, and this model has none (pass --tokenizer)")
+    if tokenizer.has_chat_template and tokenizer.chat_template != template:
+        logger.info("--chat-template replaces the tokenizer's own chat template")
+    return tokenizer.with_chat_template(template)
+
+
 def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir: str = "weights",
                  model_config: ModelConfig | None = None, params=None, tokenizer=None,
                  use_tqdm: bool | None = None) -> LLMEngine:
     """Load (or take) weights and tokenizer, size the KV pool, build and warm up the engine.
+
+    ``config.chat_template`` (``--chat-template``) replaces the tokenizer's chat template here.
 
     Logs one line of effective settings (`settings_line`) and the warm-up's progress
     (`jaxinfer.warmup_progress.WarmupProgress`).
@@ -285,6 +306,7 @@ def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir
     if model_config is None:
         model_config, params, tokenizer, _ = load_model(config, load_format, weights_dir)
     check_model_fits(config, model_config)
+    tokenizer = apply_chat_template(tokenizer, config.chat_template)
     backend = config.attention_backend or default_backend()
     if config.parallel.world_size > 1 or jax.process_count() > 1:  # mesh: TP and/or DP replicas
         from jaxinfer.dp_router import build_parallel_engine

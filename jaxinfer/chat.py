@@ -22,6 +22,9 @@ from jaxinfer import tool_calls
 from jaxinfer.errors import RequestError
 
 SYSTEM_PROBE = "jaxinfer-system-probe-7f3a"
+NO_TEMPLATE = ("this model has no chat template (a pretrained base model has none): start the server with "
+               "--chat-template FILE or a bundled name such as gemma3 (LLM(chat_template=...) offline), "
+               "or send a prompt to /v1/completions")
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 _HOLE = "\ue000jxi{}\ue001"  # stands for message i's content while rendering (private-use characters)
 _HOLE_RE = re.compile("\ue000jxi(\\d+)\ue001")
@@ -85,7 +88,7 @@ def render_conversation(convo: list[dict], tokenizer, *, add_generation_prompt: 
     if not convo:
         raise RequestError("messages must contain at least one message", param="messages")
     if tokenizer is None or not tokenizer.has_chat_template:
-        raise RequestError("this model has no chat template: use /v1/completions", param="messages")
+        raise RequestError(NO_TEMPLATE, param="messages")
     if continue_final_message and convo[-1]["role"] != "assistant":
         raise RequestError("continue_final_message needs a final assistant message", param="messages")
     native_tools = tokenizer.template_takes_tools()
@@ -162,9 +165,14 @@ def _special_inside(ids, offsets, spans, special_ids) -> bool:
                for t, (s, e) in zip(ids, offsets) if e > s)
 
 
-@functools.lru_cache(maxsize=8)
 def supports_system_role(tokenizer) -> bool:
-    """Whether the chat template renders a system message's text (probed once per tokenizer)."""
+    """Whether the chat template renders a system message's text (probed once per tokenizer
+    and template)."""
+    return _supports_system_role(tokenizer, tokenizer.chat_template)
+
+
+@functools.lru_cache(maxsize=8)
+def _supports_system_role(tokenizer, template: str | None) -> bool:
     try:
         text = tokenizer.render_chat([{"role": "system", "content": SYSTEM_PROBE}, {"role": "user", "content": "x"}])
     except Exception:  # templates that raise on the system role

@@ -14,7 +14,9 @@ heads, K kv heads, H head dim, F ffn, V vocab)::
     layers/mlp/up_proj/kernel         [L, D, F]
     layers/mlp/down_proj/kernel       [L, F, D]
     layers/input_norm/scale           [L, D]
-    layers/post_attention_norm/scale  [L, D]
+    layers/post_attention_norm/scale  [L, D]   (the norm before the MLP)
+    layers/attn/{q,k}_norm/scale      [L, H]   (only with ``qk_norm``: Gemma 3)
+    layers/{attn,mlp}_out_norm/scale  [L, D]   (only with ``sandwich_norm``: Gemma 3)
     final_norm/scale                  [D]
     lm_head/kernel                    [D, V]   (only when embeddings are untied)
 
@@ -74,6 +76,10 @@ def param_shapes(cfg: ModelConfig) -> dict[str, Any]:
         },
         "final_norm": {"scale": (D,)},
     }
+    if cfg.qk_norm:
+        tree["layers"]["attn"].update({"q_norm": {"scale": (L, H)}, "k_norm": {"scale": (L, H)}})
+    if cfg.sandwich_norm:
+        tree["layers"].update({"attn_out_norm": {"scale": (L, D)}, "mlp_out_norm": {"scale": (L, D)}})
     if not cfg.tie_word_embeddings:
         tree["lm_head"] = {"kernel": (D, V)}
     return tree

@@ -124,13 +124,77 @@ def _opt_float(v: Any) -> float | None:
     return None if v is None else float(v)
 
 
+def _int_if_whole(v: float | None) -> float | int | None:
+    return int(v) if v is not None and float(v).is_integer() else v  # transformers' Gemma3TextConfig wants an int
+
+
+MODEL_TYPES = ("llama", "gemma3_text")
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+LAYER_TYPES = ("sliding_attention", "full_attention")
+GEMMA3_SLIDING_PATTERN = 6  # transformers' default for configs without layer_types: every 6th layer is global
+
+
+def _gemma3_fields(d: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Gemma 3 text-config fields -> (ModelConfig keyword arguments, the global layers' RoPE dict).
+
+    Reads transformers 5's nested ``rope_parameters`` (``full_attention`` /
+    ``sliding_attention``) or the older ``rope_theta`` / ``rope_local_base_freq`` /
+    ``rope_scaling``; ``layer_types`` or the older ``sliding_window_pattern`` (default 6).
+
+    Raises:
+      ValueError: attention-logit soft-capping or bidirectional attention (not supported).
+    """
+    if d.get("attn_logit_softcapping") is not None:
+        raise ValueError("attn_logit_softcapping is not supported (Gemma 2 style attention soft-capping)")
+    if d.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention is not supported (decoder-only serving)")
+    n = d["num_hidden_layers"]
+    rp = d.get("rope_parameters") or {}
+    if "full_attention" in rp or "sliding_attention" in rp:
+        full = dict(rp.get("full_attention") or {})
+        local = rp.get("sliding_attention") or {}
+    else:
+        full = dict(d.get("rope_scaling") or rp or {})
+        local = {}
+    full.setdefault("rope_theta", d.get("rope_theta", 1_000_000.0))
+    pattern = d.get("sliding_window_pattern") or GEMMA3_SLIDING_PATTERN
+    types = d.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                     for i in range(n)]
+    fields = dict(
+        hidden_act=d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh",
+        sliding_window=d.get("sliding_window", 4096),
+        layer_types=tuple(types),
+        rope_local_base=float(local.get("rope_theta", d.get("rope_local_base_freq", 10_000.0))),
+        qk_norm=True, sandwich_norm=True, scale_embeddings=True, norm_offset=1.0,
+        query_pre_attn_scalar=float(d.get("query_pre_attn_scalar", 256)),
+        final_logit_softcapping=_opt_float(d.get("final_logit_softcapping")),
+    )
+    return fields, full
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Decoder-only Llama-family hyperparameters (Hugging Face field names).
+    """Decoder-only hyperparameters of the two supported families (Hugging Face field names).
 
     Attributes mirror ``LlamaConfig``: ``hidden_size`` D, ``num_attention_heads`` N,
     ``num_key_value_heads`` K (GQA), ``head_dim`` H, ``intermediate_size`` F,
-    ``vocab_size`` V, ``num_hidden_layers`` L. ``rope_scaling``: None for plain RoPE.
+    ``vocab_size`` V, ``num_hidden_layers`` L. ``rope_scaling``: None for plain RoPE
+    (for Gemma 3: the scaling of the global layers only, as in transformers).
+
+    Family switches (Llama values are the defaults; `from_dict` sets Gemma 3's, from
+    transformers ``Gemma3TextConfig`` and the Gemma 3 technical report, 2025):
+      model_type: ``"llama"`` or ``"gemma3_text"`` (written back by `to_hf_dict`).
+      hidden_act: MLP gate activation, ``"silu"`` (SwiGLU) or ``"gelu_pytorch_tanh"`` (GeGLU).
+      sliding_window: keys a sliding layer's query sees, itself included (``q - k < window``);
+        None: no sliding layers.
+      layer_types: per layer ``"sliding_attention"`` or ``"full_attention"``; () = all full.
+      rope_local_base: RoPE theta of sliding layers (None: ``rope_theta``).
+      qk_norm: RMSNorm over ``head_dim`` on q and k before RoPE.
+      sandwich_norm: RMSNorm on the attention and MLP outputs too, before the residual add.
+      scale_embeddings: multiply the embeddings by ``sqrt(hidden_size)``.
+      norm_offset: RMSNorm multiplies by ``norm_offset + weight`` (Gemma stores ``w``, uses ``1 + w``).
+      query_pre_attn_scalar: softmax scale is its ``** -0.5`` (None: ``head_dim ** -0.5``).
+      final_logit_softcapping: logits ``= c * tanh(logits / c)`` (None: off).
     """
 
     vocab_size: int
@@ -147,6 +211,41 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     rope_scaling: RopeScaling | None = None
+    model_type: str = "llama"
+    hidden_act: str = "silu"
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] = ()
+    rope_local_base: float | None = None
+    qk_norm: bool = False
+    sandwich_norm: bool = False
+    scale_embeddings: bool = False
+    norm_offset: float = 0.0
+    query_pre_attn_scalar: float | None = None
+    final_logit_softcapping: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(f"model_type {self.model_type!r} is not supported; supported: {', '.join(MODEL_TYPES)}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
+        if self.layer_types and len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
+        bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        if bad:
+            raise ValueError(f"unknown layer types {bad}; supported: {', '.join(LAYER_TYPES)}")
+        if "sliding_attention" in self.layer_types and not (self.sliding_window or 0) >= 1:
+            raise ValueError(f"sliding layers need sliding_window >= 1, got {self.sliding_window}")
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Per layer: the sliding window in tokens, or None for a full (global) layer."""
+        types = self.layer_types or ("full_attention",) * self.num_hidden_layers
+        return tuple(self.sliding_window if t == "sliding_attention" else None for t in types)
+
+    @property
+    def sm_scale(self) -> float:
+        """Softmax scale of the attention scores (``query_pre_attn_scalar ** -0.5`` or ``head_dim ** -0.5``)."""
+        return float(self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], generation_config: dict[str, Any] | None = None) -> "ModelConfig":
@@ -161,7 +260,11 @@ class ModelConfig:
         """
         n_heads = d["num_attention_heads"]
         head_dim = d.get("head_dim") or d["hidden_size"] // n_heads
+        model_type = d.get("model_type") or "llama"
         rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        family: dict[str, Any] = {}
+        if model_type == "gemma3_text":
+            family, rope = _gemma3_fields(d)
         rope_theta = d.get("rope_theta", rope.get("rope_theta", 10000.0))
         eos: list[int] = []
         for src in (d, generation_config or {}):
@@ -185,6 +288,8 @@ class ModelConfig:
             eos_token_ids=tuple(eos),
             rope_scaling=RopeScaling.from_hf(rope, d.get("max_position_embeddings", 4096),
                                              d.get("original_max_position_embeddings")),
+            model_type=model_type,
+            **family,
         )
 
     @classmethod
@@ -197,7 +302,10 @@ class ModelConfig:
         return cls.from_dict(cfg, gen)
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """The HF ``config.json`` fields (``architectures`` = LlamaForCausalLM)."""
+        """The HF ``config.json`` fields (``LlamaForCausalLM``, or ``Gemma3ForCausalLM`` for
+        ``gemma3_text``, readable by transformers' own config classes); `from_dict` inverts it."""
+        if self.model_type == "gemma3_text":
+            return self._gemma3_hf_dict()
         return {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
@@ -216,6 +324,35 @@ class ModelConfig:
             "bos_token_id": self.bos_token_id,
             "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) != 1 else self.eos_token_ids[0],
             "hidden_act": "silu",
+        }
+
+    def _gemma3_hf_dict(self) -> dict[str, Any]:
+        full = {"rope_type": "default", "rope_theta": self.rope_theta}
+        if self.rope_scaling:
+            full.update(self.rope_scaling.to_hf())
+        return {
+            "architectures": ["Gemma3ForCausalLM"],
+            "model_type": "gemma3_text",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_activation": self.hidden_act,
+            "rope_parameters": {"full_attention": full,
+                                "sliding_attention": {"rope_type": "default", "rope_theta": self.rope_local_base}},
+            "sliding_window": self.sliding_window,
+            "layer_types": list(self.layer_types),
+            "query_pre_attn_scalar": _int_if_whole(self.query_pre_attn_scalar),
+            "final_logit_softcapping": self.final_logit_softcapping,
+            "attn_logit_softcapping": None,
+            "rms_norm_eps": self.rms_norm_eps,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) != 1 else self.eos_token_ids[0],
         }
 
     @property
@@ -379,6 +516,8 @@ class EngineConfig:
     platform; `jaxinfer.builder.resolve_dtype` replaces it before anything is built; the
     entry points ``server.py`` and `LLM` default to it). ``tokenizer``: a folder or a name under ``weights/`` to load the
     tokenizer and chat template from instead of the model's folder (None: the model's).
+    ``chat_template``: a ``--chat-template`` value (a file, a bundled name such as ``gemma3``, or
+    Jinja text: `jaxinfer.templates.load_chat_template`) that replaces the tokenizer's template.
     """
 
     model_path: str
@@ -393,6 +532,7 @@ class EngineConfig:
     return_logits: bool = False  # debug/tests: keep each sampled position's raw logits
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
     tokenizer: str | None = None
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

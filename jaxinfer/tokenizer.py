@@ -9,6 +9,7 @@ Plain Python: this module must not import jax (a test checks it).
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -77,9 +78,28 @@ class Tokenizer:
                                 clean_up_tokenization_spaces=False)
 
     @property
+    def chat_template(self) -> str | None:
+        """The chat template's Jinja text (None when the tokenizer has none)."""
+        return getattr(self._tok, "chat_template", None) or None
+
+    @property
     def has_chat_template(self) -> bool:
         """Whether the tokenizer carries a chat template."""
-        return bool(getattr(self._tok, "chat_template", None))
+        return self.chat_template is not None
+
+    def with_chat_template(self, template: str) -> "Tokenizer":
+        """A tokenizer like this one whose chat template is ``template`` (Jinja text, e.g. from
+        `jaxinfer.templates.load_chat_template`), replacing its own if any (vLLM's
+        ``--chat-template``). This one is left unchanged; the vocabulary is shared, not copied.
+
+        Raises:
+          ValueError: empty template text.
+        """
+        if not template or not template.strip():
+            raise ValueError("the chat template is empty")
+        hf = copy.copy(self._tok)  # shallow: the Rust tokenizer is shared, the template attribute is not
+        hf.chat_template = template
+        return Tokenizer(hf)
 
     def template_takes_tools(self) -> bool:
         """Whether the chat template renders a ``tools`` list itself (it names ``tools``)."""

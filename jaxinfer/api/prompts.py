@@ -124,8 +124,13 @@ def _encode(tokenizer, text: str) -> list[int]:
 
 def check_chat_template(tokenizer) -> None:
     """Start-up check: warn when the chat template ignores ``add_generation_prompt`` (SC-24)
-    or drops system messages (they are then merged into the first user turn)."""
-    if tokenizer is None or not tokenizer.has_chat_template:
+    or drops system messages (they are then merged into the first user turn), and say when
+    there is no template (chat requests then get a 400; completions work)."""
+    if tokenizer is None:
+        return
+    if not tokenizer.has_chat_template:
+        logger.warning("the model has no chat template: /v1/chat/completions answers 400 "
+                       "(pass --chat-template FILE or a bundled name such as gemma3); /v1/completions works")
         return
     if tokenizer.template_ignores_generation_prompt():
         logger.warning("the chat template ignores add_generation_prompt: prompts will lack the assistant header "

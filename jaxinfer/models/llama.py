@@ -1,10 +1,21 @@
-"""Llama-family decoder (Flax linen) that runs one ragged, paged step.
+"""Decoder of both supported families (Llama, Gemma 3) as one Flax linen module that runs
+one ragged, paged step. `ModelConfig` fields switch the family differences on; there is no
+per-family code path.
 
-Follows Hugging Face ``LlamaForCausalLM`` numerically: RMSNorm (Zhang & Sennrich 2019),
-rotate-half RoPE (Su et al. 2021) with theta and scaling from the config (`jaxinfer.models.rope`),
-GQA (Ainslie et al. 2023), SwiGLU MLP (Shazeer 2020), tied or untied LM head. Layers are stacked and run under
-``nn.scan`` so compile time does not grow with depth; the KV cache rides in the scan
-carry (never as scan xs/ys, which would copy it).
+Follows Hugging Face ``LlamaForCausalLM`` and ``Gemma3ForCausalLM`` numerically: RMSNorm
+(Zhang & Sennrich 2019; ``x * (norm_offset + w)``, Gemma's ``1 + w``), rotate-half RoPE
+(Su et al. 2021) with theta and scaling from the config (`jaxinfer.models.rope`), GQA
+(Ainslie et al. 2023), gated MLP with SiLU (SwiGLU, Shazeer 2020) or tanh-GELU (GeGLU),
+tied or untied LM head. Gemma 3 (Gemma Team, "Gemma 3 technical report", 2025) adds:
+embeddings times ``sqrt(D)``, RMSNorm on q and k, norms on the attention and MLP outputs
+("sandwich"), a query scale of ``query_pre_attn_scalar ** -0.5``, and local layers with a
+sliding window and their own RoPE base (5 local : 1 global in Gemma 3). The per-layer
+window and RoPE choice are looked up from the traced layer index inside the scan body.
+
+Layers are stacked and run under ``nn.scan`` so compile time does not grow with depth;
+the KV cache rides in the scan carry (never as scan xs/ys, which would copy it). Every
+layer keeps its whole context in the KV cache (sliding layers too); the window is a mask,
+so prefix caching and recompute after preemption need nothing special.
 
 Precision: ``dtype`` (float32 or bfloat16) is the storage and matmul-operand dtype of
 weights and KV; every matmul accumulates in float32, and the residual stream, norms,
@@ -16,8 +27,13 @@ brackets, mapped to mesh axes in one place by the sharding module):
   embed/embedding [V, D] (vocab, embed)
   layers/attn/{q,k,v}_proj/kernel [L, D, N|K, H] (layers, embed, heads|kv_heads, head_dim)
   layers/attn/o_proj/kernel [L, N, H, D] (layers, heads, head_dim, embed)
+  layers/attn/{q,k}_norm/scale [L, H] (layers, head_dim), only with ``qk_norm``
   layers/mlp/{gate,up}_proj/kernel [L, D, F] (layers, embed, mlp); down_proj [L, F, D]
-  layers/{input_norm,post_attention_norm}/scale [L, D]; final_norm/scale [D]
+  layers/{input_norm,post_attention_norm}/scale [L, D]: the norms before attention and
+    before the MLP (HF Llama's input_layernorm / post_attention_layernorm, HF Gemma's
+    input_layernorm / pre_feedforward_layernorm)
+  layers/{attn_out_norm,mlp_out_norm}/scale [L, D], only with ``sandwich_norm`` (HF Gemma's
+    post_attention_layernorm / post_feedforward_layernorm); final_norm/scale [D]
   lm_head/kernel [D, V] (embed, vocab), only when embeddings are untied.
 Einsum letters: T tokens, D model, N query heads, K kv heads, H head dim, F ffn, V vocab.
 """
@@ -31,7 +47,7 @@ import jax.numpy as jnp
 
 from jaxinfer.attention import AttentionBackend, AttentionMetadata, paged_attention
 from jaxinfer.config import ModelConfig
-from jaxinfer.models.rope import apply_rope, rope_tables
+from jaxinfer.models.rope import apply_rope, layer_rope_tables, select_rope
 
 _init = nn.initializers.normal(0.02)
 # Matmul operands in the model dtype (bf16 or f32), accumulation and output in float32:
@@ -44,18 +60,42 @@ def _part(init, names):
 
 
 class RMSNorm(nn.Module):
-    """``x / sqrt(mean(x^2) + eps) * scale``, computed and returned in float32 (HF LlamaRMSNorm)."""
+    """``x / sqrt(mean(x^2) + eps) * (offset + scale)`` over the last axis, computed and returned
+    in float32 (HF LlamaRMSNorm with offset 0, Gemma3RMSNorm with offset 1).
+
+    The scale is initialised so that the norm starts as a plain normalisation (ones, or
+    zeros with an offset of 1). ``axis_name``: logical name of the scale's axis.
+    """
 
     eps: float
     dtype: jnp.dtype
     param_dtype: jnp.dtype
+    offset: float = 0.0
+    axis_name: str = "embed"
 
     @nn.compact
     def __call__(self, x):
-        scale = self.param("scale", _part(nn.initializers.ones, ("embed",)), (x.shape[-1],), self.param_dtype)
+        init = nn.initializers.zeros if self.offset else nn.initializers.ones
+        scale = self.param("scale", _part(init, (self.axis_name,)), (x.shape[-1],), self.param_dtype)
         x32 = x.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return y * scale.astype(jnp.float32)
+        return y * (self.offset + scale.astype(jnp.float32))
+
+
+def _norm(cfg: ModelConfig, dtype, param_dtype, **kw):
+    return functools.partial(RMSNorm, cfg.rms_norm_eps, dtype, param_dtype, cfg.norm_offset, **kw)
+
+
+NO_WINDOW = 1 << 30  # the window of a full-attention layer in a model that has sliding layers
+
+
+def layer_window(cfg: ModelConfig, layer: jax.Array) -> jax.Array | None:
+    """The sliding window of layer ``layer`` ([] int32, traced), `NO_WINDOW` for a global
+    layer; None (static) when the model has no sliding layers at all."""
+    windows = cfg.layer_windows
+    if all(w is None for w in windows):
+        return None
+    return jnp.asarray([NO_WINDOW if w is None else w for w in windows], jnp.int32)[layer]
 
 
 class Attention(nn.Module):
@@ -75,16 +115,22 @@ class Attention(nn.Module):
                   name="k_proj")(x)
         v = dense((c.num_key_value_heads, c.head_dim), kernel_init=_part(_init, ("embed", "kv_heads", "head_dim")),
                   name="v_proj")(x)
+        if c.qk_norm:
+            head_norm = _norm(c, self.dtype, self.param_dtype, axis_name="head_dim")
+            q, k = head_norm(name="q_norm")(q), head_norm(name="k_norm")(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out, k_cache, v_cache = paged_attention(self.attention, q, k, v, k_cache, v_cache, layer, meta,
-                                                c.head_dim ** -0.5)
+                                                c.sm_scale, layer_window(c, layer))
         o = dense(c.hidden_size, axis=(-2, -1), kernel_init=_part(_init, ("heads", "head_dim", "embed")),
                   name="o_proj")(out)
         return o, k_cache, v_cache
 
 
+_ACT = {"silu": nn.silu, "gelu_pytorch_tanh": functools.partial(nn.gelu, approximate=True)}
+
+
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """Gated MLP: down(act(gate(x)) * up(x)); act = SiLU (SwiGLU) or tanh-approximated GELU (GeGLU)."""
 
     cfg: ModelConfig
     dtype: jnp.dtype
@@ -97,11 +143,12 @@ class MLP(nn.Module):
                                   dot_general=_dot_f32)
         g = dense(c.intermediate_size, kernel_init=_part(_init, ("embed", "mlp")), name="gate_proj")(x)
         u = dense(c.intermediate_size, kernel_init=_part(_init, ("embed", "mlp")), name="up_proj")(x)
-        return dense(c.hidden_size, kernel_init=_part(_init, ("mlp", "embed")), name="down_proj")(nn.silu(g) * u)
+        return dense(c.hidden_size, kernel_init=_part(_init, ("mlp", "embed")), name="down_proj")(_ACT[c.hidden_act](g) * u)
 
 
 class DecoderLayer(nn.Module):
-    """One pre-norm transformer block; the scan body. Carry: (x, k_cache, v_cache, layer)."""
+    """One pre-norm transformer block (with sandwich norms when configured); the scan body.
+    Carry: (x, k_cache, v_cache, layer)."""
 
     cfg: ModelConfig
     attention: AttentionBackend
@@ -109,19 +156,25 @@ class DecoderLayer(nn.Module):
     param_dtype: jnp.dtype
 
     @nn.compact
-    def __call__(self, carry, meta: AttentionMetadata, cos, sin):
+    def __call__(self, carry, meta: AttentionMetadata, rope):
         x, k_cache, v_cache, layer = carry
-        norm = functools.partial(RMSNorm, self.cfg.rms_norm_eps, self.dtype, self.param_dtype)
-        h = norm(name="input_norm")(x)
-        a, k_cache, v_cache = Attention(self.cfg, self.attention, self.dtype, self.param_dtype,
-                                        name="attn")(h, k_cache, v_cache, layer, meta, cos, sin)
+        c = self.cfg
+        norm = _norm(c, self.dtype, self.param_dtype)
+        cos, sin = select_rope(rope, c, layer)
+        a, k_cache, v_cache = Attention(c, self.attention, self.dtype, self.param_dtype,
+                                        name="attn")(norm(name="input_norm")(x), k_cache, v_cache, layer, meta,
+                                                     cos, sin)
+        if c.sandwich_norm:
+            a = norm(name="attn_out_norm")(a)
         x = x + a
-        x = x + MLP(self.cfg, self.dtype, self.param_dtype, name="mlp")(norm(name="post_attention_norm")(x))
-        return (x, k_cache, v_cache, layer + 1), None
+        m = MLP(c, self.dtype, self.param_dtype, name="mlp")(norm(name="post_attention_norm")(x))
+        if c.sandwich_norm:
+            m = norm(name="mlp_out_norm")(m)
+        return (x + m, k_cache, v_cache, layer + 1), None
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama decoder over one packed ragged step.
+    """The decoder (Llama or Gemma 3, per ``cfg``) over one packed ragged step.
 
     Call args:
       token_ids: [T] int32. meta: `AttentionMetadata`. k_cache, v_cache:
@@ -142,18 +195,23 @@ class LlamaForCausalLM(nn.Module):
         embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=self.dtype, param_dtype=self.param_dtype,
                          embedding_init=_part(_init, ("vocab", "embed")), name="embed")
         x = embed(token_ids).astype(jnp.float32)
-        cos, sin = rope_tables(meta.positions, c)
+        if c.scale_embeddings:
+            x = x * jnp.float32(c.hidden_size ** 0.5)
+        rope = layer_rope_tables(meta.positions, c)
         stack = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
-                        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
+                        in_axes=(nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
                         metadata_params={nn.PARTITION_NAME: "layers"})
         carry = (x, k_cache, v_cache, jnp.int32(0))
         (x, k_cache, v_cache, _), _ = stack(c, self.attention, self.dtype, self.param_dtype,
-                                            name="layers")(carry, meta, cos, sin)
-        x = RMSNorm(c.rms_norm_eps, self.dtype, self.param_dtype, name="final_norm")(x[logits_indices])
+                                            name="layers")(carry, meta, rope)
+        x = _norm(c, self.dtype, self.param_dtype)(name="final_norm")(x[logits_indices])
         if c.tie_word_embeddings:
             table = embed.embedding.astype(self.dtype)
             logits = jnp.einsum("rd,vd->rv", x.astype(self.dtype), table, preferred_element_type=jnp.float32)
         else:
             logits = nn.Dense(c.vocab_size, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype,
                               dot_general=_dot_f32, kernel_init=_part(_init, ("embed", "vocab")), name="lm_head")(x)
-        return logits.astype(jnp.float32), k_cache, v_cache
+        logits = logits.astype(jnp.float32)
+        if c.final_logit_softcapping:
+            logits = jnp.tanh(logits / c.final_logit_softcapping) * c.final_logit_softcapping
+        return logits, k_cache, v_cache

@@ -18,6 +18,7 @@ computes ``cos``/``sin`` of ``position * inv_freq`` for its T tokens, as before 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -155,3 +156,25 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     half = x.shape[-1] // 2
     rot = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return (x * cos[:, None, :] + rot * sin[:, None, :]).astype(x.dtype)
+
+
+def layer_rope_tables(positions: jax.Array, cfg: ModelConfig) -> tuple[tuple[jax.Array, jax.Array], ...]:
+    """The RoPE tables the layers need: ``((cos, sin),)`` for one theta, or
+    ``((cos_global, sin_global), (cos_local, sin_local))`` when sliding layers use their own
+    base (``rope_local_base``, unscaled: Gemma 3, transformers ``rope_parameters``
+    ``sliding_attention``). Each table is [T, H] float32 (`rope_tables`)."""
+    tables = (rope_tables(positions, cfg),)
+    if cfg.rope_local_base is not None and "sliding_attention" in cfg.layer_types:
+        local = dataclasses.replace(cfg, rope_theta=cfg.rope_local_base, rope_scaling=None)
+        tables += (rope_tables(positions, local),)
+    return tables
+
+
+def select_rope(tables: tuple[tuple[jax.Array, jax.Array], ...], cfg: ModelConfig,
+                layer: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [T, H] of layer ``layer`` ([] int32, traced) from `layer_rope_tables`."""
+    if len(tables) == 1:
+        return tables[0]
+    local = jnp.asarray([t == "sliding_attention" for t in cfg.layer_types])[layer]
+    (cg, sg), (cl, sl) = tables
+    return jnp.where(local, cl, cg), jnp.where(local, sl, sg)
