@@ -325,6 +325,12 @@ class AsyncEngine:
         except (RequestError, QueueFullError) as exc:
             self._post([(stream, exc)])
             return
+        except Exception as exc:  # a bug in admission fails this group (HTTP 500), not the engine thread
+            logger.exception("adding requests %s failed", [spec.request_id for spec in specs])
+            for spec in specs:
+                self.engine.abort_request(spec.request_id)  # whatever part of the group got in
+            self._post([(stream, exc)])
+            return
         for spec in specs:
             self._streams[spec.request_id] = stream
             self.ttft.on_added(spec.request_id, len(spec.prompt_token_ids))

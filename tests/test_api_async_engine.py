@@ -179,3 +179,30 @@ def test_static_scheduler_batch_window_is_waited_out():
         assert 0.15 < time.monotonic() - t0 < 2.0  # one lone request waits for the batch window, then runs
     finally:
         ae.shutdown()
+
+
+def test_unexpected_admission_error_fails_the_group_not_the_engine(ae, monkeypatch):
+    """A bug while adding a group (not a RequestError) reaches that caller as the exception
+    (HTTP 500 at the API); the engine thread lives on and serves the next request."""
+    engine = ae.engine
+    real = engine.add_requests
+    calls = []
+
+    def broken(specs):
+        calls.append(1)
+        if len(calls) == 1:
+            real(specs[:1])  # half the group got in before the failure
+            raise RuntimeError("admission bug")
+        return real(specs)
+
+    monkeypatch.setattr(engine, "add_requests", broken)
+
+    async def run():
+        with pytest.raises(RuntimeError):
+            await ae.add([spec("x1"), spec("x2")])
+        return [o async for o in ae.generate(spec("after", max_tokens=3))]
+
+    outs = asyncio.run(run())
+    assert outs[-1].finished and outs[-1].outputs[0].token_ids == expected_ids([1000], 3)
+    assert engine.block_manager.num_used_blocks == 0  # x1 was aborted, "after" finished: nothing leaks
+    assert "x1" not in engine.requests or engine.requests["x1"].is_finished
