@@ -25,7 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare import device_label, free_port, running_server, system_entry  # noqa: E402
+from compare import device_label, system_entry  # noqa: E402
+from llamacpp_peer import free_port  # noqa: E402
+from llamacpp_peer import running as running_server  # noqa: E402
 
 from jaxinfer.bench import load, metadata, report, workloads  # noqa: E402
 from jaxinfer.bench.serve import run_benchmark  # noqa: E402
