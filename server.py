@@ -198,8 +198,9 @@ def engine_config(args, model_config):
     if max_model_len is None:
         max_model_len = min(4096, model_config.max_position_embeddings)
     model_path = args.model[0] if isinstance(args.model, list) else (args.model or DEFAULT_MODEL)
+    chat_template = args.chat_template[0] if isinstance(args.chat_template, list) else args.chat_template
     return EngineConfig(
-        model_path=model_path, dtype=args.dtype, tokenizer=args.tokenizer, chat_template=args.chat_template,
+        model_path=model_path, dtype=args.dtype, tokenizer=args.tokenizer, chat_template=chat_template,
         cache=CacheConfig(num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory, watermark=args.watermark,
                           enable_prefix_caching=args.prefix_caching, block_size=args.block_size,
                           gpu_memory_utilization=args.gpu_memory_utilization),

@@ -53,10 +53,10 @@ def model_specs(models: list[str], served_names: list[str] | None, fallback: str
       ValueError: more served names or chat templates than models, or two models under one name.
     """
     names, templates = list(served_names or []), list(chat_templates or [])
-    for flag, values in (("--served-model-name", names), ("--chat-template", templates)):
+    for flag, what, values in (("--served-model-name", "name", names), ("--chat-template", "template", templates)):
         if len(values) > len(models):
             raise ValueError(f"{len(values)} {flag} values for {len(models)} --model values "
-                             "(give at most one per model, in the same order)")
+                             f"(give at most one {what} per model, in the same order)")
     specs = [ModelSpec(path, names[i] if i < len(names) else path,
                        chat_template=templates[i] if i < len(templates) else None) for i, path in enumerate(models)]
     if fallback is not None and fallback not in {s.name for s in specs}:

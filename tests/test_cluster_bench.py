@@ -26,6 +26,8 @@ def test_smoke_hash_mode_writes_consistent_figures(tmp_path, monkeypatch, smollm
     flags = tiny_server_args(tmp_path)
     model = flags[flags.index("--model") + 1]
     flags = flags[:flags.index("--model")] + flags[flags.index("--model") + 2:]
+    i = flags.index("--served-model-name")  # served as the model's path below (names are repeatable, one per model)
+    flags = flags[:i] + flags[i + 2:]
     flags[flags.index("--max-model-len") + 1] = "256"
     flags[flags.index("--max-num-batched-tokens") + 1] = "64"
     out = tmp_path / "bench.json"

@@ -25,7 +25,9 @@ OUTSIDE_PATHS = re.compile("|".join([
     r"\b(REPO|ROOT)\.parent\b",
     r"/" + r"work/",
 ]))
-INTERNAL_WORDING = re.compile(r"\b(" + "brief" + r"|" + "session" + r"s?|" + "lent" + r")\b", re.IGNORECASE)
+# "session" alone is a user concept (X-Session-Id routing); the team's own work sessions are not
+INTERNAL_WORDING = re.compile(r"\b(" + "brief" + r"|(this|previous|next|last|later|earlier|a work) " + "session"
+                              + r"s?|" + "lent" + r")\b", re.IGNORECASE)
 CODE_AND_DOCS = ("jaxinfer/", "tests/", "benchmarks/", "docs/", "notebooks/", "pallas_kernels/", "configs/")
 USER_DOCS = ("README.md", "weights/README.md", "pallas_kernels/README.md", "tests/data/README.md")
 
