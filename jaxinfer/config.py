@@ -309,13 +309,7 @@ class ModelConfig:
         return {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
+            **self._shape_hf_fields(),
             "rope_theta": self.rope_theta,
             "rope_scaling": self.rope_scaling.to_hf() if self.rope_scaling else None,
             "rms_norm_eps": self.rms_norm_eps,
@@ -326,6 +320,13 @@ class ModelConfig:
             "hidden_act": "silu",
         }
 
+    def _shape_hf_fields(self) -> dict[str, Any]:
+        """The layer-shape fields both families' HF configs share."""
+        return {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+                "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_hidden_layers,
+                "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
+                "head_dim": self.head_dim}
+
     def _gemma3_hf_dict(self) -> dict[str, Any]:
         full = {"rope_type": "default", "rope_theta": self.rope_theta}
         if self.rope_scaling:
@@ -333,13 +334,7 @@ class ModelConfig:
         return {
             "architectures": ["Gemma3ForCausalLM"],
             "model_type": "gemma3_text",
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
+            **self._shape_hf_fields(),
             "hidden_activation": self.hidden_act,
             "rope_parameters": {"full_attention": full,
                                 "sliding_attention": {"rope_type": "default", "rope_theta": self.rope_local_base}},

