@@ -182,6 +182,17 @@ def test_no_compilation_after_warmup(setup):
     assert_idle(llm)
 
 
+def test_no_step_copies_the_whole_kv_pool(setup):
+    """Every warm-up executable updates the carried KV cache in place: no full-pool copy
+    (a copy per layer made small-pool decodes ~50x slower on XLA:CPU once)."""
+    runner = setup[0].engine.runner
+    pool = "[" + ",".join(map(str, runner.kv_shape)) + "]"
+    for bucket, executable in runner._executables.items():
+        copies = [line for line in executable.as_text().splitlines()
+                  if " copy(" in line and pool in line.split(" copy(")[0]]
+        assert not copies, (bucket, copies[:2])
+
+
 def test_logprobs_shape(setup):
     llm, _ = setup
     out = llm.generate([prompts([10])[0]], SamplingParams(temperature=0, max_tokens=4, logprobs=3),
