@@ -411,7 +411,7 @@ class AsyncEngine:
         with self._lock:
             self.state = EngineState.DEAD
             self.error = f"{type(exc).__name__}: {exc}"
-        dead = EngineDeadError(f"the engine failed: {self.error}; the server is restarting", in_flight=True)
+        dead = EngineDeadError(f"the engine failed: {self.error}", in_flight=True)
         pending = [(s, dead) for s in {id(s): s for s in self._streams.values()}.values()]
         self._streams.clear()
         while True:  # answer adds that were queued before the state changed

@@ -2,7 +2,8 @@
 
 Owns `StepFault`: set ``JAXINFER_FAIL_STEP=N`` (a positive integer) in a server's
 environment and `jaxinfer.async_engine.AsyncEngine` raises `InjectedStepFault` in place of
-its Nth engine step (counting steps that had work, from 1, after warm-up), as a device
+its Nth engine step (counting steps that had work, from 1, after warm-up; with several
+models each engine counts its own), as a device
 error or an out-of-memory in ``step`` would. The process then follows the fault policy of
 docs/api.md: the requests in flight fail, ``/live`` and ``/health`` turn 503, and the
 server exits non-zero. Unset (the default) it does nothing. A test hook only: never set

@@ -4,22 +4,30 @@ A real server process (`server.serve` over a fake-runner engine, tests/fake_serv
 with the ``JAXINFER_FAIL_STEP`` test hook: every client in flight or queued, streaming or
 not, gets a clean error (500 envelope, or an error event then ``[DONE]``) and none hangs;
 ``/live`` and ``/health`` turn 503; the process exits with status 1 within the bound.
+With several models, the others' requests are aborted and a server that does not stop is
+ended at the bound (`ExitOnEngineDeath` in process, its hard exit replaced).
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
+import types
 
 import httpx
 import pytest
 
-from api_helpers import REPO, assert_error, free_port, sse_events, wait_until
+from api_helpers import REPO, V, assert_error, fake_engine, free_port, sse_events, wait_until
+from fakes import FakeRunner
 from jaxinfer.api import engine_death
+from jaxinfer.api.model_registry import ModelRegistry, ServedModel
+from jaxinfer.async_engine import AsyncEngine, EngineDeadError, RequestSpec
 from jaxinfer.fault_injection import ENV_VAR, InjectedStepFault, StepFault
+from jaxinfer.sampling_params import SamplingParams
 
 FAIL_STEP = 60  # 10 ms steps: about 0.6 s into the workload, with every request admitted or queued
 
@@ -111,3 +119,59 @@ def test_injected_step_failure_fails_every_client_and_exits_nonzero():
         if proc.poll() is None:
             proc.kill()
         proc.wait(10)
+
+
+class CrashingRunner(FakeRunner):
+    """Raises from ``execute`` once ``crash`` is set (a device error mid-serving)."""
+
+    crash = False
+
+    def execute(self, inputs):
+        if self.crash:
+            raise RuntimeError("device lost (test)")
+        return super().execute(inputs)
+
+
+def test_one_dead_model_stops_the_server_and_aborts_the_others(monkeypatch):
+    """Two models: the healthy one's request is aborted (its client is answered), the server
+    is told to stop after the linger, and a server that does not stop is ended at the bound."""
+    monkeypatch.setattr(engine_death, "LINGER_S", 0.2)
+    monkeypatch.setattr(engine_death, "EXIT_BOUND_S", 0.6)
+    runner = CrashingRunner(V, step_delay=0.005)
+    models = ModelRegistry([ServedModel("a", AsyncEngine(fake_engine(runner=runner, max_model_len=1024))),
+                            ServedModel("b", AsyncEngine(fake_engine(max_model_len=1024, step_delay=0.005)))])
+    server = types.SimpleNamespace(should_exit=False)  # what ExitOnEngineDeath drives of a uvicorn.Server
+    exits: list[tuple[int, float]] = []
+    death = engine_death.ExitOnEngineDeath(models, server, hard_exit=lambda status: exits.append(
+        (status, time.monotonic())))
+    models.start()
+    assert models.wait_ready()
+    spec = lambda rid: RequestSpec(rid, [100], SamplingParams(max_tokens=900, ignore_eos=True))  # noqa: E731
+
+    async def run():
+        a = await models.get("a").async_engine.add([spec("a-0")])
+        b = await models.get("b").async_engine.add([spec("b-0")])
+        await a.next_batch()
+        runner.crash = True
+        crashed = time.monotonic()
+        with pytest.raises(EngineDeadError) as dead:
+            while True:
+                await a.next_batch()
+        last = None
+        while not b.finished:
+            for out in await b.next_batch():
+                last = out
+        return crashed, dead.value, last
+
+    try:
+        crashed, dead, last = asyncio.run(run())
+        assert dead.in_flight and death.died and "device lost" in death.error
+        assert last.finished and last.outputs[0].finish_reason == "abort"  # the other model's client is answered
+        assert len(last.outputs[0].token_ids) < 900
+        assert [m.name for m in models.dead()] == ["a"]
+        assert wait_until(lambda: server.should_exit, 2.0)
+        assert wait_until(lambda: bool(exits), 3.0)  # nobody stopped the process: the bound does
+        status, at = exits[0]
+        assert status == engine_death.EXIT_STATUS and at - crashed <= engine_death.EXIT_BOUND_S + 0.5
+    finally:
+        models.shutdown()

@@ -2,8 +2,9 @@
 
 ``/v1/*`` (and ``/tokenize``, ``/detokenize``) need ``Authorization: Bearer <key>`` when the
 server has an API key; ``/live``, ``/health`` and ``/metrics`` never do. ``/live`` is 200 as
-soon as HTTP listens, 503 once an engine died (the fault policy: the process exits soon); ``/health`` is 200 only when every served model's engine is warmed up
-and its thread alive (503 + Retry-After while one is loading, draining or dead).
+soon as HTTP listens, 503 once an engine died (the fault policy: the process exits soon);
+``/health`` is 200 only when every served model's engine is warmed up and its thread alive
+(503 + Retry-After while one is loading, draining or dead).
 """
 from __future__ import annotations
 
