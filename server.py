@@ -320,7 +320,7 @@ def serve(app, models, config, sock: socket.socket | None = None) -> None:
     """
     import uvicorn
 
-    from jaxinfer.api.engine_death import EXIT_STATUS, ExitOnEngineDeath
+    from jaxinfer.api.engine_death import ExitOnEngineDeath
     from jaxinfer.api.model_registry import ModelRegistry
     from jaxinfer.async_engine import AsyncEngine
 
@@ -348,7 +348,7 @@ def serve(app, models, config, sock: socket.socket | None = None) -> None:
     if getattr(server, "engine_failed_at_start", False):
         sys.exit(1)  # the engine failed while loading or warming up (logged above)
     if death.died:
-        sys.exit(EXIT_STATUS)  # a step raised while serving (logged above): a supervisor restarts us
+        death.exit_now()  # a step raised while serving (logged above): exit status 1, a supervisor restarts us
 
 
 def exit_if_never_ready(models, server) -> None:

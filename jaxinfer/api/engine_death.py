@@ -8,9 +8,12 @@ already been failed (HTTP 500 / an SSE error event then ``[DONE]``) and ``/live`
 1. keeps answering for `LINGER_S` seconds (probes and load balancers see the 503s; the
    error responses are written), refusing new work with 503, and aborts the other models'
    requests (their clients get an error, not a cut connection);
-2. stops uvicorn gracefully, and the process exits with `EXIT_STATUS`;
+2. stops uvicorn gracefully (the handlers finish writing), then exits with `EXIT_STATUS`
+   at once (`exit_now`: ``os._exit`` after flushing the logs, skipping the interpreter's
+   teardown, which can take seconds on a loaded machine and hang on a dead device);
 3. whatever happens, exits with `EXIT_STATUS` at most `EXIT_BOUND_S` seconds after the
-   failure (``os._exit``: a stuck handler or a hung device call cannot keep it up).
+   failure (``os._exit`` from a timer: a stuck handler or a hung device call cannot keep
+   it up).
 
 A supervisor (systemd ``Restart=on-failure``, Kubernetes) then restarts it. This is
 vLLM's "engine dead" rule (vllm/v1/engine/exceptions.py ``EngineDeadError``: the API
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 
 logger = logging.getLogger(__name__)
@@ -68,13 +72,28 @@ class ExitOnEngineDeath:
         _daemon_timer(LINGER_S, self._stop)
         _daemon_timer(EXIT_BOUND_S, self._force_exit)
 
+    def exit_now(self) -> None:
+        """End the process with `EXIT_STATUS` now (after the graceful stop), logs flushed."""
+        logger.error("exiting with status %d (engine failure: %s)", EXIT_STATUS, self.error)
+        _flush()
+        self.hard_exit(EXIT_STATUS)
+
     def _stop(self) -> None:
         self.server.should_exit = True
 
     def _force_exit(self) -> None:
         logger.error("graceful stop took longer than %g s: exiting now", EXIT_BOUND_S)
-        logging.shutdown()
+        _flush()
         self.hard_exit(EXIT_STATUS)
+
+
+def _flush() -> None:
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
 
 
 def _daemon_timer(seconds: float, fn) -> None:
