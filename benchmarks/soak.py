@@ -32,6 +32,7 @@ import datetime
 import json
 import logging
 import math
+import signal
 import subprocess
 import sys
 import time
@@ -344,6 +345,7 @@ def main(argv=None) -> int:
     out = Path(a.out) if a.out else ROOT / "benchmarks" / "results" / f"{datetime.date.today()}-{device_label()}"
     out.mkdir(parents=True, exist_ok=True)
     server = None
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` stops the server we started
     if a.url is None:
         port = free_port()
         a.url = f"http://127.0.0.1:{port}"
