@@ -97,7 +97,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--client-timeout-s", type=float, default=300.0, help="a request unanswered this long fails")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--num-blocks", type=int, default=96, help="server KV pool (small, so that preemption happens)")
+    p.add_argument("--num-blocks", type=int, default=80, help="server KV pool (small, so that preemption happens)")
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=256)
     p.add_argument("--max-model-len", type=int, default=768)

@@ -66,8 +66,8 @@ def kv_free_returns(idle_checks: Sequence[dict], idle_value: float) -> dict:
 def flat(idle_checks: Sequence[dict], warm_s: float, key: str, tolerance: int) -> dict:
     """``key`` at the ends of the idle gaps after warm-up never exceeds the first by more than ``tolerance``."""
     values = [c[key] for c in idle_checks if c["t"] >= warm_s]
-    if not values:
-        return _check(False, reason="no idle gap ended after warm-up")
+    if len(values) < 2:
+        return _check(False, values=values, reason="fewer than 2 idle gaps ended after warm-up: nothing to compare")
     return _check(max(values) - values[0] <= tolerance, values=values, tolerance=tolerance)
 
 
