@@ -7,7 +7,7 @@ WEIGHTS := weights/smollm2-135m-instruct/.complete
 PYTEST_ARGS ?=
 N ?= 3
 
-.PHONY: setup serve cluster test test-fast bench bench-quick roofline offline-bench weights clean
+.PHONY: setup serve cluster test test-fast bench bench-quick roofline offline-bench soak weights clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,11 @@ roofline: setup
 
 offline-bench: setup
 	$(PY) benchmarks/offline_throughput.py
+
+# A long mixed workload against a fresh server (benchmarks/soak.py): RSS, fds, threads, KV blocks
+# free and TTFT over time, judged against the acceptance checks; e.g. make soak ARGS="--minutes 20".
+soak: setup
+	$(PY) benchmarks/soak.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

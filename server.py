@@ -4,7 +4,9 @@ HTTP listens at once (``GET /live`` is 200); the model loads and every bucket co
 the engine thread meanwhile, and ``/health`` and every POST answer 503 + Retry-After until
 that is done. SIGTERM drains: new requests are refused, in-flight ones get
 ``--shutdown-timeout`` seconds to finish, then the process exits (status 0); the log
-says how many were in flight and how the drain ended. Start-up logs one line of
+says how many were in flight and how the drain ended. An engine step that raises fails
+every request in flight and ends the process with status 1 within 5 s
+(`jaxinfer.api.engine_death`; docs/api.md's fault policy). Start-up logs one line of
 effective settings and the warm-up's progress.
 Flags map one-to-one onto `EngineConfig` / `CacheConfig` / `SchedulerConfig` / `ServerConfig`.
 Binds 127.0.0.1 unless ``--host`` says otherwise. ``--model`` may be repeated: one engine
@@ -318,6 +320,7 @@ def serve(app, models, config, sock: socket.socket | None = None) -> None:
     """
     import uvicorn
 
+    from jaxinfer.api.engine_death import ExitOnEngineDeath
     from jaxinfer.api.model_registry import ModelRegistry
     from jaxinfer.async_engine import AsyncEngine
 
@@ -337,18 +340,21 @@ def serve(app, models, config, sock: socket.socket | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     server = DrainingServer(uv_config)
     threading.Thread(target=exit_if_never_ready, args=(models, server), daemon=True).start()
+    death = ExitOnEngineDeath(models, server)  # the fault policy: an engine that dies ends the process
     try:
         server.run(sockets=[sock] if sock is not None else None)
     finally:
         drain.finish()
     if getattr(server, "engine_failed_at_start", False):
         sys.exit(1)  # the engine failed while loading or warming up (logged above)
+    if death.died:
+        death.exit_now()  # a step raised while serving (logged above): exit status 1, a supervisor restarts us
 
 
 def exit_if_never_ready(models, server) -> None:
     """Stop serving when an engine fails before it was ever ready (bad weights, out of memory):
     such a server could never answer for that model, so it exits 1 instead of staying up
-    unready. An engine that dies later leaves the server up with /health red (serving case SC-25)."""
+    unready. An engine that dies later ends the process too (`jaxinfer.api.engine_death`)."""
     if not models.wait_ready():
         server.engine_failed_at_start = True
         server.should_exit = True

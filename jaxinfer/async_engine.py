@@ -13,8 +13,11 @@ Threading contract:
   * Outputs travel back with ``loop.call_soon_threadsafe`` into one `asyncio.Queue` per
     group of requests (`OutputStream`: one HTTP request, its ``n`` choices); the first item
     is the verdict on admission (accepted, or the `RequestError` / `QueueFullError` raised).
-  * If the engine raises, the thread marks itself dead, fails every live stream with
-    `EngineDeadError` and refuses new work; `is_healthy` turns False at once.
+  * If the engine raises, the thread marks itself dead (the fault policy of docs/api.md):
+    every request in flight or queued fails with `EngineDeadError` (``in_flight``: HTTP
+    500), new work is refused (HTTP 503), `is_healthy` turns False at once and the death
+    callbacks run (the server exits non-zero: `jaxinfer.api.engine_death`).
+    ``JAXINFER_FAIL_STEP=N`` makes the Nth step raise (`jaxinfer.fault_injection`, a test hook).
   * `start_draining` (SIGTERM) refuses new requests while in-flight ones finish;
     `shutdown` aborts what is left and joins the thread.
   * The engine thread feeds `ttft` (`jaxinfer.ttft_estimator.TTFTEstimator`: prompt
@@ -35,6 +38,7 @@ from typing import AsyncIterator, Callable, Sequence
 from jaxinfer import request_log
 from jaxinfer.engine_protocol import Engine, RequestSpec  # noqa: F401 - RequestSpec is part of this API
 from jaxinfer.errors import QueueFullError, RequestError
+from jaxinfer.fault_injection import StepFault
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.ttft_estimator import TTFTEstimator
 
@@ -61,11 +65,18 @@ class EngineNotReadyError(RuntimeError):
 
 
 class EngineDeadError(RuntimeError):
-    """The engine thread died; requests in flight fail with this (HTTP 500 / 503)."""
+    """The engine thread died.
 
-    def __init__(self, message: str):
+    Attributes:
+      in_flight: True for a request that was running or queued when the engine failed
+        (HTTP 500: the server lost it); False for one refused afterwards (HTTP 503: retry
+        on a restarted server).
+    """
+
+    def __init__(self, message: str, in_flight: bool = False):
         super().__init__(message)
         self.message = message
+        self.in_flight = in_flight
 
 
 _ACCEPTED = object()  # first item of a stream when the engine took its requests
@@ -145,6 +156,8 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="jaxinfer-engine", daemon=True)
         self.ready_event = threading.Event()
         self.ttft = TTFTEstimator()  # fed by the engine thread; read by the HTTP layer
+        self._death_callbacks: list[Callable[[str], None]] = []
+        self._fault = StepFault.from_env()  # the JAXINFER_FAIL_STEP test hook (off unless set)
 
     # ----- lifecycle ----------------------------------------------------------------------
     def start(self) -> "AsyncEngine":
@@ -162,6 +175,20 @@ class AsyncEngine:
                 return
         if self.engine is not None:
             fn(self.engine)
+
+    def add_death_callback(self, fn: Callable[[str], None]) -> None:
+        """Run ``fn(error)`` (in the engine thread) when the engine dies, after every
+        request has been failed; at once (in this thread) if it is already dead."""
+        with self._lock:
+            if self.state != EngineState.DEAD:
+                self._death_callbacks.append(fn)
+                return
+        fn(self.error or "engine dead")
+
+    @property
+    def is_dead(self) -> bool:
+        """True once the engine raised (or its thread exited while serving)."""
+        return self.state == EngineState.DEAD or (self.state == EngineState.READY and not self._thread.is_alive())
 
     @property
     def is_healthy(self) -> bool:
@@ -247,7 +274,7 @@ class AsyncEngine:
           EngineDeadError: the engine thread died (or exited).
           EngineNotReadyError: still loading / compiling, or draining.
         """
-        if self.state == EngineState.DEAD or (self.state == EngineState.READY and not self._thread.is_alive()):
+        if self.is_dead:
             raise EngineDeadError(f"the engine is not running: {self.error or 'thread exited'}")
         if self.state == EngineState.STARTING:
             raise EngineNotReadyError("the model is loading and compiling; retry later", retry_after=5.0)
@@ -289,6 +316,7 @@ class AsyncEngine:
             steps = engine.num_steps
             prefilled = engine.snapshot().prefill_tokens
             t0 = time.perf_counter()
+            self._fault.before_step()
             outputs = engine.step()
             seconds = time.perf_counter() - t0
             self._deliver(outputs)
@@ -383,7 +411,7 @@ class AsyncEngine:
         with self._lock:
             self.state = EngineState.DEAD
             self.error = f"{type(exc).__name__}: {exc}"
-        dead = EngineDeadError(f"the engine failed: {self.error}")
+        dead = EngineDeadError(f"the engine failed: {self.error}", in_flight=True)
         pending = [(s, dead) for s in {id(s): s for s in self._streams.values()}.values()]
         self._streams.clear()
         while True:  # answer adds that were queued before the state changed
@@ -395,4 +423,11 @@ class AsyncEngine:
                 pending.append((arg[1], dead))
         self._post(pending)
         self.ready_event.set()
+        with self._lock:
+            callbacks, self._death_callbacks = self._death_callbacks, []
+        for fn in callbacks:
+            try:
+                fn(self.error)
+            except Exception:  # noqa: BLE001 - one failing callback must not skip the others
+                logger.exception("engine death callback failed")
 

@@ -25,9 +25,18 @@ the tree structure from the checkpoint metadata and passes per-leaf restore argu
 (``PyTreeCheckpointer`` + ``args.PyTreeRestore``): ``RestoreArgs(restore_type=np.ndarray)``
 for host numpy arrays, whatever sharding the saver had, or ``ArrayRestoreArgs(sharding=...)``
 to read each array straight into its device shards; both take the dtype to cast to.
+
+Integrity: `save_params` also writes `MANIFEST` into the folder, the size and sha256 of
+every file orbax wrote. `load_params` checks them before reading (a truncated, missing or
+altered file is named at once; orbax itself would load a flipped bit silently); every failure to read a checkpoint is a `CheckpointError` that names the file at fault (or
+the folder, for a checkpoint written before manifests) and says how to redo it, never a
+traceback from inside orbax.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +47,20 @@ import orbax.checkpoint as ocp
 from jaxinfer.config import ModelConfig
 
 DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(jax.numpy.bfloat16)}
+MANIFEST = "jaxinfer_files.json"  # {"files": {relative path: {"size": bytes, "sha256": hex}}}
+REDO_HINT = "convert the model again (python -m jaxinfer.convert [SRC] --force)"
+
+
+class CheckpointError(ValueError):
+    """A parameter checkpoint that cannot be read: missing, truncated or corrupt.
+
+    Attributes:
+      path: the file at fault, or the checkpoint folder when no single file can be named.
+    """
+
+    def __init__(self, message: str, path: Path):
+        super().__init__(message)
+        self.path = path
 
 
 def as_dtype(dtype: Any) -> np.dtype:
@@ -110,9 +133,54 @@ def save_params(path: str | Path, tree: dict[str, Any]) -> None:
     Raises:
       ValueError (from orbax): ``path`` already exists.
     """
+    path = Path(path).absolute()
     with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(Path(path).absolute(), tree)
+        ckptr.save(path, tree)
         ckptr.wait_until_finished()
+    files = {str(f.relative_to(path)): {"size": f.stat().st_size, "sha256": _sha256(f)}
+             for f in sorted(path.rglob("*")) if f.is_file()}
+    with open(path / MANIFEST, "w") as f:
+        json.dump({"files": files}, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def verify_files(path: str | Path, hashes: bool = False) -> None:
+    """Check a checkpoint folder's files against its `MANIFEST` (no manifest: nothing to check).
+
+    Args:
+      path: the ``params/`` folder.
+      hashes: also compare sha256 digests (reads every byte; sizes alone are a few stats).
+    Raises:
+      CheckpointError: naming the first missing, truncated (or grown) or altered file.
+    """
+    path = Path(path)
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        return
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"the checkpoint manifest {manifest} is corrupt ({e}); {REDO_HINT}", manifest) from None
+    for rel, want in files.items():
+        f = path / rel
+        if not f.is_file():
+            raise CheckpointError(f"the parameter checkpoint file {f} is missing; {REDO_HINT}", f)
+        size = f.stat().st_size
+        if size != want["size"]:
+            raise CheckpointError(f"the parameter checkpoint file {f} is truncated or damaged: {size} bytes, "
+                                  f"{want['size']} expected; {REDO_HINT}", f)
+        if hashes and _sha256(f) != want["sha256"]:
+            raise CheckpointError(f"the parameter checkpoint file {f} is corrupt (its sha256 differs from the one "
+                                  f"recorded when it was written); {REDO_HINT}", f)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
 
 
 def load_params(path: str | Path, dtype: Any = None, shardings: Any = None) -> dict[str, Any]:
@@ -129,6 +197,7 @@ def load_params(path: str | Path, dtype: Any = None, shardings: Any = None) -> d
       Nested dict of ``np.ndarray`` (no ``shardings``) or ``jax.Array`` (with ``shardings``).
     Raises:
       FileNotFoundError: no checkpoint at ``path``.
+      CheckpointError: a file of the checkpoint is missing, truncated or corrupt (named).
       ValueError: ``shardings`` does not match the stored tree structure.
     """
     path = Path(path).absolute()
@@ -136,9 +205,10 @@ def load_params(path: str | Path, dtype: Any = None, shardings: Any = None) -> d
         path = path / "params"
     if not path.is_dir():
         raise FileNotFoundError(f"no parameter checkpoint at {path}")
+    verify_files(path, hashes=True)  # ~0.3 s per 300 MB: a flipped bit would otherwise load silently
     cast = None if dtype is None else as_dtype(dtype)
     with ocp.PyTreeCheckpointer() as ckptr:
-        meta = ckptr.metadata(path).item_metadata
+        meta = _readable(path, lambda: ckptr.metadata(path).item_metadata)
         meta = getattr(meta, "tree", meta)
         if shardings is None:
             args = jax.tree.map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray, dtype=cast), meta)
@@ -149,7 +219,20 @@ def load_params(path: str | Path, dtype: Any = None, shardings: Any = None) -> d
                     meta, shardings)
             except ValueError as e:
                 raise ValueError(f"shardings do not match the stored parameter tree: {e}") from e
-        return ckptr.restore(path, args=ocp.args.PyTreeRestore(restore_args=args))
+        return _readable(path, lambda: ckptr.restore(path, args=ocp.args.PyTreeRestore(restore_args=args)))
+
+
+def _readable(path: Path, read):
+    """``read()``; any failure (orbax, tensorstore, a JSON decoder) becomes a `CheckpointError`
+    naming the folder (the manifest, checked before, found no damaged file, or there is none)."""
+    try:
+        return read()
+    except Exception as e:  # noqa: BLE001 - every way an unreadable checkpoint fails inside orbax
+        failure = e
+    text = str(failure).strip()
+    first = text.splitlines()[0][:300] if text else ""
+    raise CheckpointError(f"cannot read the parameter checkpoint {path} ({type(failure).__name__}: {first}); "
+                          f"{REDO_HINT}", path) from None
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -9,6 +9,13 @@ Owns the mapping from the two source formats to the folder the engine loads::
     <out>/source.json             where it came from: sha256 of every source file, dtype
     <out>/.complete               written last; holds the source digest
 
+Crash safety: the folder is built as ``.<name>.partial-<pid>`` beside ``<out>``, the marker
+written (and synced) last, then renamed into place (atomic on one file system); an earlier
+conversion being replaced (``--force``) is first renamed aside to ``.<name>.old-<pid>``. So a
+conversion killed at any point (SIGKILL, a full disk) never leaves a ``<out>`` that passes
+`is_complete`: the next run removes what a dead process left behind, says so, and converts
+again.
+
 Both formats go through one path: the reader yields tensors under Hugging Face names in
 PyTorch ``[out, in]`` order, and `build_tree` transposes, reshapes to heads and stacks the
 layers. GGUF tensors are dequantized with ``gguf.quants.dequantize`` and the llama.cpp row
@@ -352,6 +359,9 @@ def convert(src: str | Path, out: str | Path, dtype: str | None = None, force: b
         raise FileExistsError(f"{out} holds a conversion of other sources or another dtype; pass --force "
                               "to overwrite it or choose another --out")
     dtype = dtype or "float32"
+    _remove_interrupted(out)
+    if out.exists() and not is_complete(out) and any(out.iterdir()):
+        log.warning("%s holds an incomplete conversion (interrupted before it finished); converting again", out)
     tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -360,14 +370,50 @@ def convert(src: str | Path, out: str | Path, dtype: str | None = None, force: b
         meta = {"source": str(src.absolute()), "format": "gguf" if src.is_file() else "hf", "note": source_note,
                 "dtype": dtype, "sha256": hashes, "digest": digest}
         (tmp / "source.json").write_text(json.dumps(meta, indent=2) + "\n")
+        _write_synced(tmp / MARKER, digest + "\n")  # last: only a finished folder has it
         if not force and is_complete(out) and _existing_matches(out, digest, dtype):
             return out  # another process finished the same conversion meanwhile
         _replace(out, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    (out / MARKER).write_text(digest + "\n")
     log.info("converted %s -> %s (%d layers, %s)", src, out, cfg.num_hidden_layers, dtype)
     return out
+
+
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?:partial|old)-(?P<pid>\d+)$")
+
+
+def _remove_interrupted(out: Path) -> None:
+    """Remove the temporary folders beside ``out`` that a conversion killed before it
+    finished left behind (``.<name>.partial-<pid>``, ``.<name>.old-<pid>`` of a process
+    that no longer runs), saying so."""
+    if not out.parent.is_dir():
+        return
+    for p in out.parent.iterdir():
+        m = _LEFTOVER.match(p.name)
+        if m and m["name"] == out.name and p.is_dir() and not _pid_alive(int(m["pid"])):
+            log.warning("removing %s, left by a conversion that was interrupted (killed, or the disk was full)", p)
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # ours from an earlier, failed call
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _write_synced(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` and flush it to the disk (a full disk raises here, not later)."""
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _check_source(src: Path) -> None:
@@ -420,13 +466,31 @@ def _convert_into(src: Path, tmp: Path, dtype: str) -> ModelConfig:
 
 
 def _replace(out: Path, tmp: Path) -> None:
-    """Move ``tmp`` to ``out``, removing an earlier (incomplete or forced) conversion there."""
+    """Move ``tmp`` to ``out`` atomically, removing an earlier (incomplete or forced)
+    conversion there: that one is first renamed aside, so at every instant ``out`` is the
+    old folder, absent, or the new one, never a half-deleted mix."""
+    old = None
     if out.exists():
         ours = not any(out.iterdir()) or (out / "source.json").exists() or (out / "params").exists()
         if not ours:
             raise FileExistsError(f"{out} exists and is not a jaxinfer conversion; refusing to overwrite it")
-        shutil.rmtree(out)
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        out.rename(old)
+    _publish(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """The one step that makes a conversion visible: an atomic rename, then the parent
+    folder synced so the rename survives a crash."""
     tmp.rename(out)
+    fd = os.open(out.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------- CLI

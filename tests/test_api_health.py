@@ -2,8 +2,9 @@
 
 * Warm-up: ``/live`` is 200 while the engine builds; ``/health`` and POSTs are 503 with
   Retry-After (no hang); the first POST after ready compiles nothing new.
-* Death: an engine step that raises turns ``/health`` non-200 within 1 s; requests in
-  flight get a 503 envelope or an error event, never a hang.
+* Death: an engine step that raises turns ``/health`` and ``/live`` non-200 within 1 s;
+  requests in flight get a 500 envelope or an error event, never a hang; new ones 503
+  (the process exit is tests/test_engine_fault.py's).
 * SIGTERM: in-flight streams finish, new connections are refused, exit status 0.
 """
 from __future__ import annotations
@@ -92,12 +93,12 @@ def test_sc25_engine_death_turns_health_red_and_fails_requests():
         for t in threads:
             t.join(5)
             assert not t.is_alive()  # no hang
-        assert_error(results["plain"], 503)
+        assert assert_error(results["plain"], 500, type_="server_error")["code"] == "engine_dead"
         events = sse_events(results["stream"].content)
         assert events[-1] == "[DONE]" and "error" in json.loads(events[-2])
         assert_error(http.post("/v1/completions", json={"prompt": "a", "max_tokens": 1}), 503)
         assert parse_metrics(http.get("/metrics").text)["jaxinfer_engine_healthy"] == 0
-        assert http.get("/live").status_code == 200
+        assert_error(http.get("/live"), 503)
 
 
 def start_fake_server(grace_s: float = 10.0):

@@ -8,7 +8,8 @@ Owns `APIError` and the exception handlers that map the rest onto it:
 | missing / wrong API key                      | 401    | invalid_request_error | WWW-Authenticate |
 | unknown model, unknown route                 | 404    | invalid_request_error |             |
 | queue full, queue wait expired               | 429    | rate_limit_error      | Retry-After |
-| warming up, draining, engine dead            | 503    | service_unavailable   | Retry-After |
+| warming up, draining, engine dead (new work) | 503    | service_unavailable   | Retry-After |
+| engine failed with the request in flight     | 500    | server_error          |             |
 | request deadline passed                      | 504    | timeout               |             |
 | anything unexpected (a bug)                  | 500    | server_error          |             |
 
@@ -92,6 +93,8 @@ def from_exception(exc: BaseException, param_aliases: dict[str, str] | None = No
         return APIError(429, exc.message, code="queue_full", retry_after=exc.retry_after)
     if isinstance(exc, EngineNotReadyError):
         return APIError(503, exc.message, code="not_ready", retry_after=exc.retry_after)
+    if isinstance(exc, EngineDeadError) and exc.in_flight:  # the fault policy (docs/api.md)
+        return APIError(500, exc.message, type="server_error", code="engine_dead")
     if isinstance(exc, EngineDeadError):
         return APIError(503, exc.message, code="engine_dead", retry_after=10)
     logger.exception("unexpected error", exc_info=exc)

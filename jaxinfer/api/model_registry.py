@@ -106,6 +106,10 @@ class ModelRegistry:
         """The models that are not healthy, in order."""
         return [m for m in self if not m.async_engine.is_healthy]
 
+    def dead(self) -> list[ServedModel]:
+        """The models whose engine died (the fault policy: the process is about to exit)."""
+        return [m for m in self if m.async_engine.is_dead]
+
     def start(self) -> None:
         """Start every engine thread (loading and warm-up run in parallel, in the background)."""
         for m in self:

@@ -2,8 +2,9 @@
 
 ``/v1/*`` (and ``/tokenize``, ``/detokenize``) need ``Authorization: Bearer <key>`` when the
 server has an API key; ``/live``, ``/health`` and ``/metrics`` never do. ``/live`` is 200 as
-soon as HTTP listens; ``/health`` is 200 only when every served model's engine is warmed up
-and its thread alive (503 + Retry-After while one is loading, draining or dead).
+soon as HTTP listens, 503 once an engine died (the fault policy: the process exits soon);
+``/health`` is 200 only when every served model's engine is warmed up and its thread alive
+(503 + Retry-After while one is loading, draining or dead).
 """
 from __future__ import annotations
 
@@ -133,10 +134,16 @@ async def detokenize(body: DetokenizeRequest, ctx: ServingContext = Depends(get_
     return DetokenizeResponse(prompt=engine.tokenizer.decode(body.tokens, skip_special_tokens=False))
 
 
-@ops.get("/live")
-async def live():
-    """Liveness: 200 whenever the HTTP server runs."""
-    return {"status": "alive"}
+@ops.get("/live", responses={503: {"model": ErrorResponse, "description": "An engine died; the process exits."}})
+async def live(ctx: ServingContext = Depends(get_ctx)):
+    """Liveness: 200 while the HTTP server runs (warming up included), 503 once an engine
+    died (a step raised: docs/api.md's fault policy; the process exits within seconds)."""
+    dead = ctx.models.dead()
+    if not dead:
+        return {"status": "alive"}
+    ae = dead[0].async_engine
+    return JSONResponse(APIError(503, f"engine dead: {ae.error or 'thread exited'}", code="engine_dead").body(),
+                        status_code=503)
 
 
 @ops.get("/health", responses={503: {"model": ErrorResponse, "description": "Not ready (`Retry-After`)."}})
