@@ -3,7 +3,9 @@ switch point between the XLA (pure jnp) path and the Pallas kernel.
 
 KV cache layout (per engine): ``k_cache, v_cache [L, num_blocks, block_size, K, H]``,
 all layers stacked so the layer scan carries it in place (donated to the step); a
-bfloat16 cache on CPU holds its uint16 bits (`kv_storage_dtype`, read through `kv_values`). Token
+bfloat16 cache on CPU holds its uint16 bits (`kv_storage_dtype`, read through `kv_values`); an
+8-bit cache (``--kv-cache-dtype int8|fp8``) is a `jaxinfer.kv_quant.QuantKV` of values and
+per-token scales, quantized in `write_kv` and dequantized in `gather_pages` / the kernel. Token
 with slot ``s`` lives at ``[layer, s // block_size, s % block_size]``. Block 0 is the
 null block that padding tokens write into.
 
@@ -35,7 +37,9 @@ import jax.numpy as jnp
 from flax import struct
 from jax.sharding import Mesh, PartitionSpec as P
 
+from jaxinfer import kv_quant
 from jaxinfer.batch import GROUP_BLOCKS, Q_CHUNK, groups_per_iter
+from jaxinfer.kv_quant import QuantKV
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,15 +122,28 @@ def kv_values(x: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(x, jnp.bfloat16) if x.dtype == BF16_BITS else x
 
 
-def write_kv(cache: jax.Array, layer: jax.Array, slot_mapping: jax.Array, new: jax.Array) -> jax.Array:
+def write_kv(cache, layer: jax.Array, slot_mapping: jax.Array, new: jax.Array):
     """Scatter new K or V ``[T, K, H]`` into ``cache [L, NB, bs, K, H]`` at the slots.
 
-    One combined-index scatter on the carried cache: no per-layer slice is copied.
+    One combined-index scatter on the carried cache: no per-layer slice is copied. An
+    8-bit cache (`jaxinfer.kv_quant.QuantKV`) quantizes per token and KV head first.
     """
+    if isinstance(cache, QuantKV):
+        return kv_quant.write(cache, layer, slot_mapping, new)
     bs = cache.shape[2]
     if cache.dtype == BF16_BITS:
         new = jax.lax.bitcast_convert_type(new.astype(jnp.bfloat16), BF16_BITS)
     return cache.at[layer, slot_mapping // bs, slot_mapping % bs].set(new.astype(cache.dtype))
+
+
+def gather_pages(cache, blocks: jax.Array) -> jax.Array:
+    """The pages ``blocks`` (any shape B; ids into the layer-flattened pool ``[L * NB]``,
+    i.e. ``layer * NB + block``) of a cache: [*B, bs, K, H] floats (bit-stored bfloat16
+    reinterpreted; an 8-bit cache dequantized to float32). One gather, no per-layer copy."""
+    if isinstance(cache, QuantKV):
+        return kv_quant.gather_pages(cache, blocks)
+    L, NB, bs, K, H = cache.shape
+    return kv_values(cache.reshape(L * NB, bs, K, H).at[blocks].get(mode="promise_in_bounds"))
 
 
 def _partial_softmax(s, v):
@@ -192,8 +209,6 @@ def _group_context(qg, k_cache, v_cache, layer, meta, window=None):
     q = jnp.concatenate([qg[jnp.minimum(meta.row_last, T - 1)], jnp.zeros((1, K, G, H), qg.dtype)])
     ctx_len = jnp.concatenate([meta.row_ctx_len, jnp.zeros((1,), jnp.int32)])
     q_pos = jnp.concatenate([meta.positions[jnp.minimum(meta.row_last, T - 1)], jnp.zeros((1,), jnp.int32)])
-    flat_k = k_cache.reshape(L * NB, bs, K, H)  # merges unsharded axes only (K may be TP-sharded)
-    flat_v = v_cache.reshape(L * NB, bs, K, H)
     segs = dict(num_segments=R + 1, indices_are_sorted=True)
 
     def body(j, carry):
@@ -201,8 +216,8 @@ def _group_context(qg, k_cache, v_cache, layer, meta, window=None):
         rows = jax.lax.dynamic_slice_in_dim(meta.group_row, j * P, P)
         grp = jax.lax.dynamic_slice_in_dim(meta.group_index, j * P, P)
         blocks = tables[rows[:, None], grp[:, None] * c + jnp.arange(c)] + layer * NB  # [P, c]
-        k = kv_values(flat_k.at[blocks].get(mode="promise_in_bounds")).reshape(P, span, K, H)
-        v = kv_values(flat_v.at[blocks].get(mode="promise_in_bounds")).reshape(P, span, K, H)
+        k = gather_pages(k_cache, blocks).reshape(P, span, K, H)  # merges unsharded axes only
+        v = gather_pages(v_cache, blocks).reshape(P, span, K, H)
         s = jnp.einsum("pkgh,pskh->pkgs", q[rows], k.astype(jnp.float32))
         pos = grp[:, None] * span + jnp.arange(span)
         valid = (pos < ctx_len[rows][:, None]) & _in_window(q_pos[rows][:, None], pos, window)
@@ -236,7 +251,6 @@ def _chunk_context(qg, k_cache, v_cache, layer, meta, q_chunk: int, window=None)
     c = min(CHUNK_CTX_BLOCKS, W)
     span = c * bs
     tables = jnp.pad(meta.block_tables, ((0, 0), (0, -W % c)))
-    flat_k, flat_v = k_cache.reshape(L * NB, bs, K, H), v_cache.reshape(L * NB, bs, K, H)
     pad = lambda x, v: jnp.concatenate([x, jnp.full((q_chunk,) + x.shape[1:], v, x.dtype)])  # noqa: E731
     qp = pad(qg, 0.0)
     pos_p = pad(meta.positions, 0)
@@ -250,8 +264,8 @@ def _chunk_context(qg, k_cache, v_cache, layer, meta, q_chunk: int, window=None)
 
         def step(j, carry):
             blocks = jax.lax.dynamic_slice_in_dim(tables[row], j * c, c) + layer * NB
-            kc = kv_values(flat_k.at[blocks].get(mode="promise_in_bounds")).reshape(span, K, H)
-            vc = kv_values(flat_v.at[blocks].get(mode="promise_in_bounds")).reshape(span, K, H)
+            kc = gather_pages(k_cache, blocks).reshape(span, K, H)
+            vc = gather_pages(v_cache, blocks).reshape(span, K, H)
             s = jnp.einsum("qkgh,skh->qkgs", q, kc.astype(jnp.float32))
             k_pos = (j * span + jnp.arange(span))[None, :]
             valid = (k_pos < meta.row_ctx_len[row]) & live[:, None] & _in_window(q_pos, k_pos, window)
@@ -311,7 +325,8 @@ def pallas_paged_attention(q, k_cache, v_cache, layer, meta: AttentionMetadata, 
     (`jaxinfer.sharding`), and so is this computation, as on the XLA path.
 
     Args:
-      q: [T, N, H]; k_cache, v_cache: [L, NB, bs, K, H]; layer: [] int32.
+      q: [T, N, H]; k_cache, v_cache: [L, NB, bs, K, H] arrays, or 8-bit `QuantKV` caches
+        (values and per-token scales handed to the kernel, which dequantizes per page); layer: [] int32.
       mesh: the replica's ``(data, model)`` mesh, or None on one device.
       window: [] int32 sliding window of this layer, or None (full causal attention).
     Returns:
@@ -319,21 +334,33 @@ def pallas_paged_attention(q, k_cache, v_cache, layer, meta: AttentionMetadata, 
     """
     from pallas_kernels import ragged_paged_attention
 
-    def attend(q, k_cache, v_cache, layer, kv_lens, block_tables, query_start_loc, num_seqs, *win):
-        # The kernel takes q in the cache dtype (bfloat16 models keep q in float32 up to here).
-        return ragged_paged_attention(q.astype(k_cache.dtype), k_cache, v_cache, kv_lens, block_tables,
-                                      query_start_loc, num_seqs, sm_scale=sm_scale, layer=layer,
-                                      interpret=interpret, sliding_window=win[0] if win else None).astype(q.dtype)
+    quant = isinstance(k_cache, QuantKV)
 
-    args = (q, kv_values(k_cache), kv_values(v_cache), layer, meta.kv_lens, meta.block_tables, meta.query_start_loc,
-            meta.num_seqs) + (() if window is None else (window,))
+    def attend(q, k_cache, v_cache, layer, kv_lens, block_tables, query_start_loc, num_seqs, *extra):
+        scales, win = (extra[:2], extra[2:]) if quant else ((), extra)
+        # The kernel takes q in the cache dtype (bfloat16 models keep q in float32 up to here);
+        # 8-bit pages are dequantized to q's float32 inside it.
+        q_in = q if quant else q.astype(k_cache.dtype)
+        kw = dict(k_scales=scales[0], v_scales=scales[1]) if quant else {}
+        return ragged_paged_attention(q_in, k_cache, v_cache, kv_lens, block_tables,
+                                      query_start_loc, num_seqs, sm_scale=sm_scale, layer=layer,
+                                      interpret=interpret, sliding_window=win[0] if win else None, **kw).astype(q.dtype)
+
+    if quant:
+        pages = (k_cache.values, v_cache.values)
+        scales = tuple(jax.lax.bitcast_convert_type(c.scales, jnp.bfloat16) for c in (k_cache, v_cache))
+    else:
+        pages, scales = (kv_values(k_cache), kv_values(v_cache)), ()
+    args = (q,) + pages + (layer, meta.kv_lens, meta.block_tables, meta.query_start_loc,
+                           meta.num_seqs) + scales + (() if window is None else (window,))
     tp = 1 if mesh is None else mesh.shape["model"]
     if tp == 1:
         return attend(*args)
     heads = "model" if k_cache.shape[3] % tp == 0 else None  # the cache's own K split (sharding.kv_cache_spec)
     q_spec, kv_spec = P(None, heads, None), P(None, None, None, heads, None)
-    sharded = jax.shard_map(attend, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec) + (P(),) * (len(args) - 3),
-                            out_specs=q_spec, check_vma=False)
+    scale_specs = (P(None, None, None, heads),) * len(scales)
+    in_specs = (q_spec, kv_spec, kv_spec) + (P(),) * 5 + scale_specs + (P(),) * (window is not None)
+    sharded = jax.shard_map(attend, mesh=mesh, in_specs=in_specs, out_specs=q_spec, check_vma=False)
     return sharded(*args)
 
 
