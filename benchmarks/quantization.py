@@ -50,7 +50,9 @@ AGREE_TOKENS = 16
 
 def _sibling(name: str):
     spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
+    if name in sys.modules:
+        return sys.modules[name]
+    mod = sys.modules[name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 

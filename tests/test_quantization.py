@@ -16,7 +16,7 @@ from jaxinfer.builder import kv_bytes_per_block, plan_num_blocks
 from jaxinfer.config import CacheConfig
 from jaxinfer.kv_quant import dequantize, quantize, scale_values
 from jaxinfer.model_runner import CompileCounter
-from jaxinfer.models.quant import W8A8_MIN_ROWS, qdot, quantize_array, quantize_params
+from jaxinfer.models.quant import qdot, quantize_array, quantize_params
 from jaxinfer.params import init_params
 from pallas_kernels import ragged_paged_attention
 from test_pallas_kernels import make_batch, numpy_attention
@@ -47,17 +47,17 @@ def test_weight_quantization_error_within_half_a_scale():
     assert (err <= np.asarray(s)[:, None, :] / 2 + 1e-7).all()
 
 
-@pytest.mark.parametrize("rows", [1, W8A8_MIN_ROWS])  # both paths: weight-only and W8A8
+@pytest.mark.parametrize("rows", [1, 16])  # both paths: weight-only and W8A8 (from 16 rows here)
 def test_qdot_close_to_float_matmul(rows):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((rows, 96)).astype(np.float32)
     w = rng.standard_normal((96, 48)).astype(np.float32)
     q, s = quantize_array(jnp.asarray(w), (0,))
-    got = np.asarray(qdot(jnp.asarray(x), q, s, (0,), jnp.float32))
+    got = np.asarray(qdot(jnp.asarray(x), q, s, (0,), jnp.float32, w8a8_min_rows=16))
     want = x.astype(np.float64) @ w
     # weight error <= s/2 per element; W8A8 adds the activations' a/2 per element
     bound = np.abs(x).sum(1, keepdims=True) * np.asarray(s)[None] / 2
-    if rows >= W8A8_MIN_ROWS:
+    if rows >= 16:
         a = np.abs(x).max(1, keepdims=True) / 127
         bound = bound + a / 2 * np.abs(w).sum(0, keepdims=True) + 96 * a / 2 * np.asarray(s)[None] / 2
     assert (np.abs(got - want) <= bound * 1.01 + 1e-5).all()
