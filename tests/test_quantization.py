@@ -183,3 +183,19 @@ def test_bad_quantization_settings_refused():
         dataclasses.replace(CFG, quantization="int4")
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         CacheConfig(kv_cache_dtype="int4")
+
+
+def test_gemma_family_quantized_close_to_float():
+    """Gemma 3's layout (q/k norms, sandwich norms, sliding layers, scaled tied embeddings)
+    with int8 weights and int8 KV: first-position logits near float32's."""
+    from gemma_helpers import tiny_gemma_config, tiny_gemma_params
+
+    cfg = tiny_gemma_config()
+    params = tiny_gemma_params(cfg)
+    ps = _prompts([11, 25], seed=6)
+    ref = _llm(params, cfg, warmup=False).generate(ps, GREEDY, use_tqdm=False)
+    out = _llm(params, cfg, warmup=False, quantization="int8", kv_cache_dtype="int8").generate(
+        ps, GREEDY, use_tqdm=False)
+    for a, b in zip(out, ref):
+        la, lb = np.asarray(a.outputs[0].logits[0]), np.asarray(b.outputs[0].logits[0])
+        assert np.abs(la - lb).max() <= 0.05 * np.abs(lb).max(), np.abs(la - lb).max()
