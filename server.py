@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "by position")
     model.add_argument("--dtype", default="auto", choices=DTYPES,
                        help="weights, activations and KV cache; auto: bfloat16 on GPU/TPU, float32 on CPU")
+    model.add_argument("--quantization", default=None, choices=["int8"],
+                       help="int8: weights quantized to int8 with per-output-channel scales as they load "
+                       "(docs/quantization.md; default: none)")
     model.add_argument("--attention-backend", default=None, choices=["xla", "pallas"],
                        help="default: pallas on GPU, xla elsewhere")
     model.add_argument("--seed", type=int, default=0, help="seed of requests that give none")
@@ -93,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--num-blocks", type=int, default=None,
                        help="explicit KV pool size, overrides the budgets (default: from the budget)")
     cache.add_argument("--block-size", type=int, default=BLOCK_SIZE, choices=BLOCK_SIZES, help="tokens per KV block")
+    cache.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8"],
+                       help="auto: the model dtype; int8 / fp8 (e4m3): 8-bit K/V with a scale per token and KV head, "
+                       "about twice the blocks of bfloat16 in the same budget (docs/quantization.md)")
     cache.add_argument("--watermark", type=float, default=0.15, help="fraction of blocks kept free at admission")
     cache.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                        help="reuse KV blocks of shared prompt prefixes (--no-prefix-caching turns it off)")
@@ -205,7 +211,9 @@ def engine_config(args, model_config):
         model_path=model_path, dtype=args.dtype, tokenizer=args.tokenizer, chat_template=chat_template,
         cache=CacheConfig(num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory, watermark=args.watermark,
                           enable_prefix_caching=args.prefix_caching, block_size=args.block_size,
-                          gpu_memory_utilization=args.gpu_memory_utilization),
+                          gpu_memory_utilization=args.gpu_memory_utilization,
+                          kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto")),
+        quantization=getattr(args, "quantization", None),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_model_len=max_model_len, max_queue_len=args.max_queue_len,
                                   scheduler=args.scheduler, batch_timeout_s=args.batch_timeout,

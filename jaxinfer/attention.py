@@ -3,7 +3,9 @@ switch point between the XLA (pure jnp) path and the Pallas kernel.
 
 KV cache layout (per engine): ``k_cache, v_cache [L, num_blocks, block_size, K, H]``,
 all layers stacked so the layer scan carries it in place (donated to the step); a
-bfloat16 cache on CPU holds its uint16 bits (`kv_storage_dtype`, read through `kv_values`). Token
+bfloat16 cache on CPU holds its uint16 bits (`kv_storage_dtype`, read through `kv_values`); an
+8-bit cache (``--kv-cache-dtype int8|fp8``) is a `jaxinfer.kv_quant.QuantKV` of values and
+per-token scales, quantized in `write_kv` and dequantized in `gather_pages` / the kernel. Token
 with slot ``s`` lives at ``[layer, s // block_size, s % block_size]``. Block 0 is the
 null block that padding tokens write into.
 
@@ -35,7 +37,9 @@ import jax.numpy as jnp
 from flax import struct
 from jax.sharding import Mesh, PartitionSpec as P
 
+from jaxinfer import kv_quant
 from jaxinfer.batch import GROUP_BLOCKS, Q_CHUNK, groups_per_iter
+from jaxinfer.kv_quant import QuantKV
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,15 +122,30 @@ def kv_values(x: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(x, jnp.bfloat16) if x.dtype == BF16_BITS else x
 
 
-def write_kv(cache: jax.Array, layer: jax.Array, slot_mapping: jax.Array, new: jax.Array) -> jax.Array:
+def write_kv(cache, layer: jax.Array, slot_mapping: jax.Array, new: jax.Array):
     """Scatter new K or V ``[T, K, H]`` into ``cache [L, NB, bs, K, H]`` at the slots.
 
-    One combined-index scatter on the carried cache: no per-layer slice is copied.
+    One combined-index scatter on the carried cache: no per-layer slice is copied. An
+    8-bit cache (`jaxinfer.kv_quant.QuantKV`) quantizes per token and KV head first.
     """
+    if isinstance(cache, QuantKV):
+        return kv_quant.write(cache, layer, slot_mapping, new)
     bs = cache.shape[2]
     if cache.dtype == BF16_BITS:
         new = jax.lax.bitcast_convert_type(new.astype(jnp.bfloat16), BF16_BITS)
     return cache.at[layer, slot_mapping // bs, slot_mapping % bs].set(new.astype(cache.dtype))
+
+
+def gather_pages(cache, layer: jax.Array, blocks: jax.Array) -> jax.Array:
+    """The pages ``blocks`` (int32, any shape B) of ``layer`` from a cache ``[L, NB, bs, K, H]``:
+    [*B, bs, K, H] floats (bit-stored bfloat16 reinterpreted; an 8-bit cache dequantized to
+    float32). One gather indexed by (layer, block) on the carried cache, no per-layer copy.
+    Not through a flattened ``[L*NB, ...]`` view: XLA:CPU then rewrote the cache's in-place
+    K/V update into a second update of the reshaped view, which cost full copies of the whole
+    pool per layer (seen as ~1.5 s decode steps on 260-block pools)."""
+    if isinstance(cache, QuantKV):
+        return kv_quant.gather_pages(cache, layer, blocks)
+    return kv_values(cache.at[layer, blocks].get(mode="promise_in_bounds"))
 
 
 def _partial_softmax(s, v):
@@ -171,15 +190,6 @@ def _in_window(q_pos, k_pos, window):
     return True if window is None else (q_pos - k_pos) < window
 
 
-def _pages(cache, layer, blocks):
-    """Pages ``blocks`` (int32, any shape) of ``layer`` from ``cache [L, NB, bs, K, H]``, as
-    floats: ``blocks.shape + [bs, K, H]``. One gather indexed by (layer, block) on the carried
-    cache. Not through a flattened ``[L*NB, ...]`` view: XLA:CPU then rewrote the cache's
-    in-place K/V update into a second update of the reshaped view, which costs full copies of
-    the whole pool per layer (seen as ~1.5 s decode steps on 260-block pools)."""
-    return kv_values(cache.at[layer, blocks].get(mode="promise_in_bounds"))
-
-
 def _group_context(qg, k_cache, v_cache, layer, meta, window=None):
     """B1: each single-token row's query against its cached context, scattered back to [T].
 
@@ -187,14 +197,14 @@ def _group_context(qg, k_cache, v_cache, layer, meta, window=None):
     each row's context fills (``group_row``, ``group_index``, sorted by row), so a row of
     200 tokens next to one of 2,000 reads 200, not 2,000, and bucket padding is never
     read. A loop iteration takes ``groups_per_iter`` groups of any rows, gathers their
-    blocks (one gather from the layer-flattened cache, no per-layer copy) and folds their
+    blocks (one gather by (layer, block), no per-layer copy) and folds their
     scores into each row's running (max, sum, weighted values) with segment reductions:
     the online softmax of FlashAttention (Dao et al., 2022), over a ragged work list as in
     vLLM's ragged paged attention. Iterations run only up to ``num_groups``.
     """
     T, K, G, H = qg.shape
     R, W = meta.block_tables.shape
-    L, NB, bs = k_cache.shape[:3]
+    bs = k_cache.shape[2]
     c, P = GROUP_BLOCKS, groups_per_iter(R)
     span = c * bs
     tables = jnp.pad(meta.block_tables, ((0, 1), (0, -W % c)))  # row R: the padding groups' null row
@@ -208,8 +218,8 @@ def _group_context(qg, k_cache, v_cache, layer, meta, window=None):
         rows = jax.lax.dynamic_slice_in_dim(meta.group_row, j * P, P)
         grp = jax.lax.dynamic_slice_in_dim(meta.group_index, j * P, P)
         blocks = tables[rows[:, None], grp[:, None] * c + jnp.arange(c)]  # [P, c]
-        k = _pages(k_cache, layer, blocks).reshape(P, span, K, H)
-        v = _pages(v_cache, layer, blocks).reshape(P, span, K, H)
+        k = gather_pages(k_cache, layer, blocks).reshape(P, span, K, H)
+        v = gather_pages(v_cache, layer, blocks).reshape(P, span, K, H)
         s = jnp.einsum("pkgh,pskh->pkgs", q[rows], k.astype(jnp.float32))
         pos = grp[:, None] * span + jnp.arange(span)
         valid = (pos < ctx_len[rows][:, None]) & _in_window(q_pos[rows][:, None], pos, window)
@@ -239,7 +249,7 @@ def _chunk_context(qg, k_cache, v_cache, layer, meta, q_chunk: int, window=None)
     """
     T, K, G, H = qg.shape
     R, W = meta.block_tables.shape
-    L, NB, bs = k_cache.shape[:3]
+    bs = k_cache.shape[2]
     c = min(CHUNK_CTX_BLOCKS, W)
     span = c * bs
     tables = jnp.pad(meta.block_tables, ((0, 0), (0, -W % c)))
@@ -256,8 +266,8 @@ def _chunk_context(qg, k_cache, v_cache, layer, meta, q_chunk: int, window=None)
 
         def step(j, carry):
             blocks = jax.lax.dynamic_slice_in_dim(tables[row], j * c, c)
-            kc = _pages(k_cache, layer, blocks).reshape(span, K, H)
-            vc = _pages(v_cache, layer, blocks).reshape(span, K, H)
+            kc = gather_pages(k_cache, layer, blocks).reshape(span, K, H)
+            vc = gather_pages(v_cache, layer, blocks).reshape(span, K, H)
             s = jnp.einsum("qkgh,skh->qkgs", q, kc.astype(jnp.float32))
             k_pos = (j * span + jnp.arange(span))[None, :]
             valid = (k_pos < meta.row_ctx_len[row]) & live[:, None] & _in_window(q_pos, k_pos, window)
@@ -317,7 +327,8 @@ def pallas_paged_attention(q, k_cache, v_cache, layer, meta: AttentionMetadata, 
     (`jaxinfer.sharding`), and so is this computation, as on the XLA path.
 
     Args:
-      q: [T, N, H]; k_cache, v_cache: [L, NB, bs, K, H]; layer: [] int32.
+      q: [T, N, H]; k_cache, v_cache: [L, NB, bs, K, H] arrays, or 8-bit `QuantKV` caches
+        (values and per-token scales handed to the kernel, which dequantizes per page); layer: [] int32.
       mesh: the replica's ``(data, model)`` mesh, or None on one device.
       window: [] int32 sliding window of this layer, or None (full causal attention).
     Returns:
@@ -325,21 +336,33 @@ def pallas_paged_attention(q, k_cache, v_cache, layer, meta: AttentionMetadata, 
     """
     from pallas_kernels import ragged_paged_attention
 
-    def attend(q, k_cache, v_cache, layer, kv_lens, block_tables, query_start_loc, num_seqs, *win):
-        # The kernel takes q in the cache dtype (bfloat16 models keep q in float32 up to here).
-        return ragged_paged_attention(q.astype(k_cache.dtype), k_cache, v_cache, kv_lens, block_tables,
-                                      query_start_loc, num_seqs, sm_scale=sm_scale, layer=layer,
-                                      interpret=interpret, sliding_window=win[0] if win else None).astype(q.dtype)
+    quant = isinstance(k_cache, QuantKV)
 
-    args = (q, kv_values(k_cache), kv_values(v_cache), layer, meta.kv_lens, meta.block_tables, meta.query_start_loc,
-            meta.num_seqs) + (() if window is None else (window,))
+    def attend(q, k_cache, v_cache, layer, kv_lens, block_tables, query_start_loc, num_seqs, *extra):
+        scales, win = (extra[:2], extra[2:]) if quant else ((), extra)
+        # The kernel takes q in the cache dtype (bfloat16 models keep q in float32 up to here);
+        # 8-bit pages are dequantized to q's float32 inside it.
+        q_in = q if quant else q.astype(k_cache.dtype)
+        kw = dict(k_scales=scales[0], v_scales=scales[1]) if quant else {}
+        return ragged_paged_attention(q_in, k_cache, v_cache, kv_lens, block_tables,
+                                      query_start_loc, num_seqs, sm_scale=sm_scale, layer=layer,
+                                      interpret=interpret, sliding_window=win[0] if win else None, **kw).astype(q.dtype)
+
+    if quant:
+        pages = (k_cache.values, v_cache.values)
+        scales = tuple(jax.lax.bitcast_convert_type(c.scales, jnp.bfloat16) for c in (k_cache, v_cache))
+    else:
+        pages, scales = (kv_values(k_cache), kv_values(v_cache)), ()
+    args = (q,) + pages + (layer, meta.kv_lens, meta.block_tables, meta.query_start_loc,
+                           meta.num_seqs) + scales + (() if window is None else (window,))
     tp = 1 if mesh is None else mesh.shape["model"]
     if tp == 1:
         return attend(*args)
     heads = "model" if k_cache.shape[3] % tp == 0 else None  # the cache's own K split (sharding.kv_cache_spec)
     q_spec, kv_spec = P(None, heads, None), P(None, None, None, heads, None)
-    sharded = jax.shard_map(attend, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec) + (P(),) * (len(args) - 3),
-                            out_specs=q_spec, check_vma=False)
+    scale_specs = (P(None, None, None, heads),) * len(scales)
+    in_specs = (q_spec, kv_spec, kv_spec) + (P(),) * 5 + scale_specs + (P(),) * (window is not None)
+    sharded = jax.shard_map(attend, mesh=mesh, in_specs=in_specs, out_specs=q_spec, check_vma=False)
     return sharded(*args)
 
 

@@ -64,13 +64,18 @@ def resolve_dtype(dtype: str) -> str:
     return resolved
 
 
-def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: str, tensor_parallel_size: int = 1) -> int:
-    """Bytes of K and V for one block over all layers on one device: 2 * L * bs * K_dev * H
-    * itemsize, with K_dev = K / TP when TP divides K, else K (replicated; `jaxinfer.sharding`)."""
+def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: str, tensor_parallel_size: int = 1,
+                       kv_cache_dtype: str = "auto") -> int:
+    """Bytes of K and V for one block over all layers on one device: 2 * L * bs * K_dev * b,
+    with K_dev = K / TP when TP divides K, else K (replicated; `jaxinfer.sharding`), and b
+    the bytes of one token-head (`jaxinfer.kv_quant.kv_bytes_per_token_head`: H * itemsize
+    of ``dtype``, or H + 2 for an 8-bit ``kv_cache_dtype``)."""
+    from jaxinfer.kv_quant import kv_bytes_per_token_head
     from jaxinfer.sharding import kv_heads_per_device
 
     k_dev = kv_heads_per_device(cfg, tensor_parallel_size)
-    return 2 * cfg.num_hidden_layers * block_size * k_dev * cfg.head_dim * jnp.dtype(dtype).itemsize
+    per_head = kv_bytes_per_token_head(cfg.head_dim, kv_cache_dtype, jnp.dtype(dtype).itemsize)
+    return 2 * cfg.num_hidden_layers * block_size * k_dev * per_head
 
 
 def activation_reserve_bytes(cfg: ModelConfig, sched: SchedulerConfig) -> int:
@@ -148,7 +153,7 @@ def plan_num_blocks(cfg: ModelConfig, cache: CacheConfig, dtype: str, weight_byt
     Raises:
       ValueError: the budget holds fewer than 2 blocks.
     """
-    per_block = kv_bytes_per_block(cfg, cache.block_size, dtype, tensor_parallel_size)
+    per_block = kv_bytes_per_block(cfg, cache.block_size, dtype, tensor_parallel_size, cache.kv_cache_dtype)
     if cache.num_blocks is not None:
         return cache.num_blocks, f"{cache.num_blocks} blocks (set explicitly)"
     reserve = activation_reserve_bytes(cfg, scheduler or SchedulerConfig())
@@ -178,7 +183,9 @@ def settings_line(config: EngineConfig, backend: str, num_blocks: int) -> str:
     conc = max_concurrency_at_full_length(num_blocks, cc.block_size, cc.watermark, sc.max_model_len)
     par = config.parallel
     layout = f" tp={par.tensor_parallel_size} dp={par.data_parallel_size}" if par.world_size > 1 else ""
-    return (f"model={config.model_path} dtype={config.dtype} backend={backend}{layout} "
+    quant = f" quantization={config.quantization}" if config.quantization else ""
+    return (f"model={config.model_path} dtype={config.dtype}{quant} kv_cache_dtype={cc.kv_cache_dtype} "
+            f"backend={backend}{layout} "
             f"max_model_len={sc.max_model_len} max_num_seqs={sc.max_num_seqs} "
             f"max_num_batched_tokens={sc.max_num_batched_tokens} kv_blocks={num_blocks} "
             f"(block_size {cc.block_size}) max_concurrency_at_full_length={conc}")
@@ -306,6 +313,10 @@ def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir
     if model_config is None:
         model_config, params, tokenizer, _ = load_model(config, load_format, weights_dir)
     check_model_fits(config, model_config)
+    from jaxinfer.kv_quant import check_kv_cache_dtype
+
+    check_kv_cache_dtype(config.cache.kv_cache_dtype, jax.devices()[0].platform)
+    model_config, params = quantize_model(config, model_config, params)
     tokenizer = apply_chat_template(tokenizer, config.chat_template)
     backend = config.attention_backend or default_backend()
     if config.parallel.world_size > 1 or jax.process_count() > 1:  # mesh: TP and/or DP replicas
@@ -322,6 +333,24 @@ def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir
     return build_replica(config, model_config, jax.device_put(params), tokenizer,
                          progress=WarmupProgress(use_tqdm),
                          on_planned=lambda n: logger.info("%s", settings_line(config, backend, n)))
+
+
+def quantize_model(config: EngineConfig, model_config: ModelConfig, params):
+    """(model config, params) with ``config.quantization`` applied: for "int8", the config
+    says so and float params are quantized on device (`jaxinfer.models.quant.quantize_params`;
+    the float tree is dropped; ``placed`` params keep their devices and are re-placed by
+    the mesh builder); params already int8 or None (random init) pass through.
+    No quantization: unchanged."""
+    if config.quantization is None or model_config.quantization == config.quantization:
+        return model_config, params
+    from jaxinfer.models.quant import quantize_params
+
+    model_config = dataclasses.replace(model_config, quantization=config.quantization)
+    if params is not None:
+        params = quantize_params(params)
+        logger.info("weights quantized to %s: %.1f MiB", config.quantization,
+                    sum(x.nbytes for x in jax.tree.leaves(params)) / 2**20)
+    return model_config, params
 
 
 def build_replica(config: EngineConfig, model_config: ModelConfig, params, tokenizer, mesh=None, *,
@@ -357,7 +386,8 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
         on_planned(num_blocks)
     backend = config.attention_backend or default_backend()  # pallas runs per TP shard (attention.py)
     runner = ModelRunner(model_config, params, num_blocks, config.cache.block_size, config.dtype, backend,
-                         config.max_logprobs, config.return_logits, shardings=shardings)
+                         config.max_logprobs, config.return_logits, shardings=shardings,
+                         kv_cache_dtype=config.cache.kv_cache_dtype)
     engine = LLMEngine(config, model_config, runner, num_blocks, tokenizer)
     engine.kv_cache_description = why
     engine.mesh = mesh

@@ -195,6 +195,10 @@ class ModelConfig:
       norm_offset: RMSNorm multiplies by ``norm_offset + weight`` (Gemma stores ``w``, uses ``1 + w``).
       query_pre_attn_scalar: softmax scale is its ``** -0.5`` (None: ``head_dim ** -0.5``).
       final_logit_softcapping: logits ``= c * tanh(logits / c)`` (None: off).
+
+    Serving choice (not read from checkpoints, not written back):
+      quantization: None (float weights) or ``"int8"``: int8 weights with per-output-channel
+        scales (`jaxinfer.models.quant`; ``--quantization``), which changes the params tree.
     """
 
     vocab_size: int
@@ -222,8 +226,11 @@ class ModelConfig:
     norm_offset: float = 0.0
     query_pre_attn_scalar: float | None = None
     final_logit_softcapping: float | None = None
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
+        if self.quantization not in (None, "int8"):
+            raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
         if self.model_type not in MODEL_TYPES:
             raise ValueError(f"model_type {self.model_type!r} is not supported; supported: {', '.join(MODEL_TYPES)}")
         if self.hidden_act not in ACTIVATIONS:
@@ -387,6 +394,9 @@ class CacheConfig:
         ``kv_cache_memory`` is set.
       watermark: fraction of blocks kept free when admitting new prefills (0.15).
       enable_prefix_caching: reuse KV blocks of shared prompt prefixes (on by default).
+      kv_cache_dtype: "auto" (the model dtype), "int8" or "fp8" (e4m3): K/V stored in 8 bits
+        with a scale per token and KV head (`jaxinfer.kv_quant`), about twice the blocks of
+        a bfloat16 cache in the same budget.
     """
 
     block_size: int = BLOCK_SIZE
@@ -395,8 +405,11 @@ class CacheConfig:
     gpu_memory_utilization: float | None = None
     watermark: float = 0.15
     enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in ("auto", "int8", "fp8"):
+            raise ValueError(f"kv_cache_dtype must be one of auto, int8, fp8, got {self.kv_cache_dtype!r}")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
         if self.num_blocks is not None and self.num_blocks < 2:  # block 0 is the null block
@@ -513,6 +526,8 @@ class EngineConfig:
     tokenizer and chat template from instead of the model's folder (None: the model's).
     ``chat_template``: a ``--chat-template`` value (a file, a bundled name such as ``gemma3``, or
     Jinja text: `jaxinfer.templates.load_chat_template`) that replaces the tokenizer's template.
+    ``quantization``: None, or ``"int8"`` (``--quantization``): the float weights are
+    quantized to int8 with per-output-channel scales as they are loaded (`jaxinfer.models.quant`).
     """
 
     model_path: str
@@ -528,8 +543,11 @@ class EngineConfig:
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
     tokenizer: str | None = None
     chat_template: str | None = None
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
+        if self.quantization not in (None, "int8"):
+            raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.attention_backend not in (None, "xla", "pallas"):

@@ -54,6 +54,10 @@ class LLM:
       scheduling_policy: "fcfs" or "priority" (``SamplingParams.priority`` / ``generate``'s
         ``priority``, lower first); priority_aging_s: seconds of waiting that lower the
         effective priority by 1 (`jaxinfer.priority_scheduler`).
+      quantization: None or "int8": int8 weights with per-output-channel scales, made
+        from the float checkpoint as it loads (`jaxinfer.models.quant`; vLLM's ``quantization``).
+      kv_cache_dtype: "auto", "int8" or "fp8": 8-bit K/V with per-token scales
+        (`jaxinfer.kv_quant`; vLLM's ``kv_cache_dtype``).
       engine_kwargs: model_config/params/tokenizer to skip loading (tests).
     """
 
@@ -65,7 +69,8 @@ class LLM:
                  tensor_parallel_size: int = 1, data_parallel_size: int = 1, tokenizer: str | None = None,
                  chat_template: str | None = None, gpu_memory_utilization: float | None = None,
                  block_size: int = BLOCK_SIZE, use_tqdm: bool = True, scheduling_policy: str = "fcfs",
-                 priority_aging_s: float | None = None, **engine_kwargs):
+                 priority_aging_s: float | None = None, quantization: str | None = None,
+                 kv_cache_dtype: str = "auto", **engine_kwargs):
         from jaxinfer.builder import load_model, load_tokenizer, resolve_dtype
         from jaxinfer.weights import default_weights_dir
 
@@ -94,12 +99,12 @@ class LLM:
             model_path=str(model), dtype=dtype,
             cache=CacheConfig(num_blocks=num_blocks, kv_cache_memory=kv_cache_memory, watermark=watermark,
                               enable_prefix_caching=enable_prefix_caching, block_size=block_size,
-                              gpu_memory_utilization=gpu_memory_utilization),
+                              gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                       max_model_len=max_model_len, max_queue_len=max_queue_len,
                                       scheduling_policy=scheduling_policy, priority_aging_s=priority_aging_s),
             attention_backend=attention_backend, seed=seed, warmup=warmup, return_logits=return_logits,
-            parallel=parallel, tokenizer=tokenizer, chat_template=chat_template)
+            parallel=parallel, tokenizer=tokenizer, chat_template=chat_template, quantization=quantization)
         self.engine = build_engine(config, load_format=load_format, weights_dir=weights_dir, use_tqdm=use_tqdm,
                                    **engine_kwargs)
         self._counter = 0

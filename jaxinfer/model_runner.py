@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxinfer import kv_quant
 from jaxinfer.attention import AttentionBackend, AttentionMetadata, kv_storage_dtype
 from jaxinfer.batch import MASK_FIELD, PENALTY_FIELDS, StepInputs
 from jaxinfer.buckets import Bucket
@@ -93,10 +94,13 @@ class ModelRunner:
       max_logprobs: N of the top-N logprobs the step returns.
       return_logits: also return the [R, V] logits (tests/debugging).
       shardings: optional (param shardings, kv sharding, replicated) for a mesh.
+      kv_cache_dtype: "auto" (the model dtype) or "int8" / "fp8": an 8-bit cache with
+        per-token scales (`jaxinfer.kv_quant.QuantKV`; its scales shard with the values).
     """
 
     def __init__(self, cfg: ModelConfig, params, num_blocks: int, block_size: int, dtype: str = "float32",
-                 backend: str = "xla", max_logprobs: int = 20, return_logits: bool = False, shardings=None):
+                 backend: str = "xla", max_logprobs: int = 20, return_logits: bool = False, shardings=None,
+                 kv_cache_dtype: str = "auto"):
         CompileCounter.install()
         self.cfg = cfg
         self.dtype = jnp.dtype(dtype)
@@ -106,6 +110,11 @@ class ModelRunner:
         attention = AttentionBackend(backend, interpret=backend == "pallas" and jax.default_backend() == "cpu",
                                      mesh=shardings[1].mesh if shardings else None)  # the KV cache's mesh
         self.model = LlamaForCausalLM(cfg, attention, self.dtype, self.dtype)
+        self.kv_cache_dtype = kv_cache_dtype
+        if shardings is not None and kv_cache_dtype != "auto":  # scales [L, NB, bs, K] split like the values
+            kv = shardings[1]
+            scale = jax.sharding.NamedSharding(kv.mesh, jax.sharding.PartitionSpec(*tuple(kv.spec)[:4]))
+            shardings = (shardings[0], kv_quant.QuantKV(kv, scale), shardings[2])
         self._shardings = shardings
         self._replicated = shardings[2] if shardings else None
         self.params = params
@@ -122,7 +131,10 @@ class ModelRunner:
 
     def _alloc_cache(self):
         kv_sharding = self._shardings[1] if self._shardings else None
-        make = jax.jit(lambda: jnp.zeros(self.kv_shape, self.kv_dtype), out_shardings=kv_sharding)
+        if self.kv_cache_dtype == "auto":
+            make = jax.jit(lambda: jnp.zeros(self.kv_shape, self.kv_dtype), out_shardings=kv_sharding)
+        else:
+            make = jax.jit(lambda: kv_quant.alloc(self.kv_shape, self.kv_cache_dtype), out_shardings=kv_sharding)
         return make(), make()
 
     def _model_step(self, params, k_cache, v_cache, a: dict):
@@ -144,7 +156,7 @@ class ModelRunner:
             t0 = time.perf_counter()
             params_spec = jax.tree.map(
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), self.params)
-            kv_spec = jax.ShapeDtypeStruct(self.kv_shape, self.kv_dtype, sharding=self.k_cache.sharding)
+            kv_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.k_cache)
             self._executables[bucket] = self._jitted.lower(params_spec, kv_spec, kv_spec,
                                                            _specs(model_a, self._replicated)).compile()
             self.num_compilations += 1
@@ -188,4 +200,5 @@ class ModelRunner:
 
     @property
     def kv_cache_bytes(self) -> int:
-        return 2 * int(np.prod(self.kv_shape)) * self.dtype.itemsize
+        """Bytes of the live K and V buffers (values and scales; whole arrays, all shards)."""
+        return int(sum(x.nbytes for x in jax.tree.leaves((self.k_cache, self.v_cache))))

@@ -73,6 +73,8 @@ class MemoryPlan:
     max_model_len: int
     blocks_per_sequence: int
     max_concurrent_sequences: int  # per replica, each at max_model_len tokens
+    quantization: str | None = None  # weights: None (dtype) or "int8"
+    kv_cache_dtype: str = "auto"  # KV: "auto" (dtype), "int8" or "fp8"
 
     @property
     def fits(self) -> bool:
@@ -81,8 +83,11 @@ class MemoryPlan:
 
 def plan_memory(cfg: ModelConfig, *, dtype: str = "bfloat16", tensor_parallel_size: int = 1,
                 data_parallel_size: int = 1, device_memory: int, kv_reserve_fraction: float = DEFAULT_RESERVE,
-                block_size: int = BLOCK_SIZE, max_model_len: int | None = None) -> MemoryPlan:
+                block_size: int = BLOCK_SIZE, max_model_len: int | None = None, quantization: str | None = None,
+                kv_cache_dtype: str = "auto") -> MemoryPlan:
     """Plan memory for ``cfg`` on devices of ``device_memory`` bytes (module docstring).
+    ``quantization`` "int8" plans int8 weights with their scales (`jaxinfer.models.quant`);
+    ``kv_cache_dtype`` "int8" / "fp8" an 8-bit KV cache (`jaxinfer.kv_quant`).
 
     Raises:
       ValueError: reserve fraction outside [0, 1).
@@ -97,15 +102,17 @@ def plan_memory(cfg: ModelConfig, *, dtype: str = "bfloat16", tensor_parallel_si
     max_model_len = max_model_len or min(4096, cfg.max_position_embeddings)
     import jax
 
+    if quantization is not None:
+        cfg = dataclasses.replace(cfg, quantization=quantization)
     total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract_params(cfg, dtype)))
     weights = per_device_param_bytes(cfg, dtype, tp)
-    per_block = kv_bytes_per_block(cfg, block_size, dtype, tp)
+    per_block = kv_bytes_per_block(cfg, block_size, dtype, tp, kv_cache_dtype)
     budget = kv_budget_bytes(device_memory, 1.0 - kv_reserve_fraction, weights)
     blocks = max(0, budget // per_block)
     per_seq = math.ceil(max_model_len / block_size)
     return MemoryPlan(tp, data_parallel_size, dtype, device_memory, kv_reserve_fraction, int(total), weights,
                       tuple(replicated_axes(cfg, tp)), per_block, budget, blocks, block_size, max_model_len, per_seq,
-                      max(0, blocks - 1) // per_seq)
+                      max(0, blocks - 1) // per_seq, quantization, kv_cache_dtype)
 
 
 def head_divisible_tp_sizes(cfg: ModelConfig) -> list[int]:
@@ -151,12 +158,13 @@ def format_plan(p: MemoryPlan, name: str = "") -> str:
     """Human-readable lines for a plan."""
     gib = lambda b: f"{b / 2**30:,.2f} GiB"  # noqa: E731
     lines = [
-        f"model {name}: {p.total_param_bytes:,} parameter bytes ({p.dtype}); "
+        f"model {name}: {p.total_param_bytes:,} parameter bytes ({p.quantization or p.dtype}); "
         f"TP {p.tensor_parallel_size} x DP {p.data_parallel_size}",
         f"device memory: {p.device_memory:,} B ({gib(p.device_memory)}), reserve {p.kv_reserve_fraction:.0%}",
         f"weights per device: {p.weight_bytes_per_device:,} B ({gib(p.weight_bytes_per_device)})",
         f"replicated (TP does not divide): {', '.join(p.replicated_axes) or 'none'}",
-        f"KV bytes per block per device: {p.kv_bytes_per_block_per_device:,} B (block size {p.block_size})",
+        f"KV bytes per block per device: {p.kv_bytes_per_block_per_device:,} B (block size {p.block_size}, "
+        f"kv_cache_dtype {p.kv_cache_dtype})",
         f"KV budget per device: {p.kv_budget_bytes_per_device:,} B ({gib(max(p.kv_budget_bytes_per_device, 0))})",
         f"KV blocks per replica (incl. null block): {p.num_blocks:,}",
         f"max concurrent sequences at {p.max_model_len} tokens ({p.blocks_per_sequence} blocks each): "
@@ -182,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--data-parallel-size", type=int, default=None, help="default: devices // TP")
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    ap.add_argument("--quantization", default=None, choices=["int8"], help="int8 weights (default: dtype)")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8"],
+                    help="8-bit KV cache with per-token scales (default: dtype)")
     ap.add_argument("--max-model-len", type=int, default=None, help="default min(4096, model context)")
     ap.add_argument("--block-size", type=int, default=BLOCK_SIZE)
     ap.add_argument("--kv-reserve-fraction", type=float, default=DEFAULT_RESERVE,
@@ -195,12 +206,14 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.model)
     plan = plan_memory(cfg, dtype=args.dtype, tensor_parallel_size=tp, data_parallel_size=dp,
                        device_memory=parse_bytes(args.device_memory), kv_reserve_fraction=args.kv_reserve_fraction,
-                       block_size=args.block_size, max_model_len=args.max_model_len)
+                       block_size=args.block_size, max_model_len=args.max_model_len,
+                       quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
     extra = {"fits": plan.fits}
     if not plan.fits:
         best = smallest_fitting_tp(cfg, dtype=args.dtype, device_memory=parse_bytes(args.device_memory),
                                    kv_reserve_fraction=args.kv_reserve_fraction, block_size=args.block_size,
-                                   max_model_len=args.max_model_len)
+                                   max_model_len=args.max_model_len, quantization=args.quantization,
+                                   kv_cache_dtype=args.kv_cache_dtype)
         extra["suggested_tensor_parallel_size"] = best.tensor_parallel_size if best else None
         extra["suggestion"] = suggestion(cfg, best, args.devices)
     if args.json:

@@ -56,8 +56,8 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _kernel(meta_ref, bt_ref, layer_ref, q_ref, k_ref, v_ref, *out_refs,
-            sm_scale: float, group_pad: int, pages_per_step: int, num_splits: int):
+def _kernel(meta_ref, bt_ref, layer_ref, q_ref, k_ref, v_ref, *refs,
+            sm_scale: float, group_pad: int, pages_per_step: int, num_splits: int, quantized: bool = False):
     """One (work item, KV head[, key split]) program.
 
     meta_ref: [W, 4] int32 (seq, q_pos, num_rows, kv_len) per work item.
@@ -65,10 +65,13 @@ def _kernel(meta_ref, bt_ref, layer_ref, q_ref, k_ref, v_ref, *out_refs,
       (a key is seen when ``row_pos - key_pos < window``; a huge value for none).
     q_ref: [R, H] rows of this item and KV head.
     k_ref / v_ref: [L, num_blocks, block_size, K, H], read one page at a time.
+    With ``quantized``, ``refs`` starts with ``ks_ref / vs_ref [L, num_blocks, block_size, K]``,
+      the per-token scales of 8-bit pages: a page is dequantized to q's dtype as it is loaded.
     out_refs: ``(o_ref [R, H],)`` normalised, or with ``num_splits > 1`` the split's
       unnormalised partials ``(acc_ref [R, H] f32, m_ref [R, 1] f32, l_ref [R, 1] f32)``
       over its share of the pages (flash-decoding; merged by `_merge_splits`).
     """
+    ks_ref, vs_ref, out_refs = (refs[0], refs[1], refs[2:]) if quantized else (None, None, refs)
     w, head = pl.program_id(0), pl.program_id(1)
     seq, q_pos = meta_ref[w, 0], meta_ref[w, 1]
     num_rows, kv_len = meta_ref[w, 2], meta_ref[w, 3]
@@ -91,7 +94,11 @@ def _kernel(meta_ref, bt_ref, layer_ref, q_ref, k_ref, v_ref, *out_refs,
         col = jnp.minimum(j, max_blocks - 1)
         page = jnp.clip(bt_ref[seq, col], 0, num_blocks - 1)
         page = jnp.where(j < num_pages, page, 0)
-        return k_ref[layer, page, :, head, :], v_ref[layer, page, :, head, :]
+        k, v = k_ref[layer, page, :, head, :], v_ref[layer, page, :, head, :]
+        if quantized:  # [bs, H] 8-bit times [bs] scales, in float32, then q's dtype
+            k = (k.astype(jnp.float32) * ks_ref[layer, page, :, head].astype(jnp.float32)[:, None]).astype(q.dtype)
+            v = (v.astype(jnp.float32) * vs_ref[layer, page, :, head].astype(jnp.float32)[:, None]).astype(q.dtype)
+        return k, v
 
     def update(j, k, v, carry):
         acc, m, l = carry
@@ -181,29 +188,31 @@ def _compiler_params(interpret: bool, num_warps: int, num_stages: int):
     return params(num_warps=num_warps, num_stages=num_stages)
 
 
-def _call_kernel(meta, block_tables, layer_window, q_rows, k5, v5, *, sm_scale, group_pad,
+def _call_kernel(meta, block_tables, layer_window, q_rows, k5, v5, scales, *, sm_scale, group_pad,
                  pages_per_step, interpret, num_warps, num_stages, num_splits=1):
-    """The pallas_call over grid (W, K) or, split over the keys, (W, K, num_splits)."""
+    """The pallas_call over grid (W, K) or, split over the keys, (W, K, num_splits).
+    ``scales``: () for float pages, (k_scales, v_scales) [L, NB, bs, K] for 8-bit ones."""
     num_work, num_kv_heads, rows, head_dim = q_rows.shape
     whole = pl.BlockSpec()
     kernel = functools.partial(_kernel, sm_scale=sm_scale, group_pad=group_pad,
-                               pages_per_step=pages_per_step, num_splits=num_splits)
+                               pages_per_step=pages_per_step, num_splits=num_splits, quantized=bool(scales))
     params = dict(interpret=interpret, name="ragged_paged_attention",
                   compiler_params=_compiler_params(interpret, num_warps, num_stages))
-    args = (meta, block_tables, layer_window, q_rows, k5, v5)
+    args = (meta, block_tables, layer_window, q_rows, k5, v5) + tuple(scales)
+    scale_specs = [whole] * len(scales)
     if num_splits == 1:
         row_spec = pl.BlockSpec((pl.squeezed, pl.squeezed, rows, head_dim),
                                 lambda w, h: (w, h, 0, 0))
         return pl.pallas_call(
             kernel, grid=(num_work, num_kv_heads),
-            in_specs=[whole, whole, whole, row_spec, whole, whole], out_specs=row_spec,
+            in_specs=[whole, whole, whole, row_spec, whole, whole] + scale_specs, out_specs=row_spec,
             out_shape=jax.ShapeDtypeStruct(q_rows.shape, q_rows.dtype), **params)(*args)
     q_spec = pl.BlockSpec((pl.squeezed, pl.squeezed, rows, head_dim),
                           lambda w, h, p: (w, h, 0, 0))
     part = (num_work, num_kv_heads, num_splits, rows)
     acc, m, l = pl.pallas_call(
         kernel, grid=(num_work, num_kv_heads, num_splits),
-        in_specs=[whole, whole, whole, q_spec, whole, whole],
+        in_specs=[whole, whole, whole, q_spec, whole, whole] + scale_specs,
         out_specs=[pl.BlockSpec((pl.squeezed,) * 3 + (rows, n), lambda w, h, p: (w, h, p, 0, 0))
                    for n in (head_dim, 1, 1)],
         out_shape=[jax.ShapeDtypeStruct(part + (n,), jnp.float32) for n in (head_dim, 1, 1)],
@@ -226,7 +235,7 @@ def auto_decode_splits(num_programs: int, max_blocks: int, block_size: int) -> i
     return max(1, min(MAX_SPLITS, by_fill, by_length))
 
 
-def _run(q, k5, v5, layer_window, kv_lens, block_tables, query_start_loc, num_seqs, *,
+def _run(q, k5, v5, layer_window, kv_lens, block_tables, query_start_loc, num_seqs, *scales,
          q_block: int, decode: bool, decode_splits: int | None = 1, **kernel_kw):
     """Plans work items of ``q_block`` rows, runs the kernel, scatters rows back.
     ``decode_splits``: key splits of a decode batch (None: `auto_decode_splits`)."""
@@ -246,7 +255,7 @@ def _run(q, k5, v5, layer_window, kv_lens, block_tables, query_start_loc, num_se
     if decode:
         splits = decode_splits or auto_decode_splits(num_work * num_kv_heads,
                                                      block_tables.shape[1], k5.shape[2])
-    out = _call_kernel(meta, block_tables, layer_window, q_rows, k5, v5, group_pad=group_pad,
+    out = _call_kernel(meta, block_tables, layer_window, q_rows, k5, v5, scales, group_pad=group_pad,
                        num_splits=splits, **kernel_kw)
     return scatter_query_blocks(_from_kernel_rows(out, q_block, group, group_pad), plan)
 
@@ -258,7 +267,8 @@ def ragged_paged_attention(q, k_pages, v_pages, kv_lens, block_tables,
                            query_start_loc, num_seqs, *, sm_scale=None, layer=None,
                            sliding_window=None, interpret=False, q_block_rows: int = 64,
                            pages_per_step: int | None = None, num_warps: int = 4,
-                           num_stages: int = 2, decode_splits: int | None = None):
+                           num_stages: int = 2, decode_splits: int | None = None,
+                           k_scales=None, v_scales=None):
     """Causal GQA attention of packed ragged queries over a paged KV cache (Pallas).
 
     Rows ``query_start_loc[i] .. query_start_loc[i+1] - 1`` of ``q`` are the last
@@ -270,7 +280,8 @@ def ragged_paged_attention(q, k_pages, v_pages, kv_lens, block_tables,
     Args:
       q: [T, N, H] float32/bfloat16/float16, new rows of all sequences, packed.
       k_pages, v_pages: [num_blocks, block_size, K, H], q's dtype; with ``layer``
-        [L, num_blocks, block_size, K, H], read at layer ``layer`` in place.
+        [L, num_blocks, block_size, K, H], read at layer ``layer`` in place. With
+        ``k_scales``/``v_scales``: 8-bit pages (int8 or float8_e4m3fn).
       kv_lens: [S] int32, context length of each sequence, new rows included.
       block_tables: [S, max_blocks] int32 page ids; entries past a sequence's
         pages are never used for keys (ids are clamped into range; block 0 is the
@@ -292,6 +303,10 @@ def ragged_paged_attention(q, k_pages, v_pages, kv_lens, block_tables,
       decode_splits: static; key splits of decode-only batches (flash-decoding: each
         (sequence, KV head) program becomes that many, merged by log-sum-exp). None:
         `auto_decode_splits` (split only when the batch cannot fill the GPU); 1: never.
+      k_scales, v_scales: optional float [num_blocks, block_size, K] (or [L, ...]), one
+        scale per token and KV head of 8-bit pages: key ``j`` of head ``k`` is
+        ``k_pages[..., j, k, :] * k_scales[..., j, k]`` (dequantized as each page is
+        loaded, in float32, then q's dtype). Both or neither.
 
     Returns:
       [T, N, H] in q's dtype (float32 accumulation inside).
@@ -302,13 +317,14 @@ def ragged_paged_attention(q, k_pages, v_pages, kv_lens, block_tables,
       TypeError: q/pages dtypes differ or are not float; metadata not integer.
     """
     check_inputs(q, k_pages, v_pages, kv_lens, block_tables, query_start_loc,
-                 num_seqs, layer)
+                 num_seqs, layer, k_scales, v_scales)
     if q_block_rows < 1 or q_block_rows & (q_block_rows - 1):
         raise ValueError(f"q_block_rows must be a power of two, got {q_block_rows}")
     if decode_splits is not None and decode_splits < 1:
         raise ValueError(f"decode_splits must be >= 1 or None, got {decode_splits}")
     head_dim = q.shape[-1]
     k5, v5, layer_idx = stack_layer_view(k_pages, v_pages, layer)
+    scales = () if k_scales is None else stack_layer_view(k_scales, v_scales, layer)[:2]
     block_size = k5.shape[2]
     kernel_kw = dict(
         sm_scale=float(head_dim ** -0.5 if sm_scale is None else sm_scale),
@@ -318,7 +334,7 @@ def ragged_paged_attention(q, k_pages, v_pages, kv_lens, block_tables,
     layer_window = jnp.stack([layer_idx, jnp.maximum(window, 1)])
     arrays = (q, k5, v5, layer_window, kv_lens.astype(jnp.int32),
               block_tables.astype(jnp.int32), query_start_loc.astype(jnp.int32),
-              jnp.asarray(num_seqs, jnp.int32))
+              jnp.asarray(num_seqs, jnp.int32)) + tuple(scales)
     group_pad = _next_pow2(q.shape[1] // k5.shape[3])
     q_block = max(1, q_block_rows // group_pad)
     decode_fn = functools.partial(_run, q_block=1, decode=True, decode_splits=decode_splits,

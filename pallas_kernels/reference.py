@@ -47,8 +47,10 @@ class QueryBlockPlan(NamedTuple):
 
 
 def check_inputs(q, k_pages, v_pages, kv_lens, block_tables, query_start_loc,
-                 num_seqs, layer) -> None:
-    """Static shape/dtype checks of the ragged paged attention contract.
+                 num_seqs, layer, k_scales=None, v_scales=None) -> None:
+    """Static shape/dtype checks of the ragged paged attention contract (with scales:
+    8-bit int8 / float8_e4m3fn pages and float ``[..., K]`` scales of the pages' shape
+    without H).
 
     Raises:
       ValueError: a rank or a dimension disagrees with the contract.
@@ -68,7 +70,19 @@ def check_inputs(q, k_pages, v_pages, kv_lens, block_tables, query_start_loc,
         raise ValueError(f"head dim of q ({head_dim}) != pages ({k_pages.shape[-1]})")
     if num_q_heads % num_kv_heads:
         raise ValueError(f"query heads {num_q_heads} not a multiple of KV heads {num_kv_heads}")
-    if not (jnp.issubdtype(q.dtype, jnp.floating) and q.dtype == k_pages.dtype == v_pages.dtype):
+    if (k_scales is None) != (v_scales is None):
+        raise ValueError("pass both k_scales and v_scales, or neither")
+    if k_scales is not None:
+        if k_scales.shape != k_pages.shape[:-1] or v_scales.shape != k_scales.shape:
+            raise ValueError(f"k_scales/v_scales must be {k_pages.shape[:-1]}, got "
+                             f"{k_scales.shape} and {v_scales.shape}")
+        eight = (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn))
+        if (k_pages.dtype not in eight or v_pages.dtype != k_pages.dtype
+                or not jnp.issubdtype(q.dtype, jnp.floating)
+                or not jnp.issubdtype(k_scales.dtype, jnp.floating)):
+            raise TypeError(f"with scales, pages must be int8 or float8_e4m3fn and q, scales float; got "
+                            f"{q.dtype}, {k_pages.dtype}, {v_pages.dtype}, {k_scales.dtype}")
+    elif not (jnp.issubdtype(q.dtype, jnp.floating) and q.dtype == k_pages.dtype == v_pages.dtype):
         raise TypeError(f"q, k_pages, v_pages must share one float dtype, got "
                         f"{q.dtype}, {k_pages.dtype}, {v_pages.dtype}")
     if num_tokens < 1:

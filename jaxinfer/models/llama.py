@@ -35,6 +35,8 @@ brackets, mapped to mesh axes in one place by the sharding module):
   layers/{attn_out_norm,mlp_out_norm}/scale [L, D], only with ``sandwich_norm`` (HF Gemma's
     post_attention_layernorm / post_feedforward_layernorm); final_norm/scale [D]
   lm_head/kernel [D, V] (embed, vocab), only when embeddings are untied.
+With ``cfg.quantization == "int8"`` (`jaxinfer.models.quant`) every kernel and the embedding
+table are int8 and a ``scale`` leaf sits beside each (its output axes; ``embed/scale [V]``).
 Einsum letters: T tokens, D model, N query heads, K kv heads, H head dim, F ffn, V vocab.
 """
 from __future__ import annotations
@@ -47,6 +49,7 @@ import jax.numpy as jnp
 
 from jaxinfer.attention import AttentionBackend, AttentionMetadata, paged_attention
 from jaxinfer.config import ModelConfig
+from jaxinfer.models.quant import QDenseGeneral, QEmbed
 from jaxinfer.models.rope import apply_rope, layer_rope_tables, select_rope
 
 _init = nn.initializers.normal(0.02)
@@ -82,6 +85,18 @@ class RMSNorm(nn.Module):
         return y * (self.offset + scale.astype(jnp.float32))
 
 
+def _dense(cfg: ModelConfig, dtype, param_dtype, features, names: tuple[str, ...], name: str, n_in: int = 1):
+    """A bias-free projection contracting the input's last ``n_in`` axes into ``features``
+    (kernel logical axes ``names``): float ``nn.DenseGeneral``, or `QDenseGeneral` (int8
+    kernel + per-output-channel scale) when ``cfg.quantization`` is "int8"."""
+    feats = features if isinstance(features, tuple) else (features,)
+    if cfg.quantization == "int8":
+        return QDenseGeneral(feats, n_in, names, dtype, name=name)
+    axis = tuple(range(-n_in, 0)) if n_in > 1 else -1
+    return nn.DenseGeneral(features, axis=axis, use_bias=False, dtype=dtype, param_dtype=param_dtype,
+                           dot_general=_dot_f32, kernel_init=_part(_init, names), name=name)
+
+
 def _norm(cfg: ModelConfig, dtype, param_dtype, **kw):
     return functools.partial(RMSNorm, cfg.rms_norm_eps, dtype, param_dtype, cfg.norm_offset, **kw)
 
@@ -107,22 +122,17 @@ class Attention(nn.Module):
     @nn.compact
     def __call__(self, x, k_cache, v_cache, layer, meta: AttentionMetadata, cos, sin):
         c = self.cfg
-        dense = functools.partial(nn.DenseGeneral, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype,
-                                  dot_general=_dot_f32)
-        q = dense((c.num_attention_heads, c.head_dim), kernel_init=_part(_init, ("embed", "heads", "head_dim")),
-                  name="q_proj")(x)
-        k = dense((c.num_key_value_heads, c.head_dim), kernel_init=_part(_init, ("embed", "kv_heads", "head_dim")),
-                  name="k_proj")(x)
-        v = dense((c.num_key_value_heads, c.head_dim), kernel_init=_part(_init, ("embed", "kv_heads", "head_dim")),
-                  name="v_proj")(x)
+        dense = functools.partial(_dense, c, self.dtype, self.param_dtype)
+        q = dense((c.num_attention_heads, c.head_dim), ("embed", "heads", "head_dim"), "q_proj")(x)
+        k = dense((c.num_key_value_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), "k_proj")(x)
+        v = dense((c.num_key_value_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), "v_proj")(x)
         if c.qk_norm:
             head_norm = _norm(c, self.dtype, self.param_dtype, axis_name="head_dim")
             q, k = head_norm(name="q_norm")(q), head_norm(name="k_norm")(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out, k_cache, v_cache = paged_attention(self.attention, q, k, v, k_cache, v_cache, layer, meta,
                                                 c.sm_scale, layer_window(c, layer))
-        o = dense(c.hidden_size, axis=(-2, -1), kernel_init=_part(_init, ("heads", "head_dim", "embed")),
-                  name="o_proj")(out)
+        o = dense(c.hidden_size, ("heads", "head_dim", "embed"), "o_proj", n_in=2)(out)
         return o, k_cache, v_cache
 
 
@@ -139,11 +149,10 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x):
         c = self.cfg
-        dense = functools.partial(nn.Dense, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype,
-                                  dot_general=_dot_f32)
-        g = dense(c.intermediate_size, kernel_init=_part(_init, ("embed", "mlp")), name="gate_proj")(x)
-        u = dense(c.intermediate_size, kernel_init=_part(_init, ("embed", "mlp")), name="up_proj")(x)
-        return dense(c.hidden_size, kernel_init=_part(_init, ("mlp", "embed")), name="down_proj")(_ACT[c.hidden_act](g) * u)
+        dense = functools.partial(_dense, c, self.dtype, self.param_dtype)
+        g = dense(c.intermediate_size, ("embed", "mlp"), "gate_proj")(x)
+        u = dense(c.intermediate_size, ("embed", "mlp"), "up_proj")(x)
+        return dense(c.hidden_size, ("mlp", "embed"), "down_proj")(_ACT[c.hidden_act](g) * u)
 
 
 class DecoderLayer(nn.Module):
@@ -192,8 +201,12 @@ class LlamaForCausalLM(nn.Module):
     @nn.compact
     def __call__(self, token_ids, meta: AttentionMetadata, k_cache, v_cache, logits_indices):
         c = self.cfg
-        embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=self.dtype, param_dtype=self.param_dtype,
-                         embedding_init=_part(_init, ("vocab", "embed")), name="embed")
+        quant = c.quantization == "int8"
+        if quant:
+            embed = QEmbed(c.vocab_size, c.hidden_size, self.dtype, name="embed")
+        else:
+            embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=self.dtype, param_dtype=self.param_dtype,
+                             embedding_init=_part(_init, ("vocab", "embed")), name="embed")
         x = embed(token_ids).astype(jnp.float32)
         if c.scale_embeddings:
             x = x * jnp.float32(c.hidden_size ** 0.5)
@@ -205,12 +218,13 @@ class LlamaForCausalLM(nn.Module):
         (x, k_cache, v_cache, _), _ = stack(c, self.attention, self.dtype, self.param_dtype,
                                             name="layers")(carry, meta, rope)
         x = _norm(c, self.dtype, self.param_dtype)(name="final_norm")(x[logits_indices])
-        if c.tie_word_embeddings:
+        if c.tie_word_embeddings and quant:
+            logits = embed.attend(x)
+        elif c.tie_word_embeddings:
             table = embed.embedding.astype(self.dtype)
             logits = jnp.einsum("rd,vd->rv", x.astype(self.dtype), table, preferred_element_type=jnp.float32)
         else:
-            logits = nn.Dense(c.vocab_size, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype,
-                              dot_general=_dot_f32, kernel_init=_part(_init, ("embed", "vocab")), name="lm_head")(x)
+            logits = _dense(c, self.dtype, self.param_dtype, c.vocab_size, ("embed", "vocab"), "lm_head")(x)
         logits = logits.astype(jnp.float32)
         if c.final_logit_softcapping:
             logits = jnp.tanh(logits / c.final_logit_softcapping) * c.final_logit_softcapping

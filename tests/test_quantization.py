@@ -1,0 +1,201 @@
+"""int8 weights and the 8-bit KV cache: bytes measured from live buffers, the KV block
+gain, the Pallas kernel on 8-bit pages against a float64 oracle, the engine against float32,
+no recompilation after warm-up, and TP 2 against TP 1 (8 fake CPU devices)."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import tiny_config
+from jaxinfer import LLM, SamplingParams
+from jaxinfer.builder import kv_bytes_per_block, plan_num_blocks
+from jaxinfer.config import CacheConfig
+from jaxinfer.kv_quant import dequantize, quantize, scale_values
+from jaxinfer.model_runner import CompileCounter
+from jaxinfer.models.quant import qdot, quantize_array, quantize_params
+from jaxinfer.params import init_params
+from pallas_kernels import ragged_paged_attention
+from test_pallas_kernels import make_batch, numpy_attention
+
+CFG = tiny_config(vocab=256, hidden=64, layers=2, heads=4, kv_heads=2, inter=128)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+
+def _bytes(tree) -> int:
+    return int(sum(x.nbytes for x in jax.tree.leaves(tree)))
+
+
+def test_int8_weights_take_a_quarter_of_float32_bytes():
+    """Live buffers (scales included) of a model whose channels are as wide as SmolLM2's."""
+    cfg = tiny_config(vocab=4096, hidden=512, layers=2, heads=8, kv_heads=2, inter=1536, tied=True)
+    f32 = jax.device_put(init_params(cfg, "float32"))
+    q = quantize_params(f32)
+    ratio = _bytes(f32) / _bytes(q)
+    assert 4 / 1.05 <= ratio <= 4 * 1.05, ratio
+    assert {x.dtype for x in jax.tree.leaves(q["layers"]["mlp"])} == {jnp.dtype(jnp.int8), jnp.dtype(jnp.float32)}
+
+
+def test_weight_quantization_error_within_half_a_scale():
+    w = np.random.default_rng(0).standard_normal((3, 40, 24)).astype(np.float32)
+    q, s = quantize_array(jnp.asarray(w), (1,))
+    assert q.dtype == jnp.int8 and s.shape == (3, 24)
+    err = np.abs(w - np.asarray(q, np.float32) * np.asarray(s)[:, None, :])
+    assert (err <= np.asarray(s)[:, None, :] / 2 + 1e-7).all()
+
+
+@pytest.mark.parametrize("rows", [1, 16])  # both paths: weight-only and W8A8 (from 16 rows here)
+def test_qdot_close_to_float_matmul(rows):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((rows, 96)).astype(np.float32)
+    w = rng.standard_normal((96, 48)).astype(np.float32)
+    q, s = quantize_array(jnp.asarray(w), (0,))
+    got = np.asarray(qdot(jnp.asarray(x), q, s, (0,), jnp.float32, w8a8_min_rows=16))
+    want = x.astype(np.float64) @ w
+    # weight error <= s/2 per element; W8A8 adds the activations' a/2 per element
+    bound = np.abs(x).sum(1, keepdims=True) * np.asarray(s)[None] / 2
+    if rows >= 16:
+        a = np.abs(x).max(1, keepdims=True) / 127
+        bound = bound + a / 2 * np.abs(w).sum(0, keepdims=True) + 96 * a / 2 * np.asarray(s)[None] / 2
+    assert (np.abs(got - want) <= bound * 1.01 + 1e-5).all()
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+def test_kv_quantization_error_bound(kind):
+    """The module's stated bounds, for the stored (bfloat16) scale."""
+    x = jnp.asarray(np.random.default_rng(2).standard_normal((50, 3, 64)).astype(np.float32) * 3)
+    v, s = quantize(x, kind)
+    deq, sc = np.asarray(dequantize(v, s), np.float64), np.asarray(scale_values(s), np.float64)[..., None]
+    err = np.abs(np.asarray(x, np.float64) - deq)
+    bound = sc / 2 if kind == "int8" else np.maximum(2.0 ** -4 * np.abs(np.asarray(x)), 2.0 ** -10 * sc)
+    assert (err <= bound * (1 + 1e-6)).all()
+
+
+def test_int8_kv_holds_1_9x_the_blocks_of_bfloat16():
+    cfg = tiny_config(hidden=576, heads=9, kv_heads=3)  # SmolLM2's head_dim 64 and 3 KV heads
+    cache = lambda d: CacheConfig(kv_cache_memory=64 << 20, kv_cache_dtype=d)  # noqa: E731
+    bf16 = plan_num_blocks(cfg, cache("auto"), "bfloat16")[0]
+    int8 = plan_num_blocks(cfg, cache("int8"), "bfloat16")[0]
+    assert int8 >= 1.9 * bf16
+    assert plan_num_blocks(cfg, cache("auto"), "float32")[0] * 3.8 <= int8
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+def test_live_kv_bytes_match_the_plan(kind):
+    llm = LLM("tiny", max_model_len=64, max_num_seqs=2, max_num_batched_tokens=16, num_blocks=7,
+              model_config=CFG, params=init_params(CFG), tokenizer=None, kv_cache_dtype=kind, warmup=False,
+              use_tqdm=False)
+    assert llm.engine.runner.kv_cache_bytes == 7 * kv_bytes_per_block(CFG, 16, "float32", 1, kind)
+
+
+def _quantized_pages(batch, kind):
+    kv = {}
+    for name in ("k_pages", "v_pages"):
+        v, s = quantize(jnp.asarray(batch[name]), kind)
+        kv[name], kv[name[0] + "_scales"] = v, jax.lax.bitcast_convert_type(s, jnp.bfloat16)
+    return kv
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+@pytest.mark.parametrize("q_lens,kv_lens", [([1, 1, 1], [5, 33, 64]), ([1, 12, 3], [16, 30, 3])],
+                         ids=["decode", "mixed"])
+def test_kernel_on_8bit_pages_matches_float64(kind, q_lens, kv_lens):
+    """Kernel (interpret mode) vs the float64 oracle on the *dequantized* cache: float32
+    rounding only (1e-5 of the output's scale). Against the original float cache, the
+    error is bounded from the scales: with ``d = sm_scale * max_j sum_h |q_h| e_kj``
+    (``e`` the per-element bound of `test_kv_quantization_error_bound`), scores move by
+    at most d, so softmax weights by at most a factor exp(2 d) and the output by at
+    most ``(exp(2 d) - 1) max |v| + max e_v``."""
+    batch = make_batch(np.random.default_rng(3), q_lens, kv_lens, heads=(4, 2), head_dim=64, block_size=16)
+    kv = _quantized_pages(batch, kind)
+    args = {k: v for k, v in batch.items() if k not in ("num_real_rows", "k_pages", "v_pages")}
+    got = np.asarray(ragged_paged_attention(**args, **kv, interpret=True), np.float64)[:batch["num_real_rows"]]
+    deq = {n: np.asarray(kv[n].astype(jnp.float32) * kv[n[0] + "_scales"].astype(jnp.float32)[..., None])
+           for n in ("k_pages", "v_pages")}
+    common = (batch["kv_lens"], batch["block_tables"], batch["query_start_loc"], int(batch["num_seqs"]), 64 ** -0.5)
+    want = numpy_attention(batch["q"], deq["k_pages"], deq["v_pages"], *common)[:batch["num_real_rows"]]
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    exact = numpy_attention(batch["q"], batch["k_pages"], batch["v_pages"], *common)[:batch["num_real_rows"]]
+    e = {n: np.abs(batch[n] - deq[n]).max() for n in ("k_pages", "v_pages")}  # within the stated bound (test above)
+    d = 64 ** -0.5 * np.abs(batch["q"]).sum(-1).max() * e["k_pages"]
+    assert np.abs(got - exact).max() <= (np.exp(2 * d) - 1) * np.abs(batch["v_pages"]).max() + e["v_pages"]
+
+
+def _llm(params, cfg=CFG, **kw):
+    return LLM("tiny", max_model_len=128, max_num_seqs=4, max_num_batched_tokens=32, num_blocks=40,
+               model_config=cfg, params=params, tokenizer=None, return_logits=True, use_tqdm=False, **kw)
+
+
+def _prompts(lengths, seed=0):
+    rs = np.random.RandomState(seed)
+    return [rs.randint(3, CFG.vocab_size, n).tolist() for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def params():
+    return init_params(CFG, seed=1)
+
+
+@pytest.mark.parametrize("backend", ["xla", "pallas"])
+def test_8bit_kv_logits_close_to_float(params, backend):
+    """Engine logits with int8 / fp8 KV stay within a few percent of the float cache's
+    (std-0.02 random weights: logits of order 0.1). The Pallas path reads even the prompt's
+    own K/V back from the 8-bit cache."""
+    ps = _prompts([9, 21])
+    ref = _llm(params, warmup=False).generate(ps, GREEDY, use_tqdm=False)
+    for kind, tol in (("int8", 0.02), ("fp8", 0.08)):
+        out = _llm(params, warmup=False, kv_cache_dtype=kind, attention_backend=backend).generate(
+            ps, GREEDY, use_tqdm=False)
+        for a, b in zip(out, ref):  # the first position only: near-ties may pick other tokens later
+            la, lb = np.asarray(a.outputs[0].logits[0]), np.asarray(b.outputs[0].logits[0])
+            assert np.abs(la - lb).max() <= tol * np.abs(lb).max(), (kind, np.abs(la - lb).max())
+
+
+def test_no_recompilation_after_warmup_quantized(params):
+    llm = _llm(params, quantization="int8", kv_cache_dtype="int8")
+    before = CompileCounter.count, llm.engine.runner.num_compilations
+    llm.generate(_prompts([1, 7, 16, 17, 40, 90], seed=4),
+                 [GREEDY, SamplingParams(temperature=0.8, top_k=5, seed=3, max_tokens=9)] * 3, use_tqdm=False)
+    assert (CompileCounter.count, llm.engine.runner.num_compilations) == before
+
+
+def test_tp2_quantized_equals_tp1(params):
+    """int8 weights and int8 KV under TP 2 (MLP and vocab split; the scales with them)."""
+    assert len(jax.devices()) >= 2
+    ps = _prompts([6, 19, 33], seed=5)
+    kw = dict(quantization="int8", kv_cache_dtype="int8", warmup=False)
+    one = _llm(params, **kw).generate(ps, GREEDY, use_tqdm=False)
+    llm2 = _llm(params, tensor_parallel_size=2, **kw)
+    two = llm2.generate(ps, GREEDY, use_tqdm=False)
+    runner = getattr(llm2.engine, "engines", [llm2.engine])[0].runner
+    gate = runner.params["layers"]["mlp"]["gate_proj"]
+    assert gate["kernel"].dtype == jnp.int8 and tuple(gate["scale"].sharding.spec) == tuple(gate["kernel"].sharding.spec)[::2]
+    for a, b in zip(one, two):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        np.testing.assert_allclose(np.asarray(a.outputs[0].logits), np.asarray(b.outputs[0].logits), atol=2e-4)
+
+
+def test_bad_quantization_settings_refused():
+    with pytest.raises(ValueError, match="quantization"):
+        dataclasses.replace(CFG, quantization="int4")
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        CacheConfig(kv_cache_dtype="int4")
+
+
+def test_gemma_family_quantized_close_to_float():
+    """Gemma 3's layout (q/k norms, sandwich norms, sliding layers, scaled tied embeddings)
+    with int8 weights and int8 KV: first-position logits near float32's."""
+    from gemma_helpers import tiny_gemma_config, tiny_gemma_params
+
+    cfg = tiny_gemma_config()
+    params = tiny_gemma_params(cfg)
+    ps = _prompts([11, 25], seed=6)
+    ref = _llm(params, cfg, warmup=False).generate(ps, GREEDY, use_tqdm=False)
+    out = _llm(params, cfg, warmup=False, quantization="int8", kv_cache_dtype="int8").generate(
+        ps, GREEDY, use_tqdm=False)
+    for a, b in zip(out, ref):
+        la, lb = np.asarray(a.outputs[0].logits[0]), np.asarray(b.outputs[0].logits[0])
+        assert np.abs(la - lb).max() <= 0.05 * np.abs(lb).max(), np.abs(la - lb).max()
