@@ -181,7 +181,9 @@ class LlamaForCausalLM(nn.Module):
       [L, NB, bs, K, H]. logits_indices: [R] int32 rows of T whose logits are needed.
 
     Returns:
-      (logits [R, V] float32, k_cache, v_cache)
+      (logits [R, V] float32, k_cache, v_cache). Applied with ``mutable=["intermediates"]``
+      it also sows `HIDDEN`: the final-normed hidden states of all T tokens [T, D] float32,
+      from which `LMHead` gives the logits of any token (prompt logprobs).
     """
 
     cfg: ModelConfig
@@ -204,14 +206,42 @@ class LlamaForCausalLM(nn.Module):
         carry = (x, k_cache, v_cache, jnp.int32(0))
         (x, k_cache, v_cache, _), _ = stack(c, self.attention, self.dtype, self.param_dtype,
                                             name="layers")(carry, meta, rope)
-        x = _norm(c, self.dtype, self.param_dtype)(name="final_norm")(x[logits_indices])
-        if c.tie_word_embeddings:
-            table = embed.embedding.astype(self.dtype)
-            logits = jnp.einsum("rd,vd->rv", x.astype(self.dtype), table, preferred_element_type=jnp.float32)
-        else:
-            logits = nn.Dense(c.vocab_size, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype,
-                              dot_general=_dot_f32, kernel_init=_part(_init, ("embed", "vocab")), name="lm_head")(x)
-        logits = logits.astype(jnp.float32)
-        if c.final_logit_softcapping:
-            logits = jnp.tanh(logits / c.final_logit_softcapping) * c.final_logit_softcapping
-        return logits, k_cache, v_cache
+        x = _norm(c, self.dtype, self.param_dtype)(name="final_norm")(x)  # row-wise: every T row, then gather
+        self.sow("intermediates", HIDDEN, x)  # kept only when the caller asks (prompt logprobs read it)
+        return lm_head_logits(c, self.dtype, self.param_dtype, x[logits_indices], embed), k_cache, v_cache
+
+
+HIDDEN = "final_hidden"  # the sown [T, D] float32 final-normed hidden states (``mutable=["intermediates"]``)
+
+
+def lm_head_logits(c: ModelConfig, dtype, param_dtype, x, embed: nn.Embed):
+    """The LM head: final-normed hidden states [R, D] -> float32 logits [R, V] (tied to
+    ``embed`` or the ``lm_head`` kernel, then Gemma's soft-capping). Its submodules belong to
+    the calling module, so `LlamaForCausalLM` and `LMHead` read the same parameters."""
+    if c.tie_word_embeddings:
+        table = embed.embedding.astype(dtype)
+        logits = jnp.einsum("rd,vd->rv", x.astype(dtype), table, preferred_element_type=jnp.float32)
+    else:
+        logits = nn.Dense(c.vocab_size, use_bias=False, dtype=dtype, param_dtype=param_dtype,
+                          dot_general=_dot_f32, kernel_init=_part(_init, ("embed", "vocab")), name="lm_head")(x)
+    logits = logits.astype(jnp.float32)
+    if c.final_logit_softcapping:
+        logits = jnp.tanh(logits / c.final_logit_softcapping) * c.final_logit_softcapping
+    return logits
+
+
+class LMHead(nn.Module):
+    """The LM head of `LlamaForCausalLM` alone, over the same parameter names (``embed``,
+    ``lm_head``): final-normed hidden states [T, D] (the sown `HIDDEN`) -> logits [T, V]
+    float32. Applied with the model's ``params`` (prompt logprobs of every prompt position)."""
+
+    cfg: ModelConfig
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        c = self.cfg
+        embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=self.dtype, param_dtype=self.param_dtype,
+                         embedding_init=_part(_init, ("vocab", "embed")), name="embed")
+        return lm_head_logits(c, self.dtype, self.param_dtype, x, embed)
