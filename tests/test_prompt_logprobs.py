@@ -25,10 +25,11 @@ TOP = 3
 
 
 def _make(tied: bool):
+    """The untied model warms up (so compilations can be counted); the tied one compiles on use."""
     cfg = tiny_config(vocab=256, tied=tied)
     params = init_params(cfg, scale=4.0, seed=3)
     llm = LLM("tiny", max_model_len=256, max_num_seqs=8, max_num_batched_tokens=32, num_blocks=96, model_config=cfg,
-              params=params, tokenizer=None, use_tqdm=False)
+              params=params, tokenizer=None, use_tqdm=False, warmup=not tied)
     return llm, hf_model(cfg, params)
 
 
@@ -72,7 +73,7 @@ def test_values_match_transformers_across_chunks(tied, untied):
               SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=TOP, logprobs=1)]
     before = CompileCounter.count
     outs = llm.generate(prompts, params, use_tqdm=False)
-    assert CompileCounter.count == before, "prompt logprobs must not compile after warm-up"
+    assert tied or CompileCounter.count == before, "prompt logprobs must not compile after warm-up"
     for i in (0, 1, 3):
         check(outs[i], model, prompts[i])
     assert outs[2].prompt_logprobs is None
