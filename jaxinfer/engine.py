@@ -10,7 +10,8 @@ Lifecycle of a request:
   3. Each ``step``: **schedule** (expire deadlines, top up running requests, preempt the
      policy's victim on memory pressure, admit waiting ones) -> **execute** (pack into a bucket,
      one jitted call, sampled ids back once) -> **update** (append tokens, stop rules,
-     incremental detokenization and stop strings, logprobs). A step with structured-output
+     incremental detokenization and stop strings, logprobs; prompt logprobs of the prompt
+     positions the step computed, `jaxinfer.prompt_logprobs`). A step with structured-output
      rows also has a **mask** phase between pack and call: the grammar engine
      (`jaxinfer.grammar`) fills those rows' token bitmask, and update advances their
      matchers (a matcher whose grammar is complete finishes its request with ``stop``).
