@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from jaxinfer import prompt_logprobs
 from jaxinfer.buckets import Bucket, BucketLadders
 
 Q_CHUNK = 64  # queries per context work item of the XLA attention path (B2)
@@ -68,10 +69,14 @@ class StepInputs:
     fills the constrained rows (`jaxinfer.grammar.GrammarEngine.fill_bitmask`). A second
     sampler variant per row count, as for penalties.
     Flags [] bool: any_sampled, any_sort (top-k/top-p), any_penalty, any_logprobs.
+    Prompt logprobs: ``prompt_targets`` [T] int32 (the prompt token each packed token's
+    logits score, -1 for none), only in steps where a row needs them; not one of
+    ``arrays``, so the model and sampler executables never see it.
     """
 
     bucket: Bucket
     arrays: dict[str, np.ndarray]
+    prompt_targets: np.ndarray | None = None  # [T] int32 (`jaxinfer.prompt_logprobs.step_targets`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +120,7 @@ def prepare(sched: SchedulerOutput, layout: BatchLayout) -> StepInputs:
         a[flag][...] = np.any(a[field][:num_rows] != neutral)
     a["any_sort"][...] = np.any((a["top_k"][:num_rows] < layout.vocab_size) | (a["top_p"][:num_rows] < 1.0))
     a["any_logprobs"][...] = np.any(a["want_logprobs"][:num_rows])
-    return StepInputs(bucket, a)
+    return StepInputs(bucket, a, prompt_logprobs.step_targets(sched.scheduled, bucket.num_tokens))
 
 
 def empty_inputs(b: Bucket, layout: BatchLayout, penalties: bool = True, mask: bool = True) -> dict[str, np.ndarray]:

@@ -160,7 +160,7 @@ class ContinuousScheduler(Scheduler):
     def _prefix_hits(self, req: Request) -> list[int]:
         """Cached blocks for the request's leading full blocks, leaving >= 1 token to compute."""
         bm = self.block_manager
-        if not bm.enable_prefix_caching:
+        if not bm.enable_prefix_caching or req.needs_prompt_logprobs:  # cached positions would get no logprobs
             return []
         req.block_hashes = chain_hashes(req.all_token_ids, bm.block_size, self.cache_salt, req.block_hashes)
         return bm.lookup(req.block_hashes[:(req.num_tokens - 1) // bm.block_size])

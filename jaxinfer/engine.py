@@ -10,7 +10,8 @@ Lifecycle of a request:
   3. Each ``step``: **schedule** (expire deadlines, top up running requests, preempt the
      policy's victim on memory pressure, admit waiting ones) -> **execute** (pack into a bucket,
      one jitted call, sampled ids back once) -> **update** (append tokens, stop rules,
-     incremental detokenization and stop strings, logprobs). A step with structured-output
+     incremental detokenization and stop strings, logprobs; prompt logprobs of the prompt
+     positions the step computed, `jaxinfer.prompt_logprobs`). A step with structured-output
      rows also has a **mask** phase between pack and call: the grammar engine
      (`jaxinfer.grammar`) fills those rows' token bitmask, and update advances their
      matchers (a matcher whose grammar is complete finishes its request with ``stop``).
@@ -29,6 +30,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxinfer import batch as batch_mod
+from jaxinfer import prompt_logprobs
 from jaxinfer.block_manager import BlockManager
 from jaxinfer.buckets import BucketLadders
 from jaxinfer.config import EngineConfig, ModelConfig
@@ -36,7 +38,7 @@ from jaxinfer.drain_rate import DrainRate
 from jaxinfer.engine_protocol import RequestSpec
 from jaxinfer.engine_snapshot import EngineSnapshot
 from jaxinfer.errors import CONTEXT_LENGTH_EXCEEDED, SHORTEN_HINT, QueueFullError, RequestError
-from jaxinfer.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from jaxinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from jaxinfer.request import FinishReason, Request
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.scheduler import SchedulerOutput, make_scheduler
@@ -252,8 +254,9 @@ class LLMEngine:
             self.grammar_engine().matcher(params.structured_outputs)
         if len(params.logit_bias) > self.config.max_logit_bias:
             raise RequestError(f"at most {self.config.max_logit_bias} logit_bias entries", param="logit_bias")
-        if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
-            raise RequestError(f"logprobs must be <= {self.config.max_logprobs}", param="logprobs")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(params, name) is not None and getattr(params, name) > self.config.max_logprobs:
+                raise RequestError(f"{name} must be <= {self.config.max_logprobs}", param=name)
         return max_tokens
 
     def abort_request(self, request_id: str) -> None:
@@ -346,6 +349,10 @@ class LLMEngine:
 
     def _update(self, sched: SchedulerOutput, result: dict) -> list[RequestOutput]:
         rows = {id(req): i for i, (req, _) in enumerate(sched.scheduled)}
+        if "prompt_logprob" in result:  # before update advances num_computed_tokens
+            offsets = np.cumsum([0] + [n for _, n in sched.scheduled])
+            for (req, n), offset in zip(sched.scheduled, offsets):
+                prompt_logprobs.record(req, result, int(offset), n, self.tokenizer)
         sampled = result["token_ids"][:len(sched.scheduled)].tolist()
         got = self.scheduler.update(sched, sampled, self._text_stop)
         outputs = []
@@ -370,15 +377,9 @@ class LLMEngine:
         if n is None:
             return
         tok = req.output_token_ids[-1]
-        entry = {tok: Logprob(float(result["logprob"][i]), int(result["rank"][i]))}
+        entry = prompt_logprobs.token_entry(tok, result["logprob"][i], result["rank"][i], result["top_ids"][i],
+                                            result["top_logprobs"][i], n, self.tokenizer)  # masked tokens are -inf
         req.cumulative_logprob += entry[tok].logprob
-        for j in range(n):
-            t = int(result["top_ids"][i, j])
-            if t not in entry and np.isfinite(result["top_logprobs"][i, j]):  # masked tokens are -inf
-                entry[t] = Logprob(float(result["top_logprobs"][i, j]), j + 1)
-        if self.tokenizer is not None:
-            for t, lp in entry.items():
-                lp.decoded_token = self.tokenizer.decode([t], skip_special_tokens=False)
         req.logprobs.append(entry)
 
     def _sample_fragmentation(self) -> None:
@@ -424,7 +425,9 @@ class LLMEngine:
         metrics = RequestMetrics(req.arrival_time, req.first_scheduled_time, req.first_token_time, req.finished_time,
                                  req.num_preemptions)
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, [comp], req.is_finished, metrics,
-                             num_cached_tokens=req.num_cached_tokens)
+                             num_cached_tokens=req.num_cached_tokens,
+                             prompt_logprobs=list(req.prompt_logprobs) if req.params.prompt_logprobs is not None
+                             else None)
 
     # ----- introspection ------------------------------------------------------------------
     @property

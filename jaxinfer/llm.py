@@ -224,5 +224,5 @@ class LLM:
             c.index = j
             comps.append(c)
         return RequestOutput(first.request_id, item[0], first.prompt_token_ids, comps, True, first.metrics,
-                             num_cached_tokens=first.num_cached_tokens)
+                             num_cached_tokens=first.num_cached_tokens, prompt_logprobs=first.prompt_logprobs)
 

@@ -7,7 +7,10 @@ One step = two compiled calls with the logits kept on device: the model step per
 head at the rows that need logits), then the sampler per (row count, penalties or not, structured-output mask or not)
 (split so warm-up compiles the sampler a few times, not once per model bucket; the
 no-penalty variant takes no token history, the no-mask variant no bitmask). Sampled ids come back to the host once per
-step.
+step. The model step also returns the final hidden states of every packed token [T, D]
+(left on device); in a step with prompt logprobs (`StepInputs.prompt_targets`), a third
+call per token count T runs the LM head over them (`jaxinfer.models.llama.LMHead`, then
+`jaxinfer.sampler.prompt_logprobs`), read back with the sampled ids.
 """
 from __future__ import annotations
 
@@ -24,8 +27,8 @@ from jaxinfer.attention import AttentionBackend, AttentionMetadata, kv_storage_d
 from jaxinfer.batch import MASK_FIELD, PENALTY_FIELDS, StepInputs
 from jaxinfer.buckets import Bucket
 from jaxinfer.config import ModelConfig
-from jaxinfer.models.llama import LlamaForCausalLM
-from jaxinfer.sampler import sample
+from jaxinfer.models.llama import HIDDEN, LlamaForCausalLM, LMHead
+from jaxinfer.sampler import prompt_logprobs, sample
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +118,7 @@ class ModelRunner:
             kv = shardings[1]
             scale = jax.sharding.NamedSharding(kv.mesh, jax.sharding.PartitionSpec(*tuple(kv.spec)[:4]))
             shardings = (shardings[0], kv_quant.QuantKV(kv, scale), shardings[2])
+        self.head = LMHead(cfg, self.dtype, self.dtype)
         self._shardings = shardings
         self._replicated = shardings[2] if shardings else None
         self.params = params
@@ -123,11 +127,13 @@ class ModelRunner:
         self.k_cache, self.v_cache = self._alloc_cache()
         self._executables: dict[Bucket, object] = {}
         self._samplers: dict[int, object] = {}
+        self._prompt_heads: dict[int, object] = {}  # T -> LM head + prompt logprobs over all T tokens
         self.num_compilations = 0
         self.compile_seconds = 0.0
         # sharded: KV stays in its sharding across steps; logits gathered for the sampler
-        out = {} if shardings is None else {"out_shardings": (shardings[2], shardings[1], shardings[1])}
+        out = {} if shardings is None else {"out_shardings": (shardings[2], shardings[1], shardings[1], shardings[2])}
         self._jitted = jax.jit(self._model_step, donate_argnums=(1, 2), **out)
+        self._jitted_head = jax.jit(self._prompt_step, **({} if shardings is None else {"out_shardings": shardings[2]}))
 
     def _alloc_cache(self):
         kv_sharding = self._shardings[1] if self._shardings else None
@@ -139,7 +145,17 @@ class ModelRunner:
 
     def _model_step(self, params, k_cache, v_cache, a: dict):
         meta = AttentionMetadata(**{f: a[f] for f in _META_FIELDS})
-        return self.model.apply({"params": params}, a["token_ids"], meta, k_cache, v_cache, a["logits_indices"])
+        (logits, k_cache, v_cache), state = self.model.apply(
+            {"params": params}, a["token_ids"], meta, k_cache, v_cache, a["logits_indices"], mutable=["intermediates"])
+        return logits, k_cache, v_cache, state["intermediates"][HIDDEN][0]
+
+    def _head_params(self, params) -> dict:
+        """The parameters the LM head reads (`LMHead`)."""
+        return {k: params[k] for k in ("embed", "lm_head") if k in params}
+
+    def _prompt_step(self, head_params, hidden, targets):
+        logits = self.head.apply({"params": head_params}, hidden)
+        return prompt_logprobs(logits, targets, self.max_logprobs)
 
     def _sample_step(self, logits, s: dict):
         out = sample(logits, s, self.max_logprobs)
@@ -168,6 +184,21 @@ class ModelRunner:
             variants += [{k: v for k, v in s.items() if k != MASK_FIELD} for s in variants]
         for s in variants:
             self._compile_sampler(bucket.num_seqs, s)
+        self._compile_prompt_head(bucket.num_tokens)
+
+    def _compile_prompt_head(self, num_tokens: int) -> None:
+        """Compile the prompt-logprobs pass for T = ``num_tokens`` (one per token rung, at
+        warm-up with the model buckets)."""
+        if num_tokens in self._prompt_heads:
+            return
+        t0 = time.perf_counter()
+        spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))  # noqa: E731
+        head_spec = jax.tree.map(spec, self._head_params(self.params))
+        hidden = jax.ShapeDtypeStruct((num_tokens, self.cfg.hidden_size), jnp.float32, sharding=self._replicated)
+        targets = jax.ShapeDtypeStruct((num_tokens,), jnp.int32, sharding=self._replicated)
+        self._prompt_heads[num_tokens] = self._jitted_head.lower(head_spec, hidden, targets).compile()
+        self.num_compilations += 1
+        self.compile_seconds += time.perf_counter() - t0
 
     def _compile_sampler(self, num_seqs: int, sample_a: dict) -> None:
         key = _sampler_key(num_seqs, sample_a)
@@ -182,10 +213,12 @@ class ModelRunner:
         self.compile_seconds += time.perf_counter() - t0
 
     def execute(self, inputs: StepInputs) -> dict[str, np.ndarray]:
-        """Run one step (model then sampler, logits stay on device); one read back."""
+        """Run one step (model then sampler, logits stay on device; then the prompt-logprobs
+        pass when ``inputs.prompt_targets`` is set, its results under ``prompt_*`` keys); one
+        read back."""
         bucket = inputs.bucket
         key = _sampler_key(bucket.num_seqs, inputs.arrays)
-        if bucket not in self._executables or key not in self._samplers:
+        if bucket not in self._executables or key not in self._samplers or bucket.num_tokens not in self._prompt_heads:
             logger.warning("compiling bucket %s outside warm-up", bucket)
             self.compile(inputs)
         if self._replicated is not None:
@@ -195,8 +228,14 @@ class ModelRunner:
         else:
             dev = jax.device_put(inputs.arrays)
         model_a, sample_a = _split(dev)
-        logits, self.k_cache, self.v_cache = self._executables[bucket](self.params, self.k_cache, self.v_cache, model_a)
-        return jax.device_get(self._samplers[key](logits, sample_a))
+        logits, self.k_cache, self.v_cache, hidden = self._executables[bucket](self.params, self.k_cache, self.v_cache,
+                                                                               model_a)
+        out = self._samplers[key](logits, sample_a)
+        if inputs.prompt_targets is not None:
+            targets = jax.device_put(inputs.prompt_targets, self._replicated)
+            scored = self._prompt_heads[bucket.num_tokens](self._head_params(self.params), hidden, targets)
+            out = {**out, **{f"prompt_{k}": v for k, v in scored.items()}}
+        return jax.device_get(out)
 
     @property
     def kv_cache_bytes(self) -> int:

@@ -63,7 +63,13 @@ class RequestMetrics:
 
 @dataclasses.dataclass
 class RequestOutput:
-    """The state of one request after a step (cumulative, not a delta)."""
+    """The state of one request after a step (cumulative, not a delta).
+
+    ``prompt_logprobs`` (only with ``SamplingParams.prompt_logprobs``, as vLLM): one item per
+    prompt position computed so far, None for position 0, then ``{token_id: Logprob}`` for
+    the actual prompt token (with its rank) and the top alternatives; complete (one per
+    prompt token) by the first output token. ``num_cached_tokens``: prompt tokens served
+    from the prefix cache."""
 
     request_id: str
     prompt: str | None
@@ -72,3 +78,4 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

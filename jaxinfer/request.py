@@ -48,6 +48,8 @@ class Request:
       max_queue_wait_deadline: monotonic time after which a still-waiting request is
         rejected (None = wait forever).
       matcher: the grammar state of a structured-output request (`jaxinfer.grammar`), or None.
+      prompt_logprobs: with ``params.prompt_logprobs``, one item per prompt position
+        recorded so far: None for position 0, then ``{token_id: Logprob}``.
     """
 
     request_id: str
@@ -71,6 +73,7 @@ class Request:
     num_registered_blocks: int = 0  # leading blocks registered in the prefix cache
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     logprobs: list = dataclasses.field(default_factory=list)  # per output token {id: Logprob}
+    prompt_logprobs: list = dataclasses.field(default_factory=list)  # per prompt position: None, then {id: Logprob}
     cumulative_logprob: float = 0.0  # sum of the sampled tokens' logprobs (when logprobs are requested)
     logits: list = dataclasses.field(default_factory=list)  # per output token raw logits (debug)
     first_scheduled_time: float | None = None
@@ -98,6 +101,12 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Prompt logprobs were asked for and some prompt position is not recorded yet
+        (`jaxinfer.prompt_logprobs`); such a request skips prefix-cache lookups."""
+        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids)
 
     def token_at(self, position: int) -> int:
         """The token at absolute ``position`` (prompt then outputs)."""

@@ -159,3 +159,21 @@ def sample(logits: jax.Array, s: dict, num_top_logprobs: int) -> dict:
     chosen, rank, top_ids, top_lp = jax.lax.cond(
         s["any_logprobs"], lambda l, t: _logprobs(l, t, num_top_logprobs), lambda l, t: zeros, logits, token_ids)
     return {"token_ids": token_ids, "logprob": chosen, "rank": rank, "top_ids": top_ids, "top_logprobs": top_lp}
+
+
+def prompt_logprobs(logits: jax.Array, targets: jax.Array, num_top: int) -> dict:
+    """Logprobs of given next tokens under raw logits (prompt logprobs, vLLM's meaning).
+
+    Args:
+      logits: [T, V] float32, the model's raw logits at every packed token of a step (no
+        bias, penalties, mask or temperature: the model's own distribution).
+      targets: [T] int32, the token whose logprob each row scores (the next prompt token);
+        negative for rows nobody reads (their outputs are those of token 0).
+      num_top: static N of the returned top-N alternatives (the server maximum).
+
+    Returns:
+      dict with ``logprob [T] float32`` and 1-based ``rank [T] int32`` of the target,
+      ``top_ids [T, N] int32`` and ``top_logprobs [T, N] float32`` (best first).
+    """
+    chosen, rank, top_ids, top_lp = _logprobs(logits.astype(jnp.float32), jnp.maximum(targets, 0), num_top)
+    return {"logprob": chosen, "rank": rank, "top_ids": top_ids, "top_logprobs": top_lp}

@@ -43,6 +43,10 @@ class SamplingParams:
       ignore_eos: keep generating past EOS ids.
       logprobs: number of top logprobs to return per token (0 = only the sampled
         token's); None = no logprobs.
+      prompt_logprobs: number of top alternatives to return per prompt position, with the
+        logprob of the actual prompt token (vLLM's meaning; position 0 gets None). From the
+        model's raw logits (no bias, penalties or temperature); None = none. A request with
+        it computes its whole prompt (no prefix-cache hits).
       logit_bias: token id -> additive bias in [-100, 100].
       skip_special_tokens: drop special tokens from the text.
       include_stop_str_in_output: keep the matched stop string in the text.
@@ -72,6 +76,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     priority: int = 0
     structured_outputs: StructuredOutputsParams | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         # Accept the convenient Python types, store hashable ones; anything else is a
@@ -108,6 +113,9 @@ class SamplingParams:
             _check(_is_int(self.seed) and -(2**63) <= self.seed < 2**64, "seed", "seed must be a 64-bit integer")
         if self.logprobs is not None:
             _check(_is_int(self.logprobs) and self.logprobs >= 0, "logprobs", "logprobs must be an integer >= 0")
+        if self.prompt_logprobs is not None:
+            _check(_is_int(self.prompt_logprobs) and self.prompt_logprobs >= 0, "prompt_logprobs",
+                   "prompt_logprobs must be an integer >= 0")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty strings")
         # every step checks every stop string against the new text: bound that work
         _check(len(self.stop) <= MAX_STOP_STRINGS and sum(map(len, self.stop)) <= MAX_STOP_CHARS, "stop",

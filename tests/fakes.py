@@ -2,6 +2,9 @@
 
 Next token of a row = (last token of the row + 1) % vocab_size, except that a row whose
 logit_bias names a token with bias >= 50 emits that token (so tests can force EOS).
+Prompt logprobs (steps with ``prompt_targets``) follow the same rule: after token t the
+model's top-N are t + 1, t + 2, ... with logprobs -0.5, -1.5, ...; any other token has rank
+N + 1 and logprob -N - 0.5.
 Lets engine and server tests exercise scheduling, streaming and cancellation without
 compiling anything (`step_delay` simulates device time).
 """
@@ -41,6 +44,16 @@ class FakeRunner:
         nxt = np.where(forced >= 0, forced, nxt).astype(np.int32)
         N = self.max_logprobs
         top = (nxt[:, None] + np.arange(N)[None, :]) % self.vocab_size
-        return {"token_ids": nxt, "logprob": np.full(R, -0.5, np.float32), "rank": np.ones(R, np.int32),
-                "top_ids": top.astype(np.int32),
-                "top_logprobs": np.tile(-0.5 - np.arange(N, dtype=np.float32), (R, 1))}
+        out = {"token_ids": nxt, "logprob": np.full(R, -0.5, np.float32), "rank": np.ones(R, np.int32),
+               "top_ids": top.astype(np.int32), "top_logprobs": np.tile(-0.5 - np.arange(N, dtype=np.float32), (R, 1))}
+        if inputs.prompt_targets is not None:
+            out.update(self._prompt_logprobs(a["token_ids"], inputs.prompt_targets))
+        return out
+
+    def _prompt_logprobs(self, tokens: np.ndarray, targets: np.ndarray) -> dict[str, np.ndarray]:
+        N, T = self.max_logprobs, len(tokens)
+        top = ((tokens[:, None] + 1 + np.arange(N)[None, :]) % self.vocab_size).astype(np.int32)
+        j = (targets - tokens - 1) % self.vocab_size  # where the target sits in that order
+        rank = np.where(j < N, j + 1, N + 1).astype(np.int32)
+        return {"prompt_logprob": (-0.5 - (rank - 1)).astype(np.float32), "prompt_rank": rank, "prompt_top_ids": top,
+                "prompt_top_logprobs": np.tile(-0.5 - np.arange(N, dtype=np.float32), (T, 1))}

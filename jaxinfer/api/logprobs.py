@@ -2,6 +2,8 @@
 
 * Completions (legacy): parallel lists ``tokens``, ``token_logprobs``, ``top_logprobs``
   (a dict of the sampled token plus the top ``logprobs`` alternatives) and ``text_offset``.
+  With ``echo``, the prompt's tokens come first (`echo_logprobs`, from the engine's prompt
+  logprobs), the first with null ``token_logprobs`` and ``top_logprobs`` (nothing precedes it).
 * Chat: ``content`` = one item per token with ``token``, ``logprob``, ``bytes`` and
   ``top_logprobs`` (exactly the top ``top_logprobs`` alternatives, sorted descending).
 Both format a slice of tokens so a stream sends each token's logprobs once (SC-27).
@@ -32,6 +34,39 @@ def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]],
         out.top_logprobs.append({_text(lp, t): _finite(lp.logprob) for t, lp in entry.items()})
         out.text_offset.append(text_offset)
         text_offset += len(text)
+    return out
+
+
+def echo_logprobs(prompt_ids: list[int], entries: list[dict[int, Logprob] | None], tokenizer,
+                  completion: CompletionLogprobs) -> CompletionLogprobs:
+    """Legacy format of an echoed prompt followed by its completion's ``completion`` logprobs.
+
+    Args:
+      prompt_ids: the prompt's token ids.
+      entries: the prompt logprobs, one per prompt token (`jaxinfer.outputs.RequestOutput.prompt_logprobs`);
+        None entries (position 0) give null ``token_logprobs`` / ``top_logprobs``, their text
+        decoded here.
+      completion: the completion's logprobs, offsets counted from 0 (shifted after the prompt here).
+    """
+    out = CompletionLogprobs()
+    offset = 0
+    for tok, entry in zip(prompt_ids, entries):
+        if entry is None:
+            text = tokenizer.decode([tok], skip_special_tokens=False) if tokenizer is not None else f"<{tok}>"
+            out.tokens.append(text)
+            out.token_logprobs.append(None)
+            out.top_logprobs.append(None)
+            out.text_offset.append(offset)
+            offset += len(text)
+        else:
+            one = completion_logprobs([tok], [entry], offset)
+            for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                getattr(out, name).extend(getattr(one, name))
+            offset = next_text_offset(one, offset)
+    out.tokens += completion.tokens
+    out.token_logprobs += completion.token_logprobs
+    out.top_logprobs += completion.top_logprobs
+    out.text_offset += [offset + t for t in completion.text_offset]
     return out
 
 

@@ -22,7 +22,7 @@ from jaxinfer.structured_outputs import StructuredOutputsParams
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 # engine ``param`` -> request field, per endpoint
-COMPLETION_ALIASES: dict[str, str] = {}
+COMPLETION_ALIASES = {"prompt_logprobs": "logprobs"}  # echo's prompt logprobs come from ``logprobs``
 CHAT_ALIASES = {"prompt": "messages", "logprobs": "top_logprobs"}
 
 
@@ -122,19 +122,33 @@ def _constraint(make, param: str) -> StructuredOutputsParams:
         raise RequestError(exc.message, param=param) from None
 
 
+def echo_only(req: CompletionRequest) -> bool:
+    """``echo`` with ``max_tokens: 0``: score the prompt and generate nothing (what
+    lm-evaluation-harness's loglikelihood requests sent before they asked for 1 token)."""
+    return bool(req.echo) and req.max_tokens == 0
+
+
 def completion_params(req: CompletionRequest) -> SamplingParams:
-    """Sampling options of a completions request (``n`` fanned out later).
+    """Sampling options of a completions request (``n`` fanned out later). With ``echo``
+    and ``logprobs``, ``prompt_logprobs`` = ``logprobs``; ``echo`` with ``max_tokens: 0``
+    generates one token that the response leaves out (`echo_only`).
 
     Raises:
-      RequestError: unsupported fields (``echo``, ``suffix``, ``best_of``), bad values.
+      RequestError: unsupported fields (``suffix``, ``best_of``, ``echo`` with ``stream``),
+        ``max_tokens: 0`` without ``echo``, bad values.
     """
-    if req.echo:
-        raise RequestError("echo is not supported", param="echo")
+    if req.max_tokens == 0 and not req.echo:
+        raise RequestError("max_tokens must be >= 1 (0 only with echo: true)", param="max_tokens")
+    if req.echo and req.stream:
+        raise RequestError("echo is not supported with stream: true", param="echo")
     if req.suffix:
         raise RequestError("suffix is not supported", param="suffix")
     if req.best_of is not None and req.best_of != (req.n or 1):
         raise RequestError("best_of is not supported (only null or equal to n)", param="best_of")
-    return _params(req, req.max_tokens, req.logprobs)
+    params = _params(req, 1 if echo_only(req) else req.max_tokens, req.logprobs)
+    if req.echo and req.logprobs is not None:
+        params = params.replace(prompt_logprobs=req.logprobs)
+    return params
 
 
 def chat_params(req: ChatCompletionRequest) -> SamplingParams:

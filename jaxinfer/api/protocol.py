@@ -92,11 +92,14 @@ class CompletionRequest(_GenerationRequest):
 
     prompt: str | list[str] | list[int] | list[list[int]] = Field(
         ..., description="Text, texts, token ids (used verbatim, no BOS added) or lists of token ids.")
-    max_tokens: int | None = Field(None, ge=1, description="Tokens to generate. Omitted or null: 16, or what "
-                                                           "the context leaves if less.")
+    max_tokens: int | None = Field(None, ge=0, description="Tokens to generate. Omitted or null: 16, or what "
+                                                           "the context leaves if less. 0 only with `echo` (score "
+                                                           "the prompt, generate nothing).")
     logprobs: int | None = Field(None, ge=0, description="Top log-probabilities per token (up to the server's "
-                                                          "`max_logprobs`).")
-    echo: bool | None = Field(False, description="Not supported: true is a 400.")
+                                                          "`max_logprobs`); with `echo`, for the prompt's tokens too.")
+    echo: bool | None = Field(False, description="Return the prompt before the completion, in `text` and (with "
+                                                 "`logprobs`) in the logprobs, whose first token has null "
+                                                 "logprobs. Not with `stream`.")
     suffix: str | None = Field(None, description="Not supported: a non-empty value is a 400.")
     best_of: int | None = Field(None, ge=1, description="Only null or equal to n is accepted.")
 
@@ -202,11 +205,12 @@ class Usage(BaseModel):
 
 
 class CompletionLogprobs(BaseModel):
-    """Legacy completions logprobs: parallel lists, one entry per generated token."""
+    """Legacy completions logprobs: parallel lists, one entry per token (with ``echo``, the
+    prompt's tokens first, the first of them with null logprobs)."""
 
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
 
 

@@ -82,19 +82,45 @@ class _Format:
 
 
 class CompletionFormat(_Format):
-    """``/v1/completions``: ``text_completion`` objects."""
+    """``/v1/completions``: ``text_completion`` objects.
+
+    ``echo``: each choice's text and logprobs start with its prompt (text as given, or
+    the token ids decoded; logprobs from the engine's prompt logprobs). ``echo_only``
+    (``max_tokens: 0``): the one generated token is left out (text, logprobs, usage) and
+    the finish reason is ``length``. Streams never echo (refused at the request).
+    """
+
+    def __init__(self, *args, echo: bool = False, echo_only: bool = False):
+        super().__init__(*args)
+        self.echo = echo
+        self.echo_only = echo_only
 
     def response(self, outputs: list[RequestOutput], prompt_lengths: list[int]) -> dict:
+        if self.echo_only:
+            outputs = [_without_generation(o) for o in outputs]
         choices = []
         for i, out in enumerate(outputs):
             comp = out.outputs[0]
             logprobs = (lp.completion_logprobs(comp.token_ids, comp.logprobs or [])
                         if self.logprobs is not None else None)
-            choices.append(P.CompletionChoice(index=i, text=comp.text, logprobs=logprobs,
+            text = comp.text
+            if self.echo:
+                text = self._prompt_text(out) + text
+                if logprobs is not None:
+                    logprobs = lp.echo_logprobs(out.prompt_token_ids, out.prompt_logprobs or [], self.tokenizer,
+                                                logprobs)
+            choices.append(P.CompletionChoice(index=i, text=text, logprobs=logprobs,
                                               finish_reason=comp.finish_reason))
         body = P.CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices,
                                     usage=usage(prompt_lengths, outputs))
         return body.model_dump()
+
+    def _prompt_text(self, out: RequestOutput) -> str:
+        if out.prompt is not None:
+            return out.prompt
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(out.prompt_token_ids, skip_special_tokens=False)
 
     def _chunk(self, index, text, token_ids, entries, finish, cur):
         logprobs = None
@@ -107,6 +133,14 @@ class CompletionFormat(_Format):
     def usage_chunk(self, usage_: P.Usage) -> str:
         return P.CompletionChunk(id=self.id, created=self.created, model=self.model, choices=[],
                                  usage=usage_).model_dump_json()
+
+
+def _without_generation(out: RequestOutput) -> RequestOutput:
+    """``out`` as if nothing had been generated (``echo`` with ``max_tokens: 0``)."""
+    comp = out.outputs[0]
+    empty = dataclasses.replace(comp, text="", token_ids=[], logprobs=[] if comp.logprobs is not None else None,
+                                finish_reason="length", stop_reason=None)
+    return dataclasses.replace(out, outputs=[empty])
 
 
 class ChatFormat(_Format):

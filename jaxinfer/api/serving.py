@@ -121,7 +121,7 @@ async def create_completion(req: CompletionRequest, raw: Request, ctx: ServingCo
 
         params, prompts = await asyncio.to_thread(prepare)
         fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", model.name, int(time.time()), params.logprobs,
-                               engine.tokenizer)
+                               engine.tokenizer, echo=bool(req.echo), echo_only=params_mod.echo_only(req))
         return _Job(req, prompts, params, fmt, aliases, default, _max_model_len(engine), model)
 
     return await _run(await job_on(ctx.model(req.model)), job_on, raw, ctx, chat=False)

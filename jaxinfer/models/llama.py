@@ -190,7 +190,9 @@ class LlamaForCausalLM(nn.Module):
       [L, NB, bs, K, H]. logits_indices: [R] int32 rows of T whose logits are needed.
 
     Returns:
-      (logits [R, V] float32, k_cache, v_cache)
+      (logits [R, V] float32, k_cache, v_cache). Applied with ``mutable=["intermediates"]``
+      it also sows `HIDDEN`: the final-normed hidden states of all T tokens [T, D] float32,
+      from which `LMHead` gives the logits of any token (prompt logprobs).
     """
 
     cfg: ModelConfig
@@ -201,12 +203,7 @@ class LlamaForCausalLM(nn.Module):
     @nn.compact
     def __call__(self, token_ids, meta: AttentionMetadata, k_cache, v_cache, logits_indices):
         c = self.cfg
-        quant = c.quantization == "int8"
-        if quant:
-            embed = QEmbed(c.vocab_size, c.hidden_size, self.dtype, name="embed")
-        else:
-            embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=self.dtype, param_dtype=self.param_dtype,
-                             embedding_init=_part(_init, ("vocab", "embed")), name="embed")
+        embed = _embedding(c, self.dtype, self.param_dtype)
         x = embed(token_ids).astype(jnp.float32)
         if c.scale_embeddings:
             x = x * jnp.float32(c.hidden_size ** 0.5)
@@ -217,15 +214,49 @@ class LlamaForCausalLM(nn.Module):
         carry = (x, k_cache, v_cache, jnp.int32(0))
         (x, k_cache, v_cache, _), _ = stack(c, self.attention, self.dtype, self.param_dtype,
                                             name="layers")(carry, meta, rope)
-        x = _norm(c, self.dtype, self.param_dtype)(name="final_norm")(x[logits_indices])
-        if c.tie_word_embeddings and quant:
-            logits = embed.attend(x)
-        elif c.tie_word_embeddings:
-            table = embed.embedding.astype(self.dtype)
-            logits = jnp.einsum("rd,vd->rv", x.astype(self.dtype), table, preferred_element_type=jnp.float32)
-        else:
-            logits = _dense(c, self.dtype, self.param_dtype, c.vocab_size, ("embed", "vocab"), "lm_head")(x)
-        logits = logits.astype(jnp.float32)
-        if c.final_logit_softcapping:
-            logits = jnp.tanh(logits / c.final_logit_softcapping) * c.final_logit_softcapping
-        return logits, k_cache, v_cache
+        x = _norm(c, self.dtype, self.param_dtype)(name="final_norm")(x)  # row-wise: every T row, then gather
+        self.sow("intermediates", HIDDEN, x)  # kept only when the caller asks (prompt logprobs read it)
+        return lm_head_logits(c, self.dtype, self.param_dtype, x[logits_indices], embed), k_cache, v_cache
+
+
+HIDDEN = "final_hidden"  # the sown [T, D] float32 final-normed hidden states (``mutable=["intermediates"]``)
+
+
+def lm_head_logits(c: ModelConfig, dtype, param_dtype, x, embed: nn.Embed):
+    """The LM head: final-normed hidden states [R, D] -> float32 logits [R, V] (tied to
+    ``embed`` or the ``lm_head`` kernel, then Gemma's soft-capping). Its submodules belong to
+    the calling module, so `LlamaForCausalLM` and `LMHead` read the same parameters."""
+    if c.tie_word_embeddings and c.quantization == "int8":
+        logits = embed.attend(x)
+    elif c.tie_word_embeddings:
+        table = embed.embedding.astype(dtype)
+        logits = jnp.einsum("rd,vd->rv", x.astype(dtype), table, preferred_element_type=jnp.float32)
+    else:
+        logits = _dense(c, dtype, param_dtype, c.vocab_size, ("embed", "vocab"), "lm_head")(x)
+    logits = logits.astype(jnp.float32)
+    if c.final_logit_softcapping:
+        logits = jnp.tanh(logits / c.final_logit_softcapping) * c.final_logit_softcapping
+    return logits
+
+
+class LMHead(nn.Module):
+    """The LM head of `LlamaForCausalLM` alone, over the same parameter names (``embed``,
+    ``lm_head``): final-normed hidden states [T, D] (the sown `HIDDEN`) -> logits [T, V]
+    float32. Applied with the model's ``params`` (prompt logprobs of every prompt position)."""
+
+    cfg: ModelConfig
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        return lm_head_logits(self.cfg, self.dtype, self.param_dtype, x,
+                              _embedding(self.cfg, self.dtype, self.param_dtype))
+
+
+def _embedding(c: ModelConfig, dtype, param_dtype):
+    """The token embedding module ``embed`` (int8 with per-row scales under ``quantization``)."""
+    if c.quantization == "int8":
+        return QEmbed(c.vocab_size, c.hidden_size, dtype, name="embed")
+    return nn.Embed(c.vocab_size, c.hidden_size, dtype=dtype, param_dtype=param_dtype,
+                    embedding_init=_part(_init, ("vocab", "embed")), name="embed")
