@@ -2,8 +2,9 @@
 
 HTTP listens at once (``GET /live`` is 200); the model loads and every bucket compiles in
 the engine thread meanwhile, and ``/health`` and every POST answer 503 + Retry-After until
-that is done. SIGTERM drains: new requests are refused, in-flight ones get
-``--shutdown-timeout`` seconds to finish, then the process exits (status 0); the log
+that is done. SIGTERM drains: new requests get 503 + Retry-After (the listener stays open
+until the drain ends), in-flight ones get ``--shutdown-timeout`` seconds to finish, then the
+process exits (status 0); the log
 says how many were in flight and how the drain ended. Start-up logs one line of
 effective settings and the warm-up's progress.
 Flags map one-to-one onto `EngineConfig` / `CacheConfig` / `SchedulerConfig` / `ServerConfig`.
@@ -21,6 +22,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import types
 
 logger = logging.getLogger("jaxinfer.server")
@@ -296,6 +298,13 @@ class Drain:
         self.aborted = self.async_engine.num_in_flight_groups()
         self.async_engine.abort_all()
 
+    def wait_idle(self, poll_s: float = 0.05) -> None:
+        """Block until no client request is in flight, or ``shutdown_timeout`` seconds after
+        `start` (what is left by then was aborted `DRAIN_MARGIN_S` earlier)."""
+        deadline = time.monotonic() + self.shutdown_timeout
+        while self.async_engine.num_in_flight_groups() and time.monotonic() < deadline:
+            time.sleep(poll_s)
+
     def finish(self) -> None:
         """Log the outcome (once uvicorn has stopped)."""
         if not self.started:
@@ -326,9 +335,19 @@ def serve(app, models, config, sock: socket.socket | None = None) -> None:
     drain = Drain(models, config.shutdown_timeout)
 
     class DrainingServer(uvicorn.Server):
+        """The first SIGTERM / SIGINT drains with the listener still open (new requests get
+        503 + Retry-After, not a refused connection), then stops uvicorn once nothing is in
+        flight; a second signal stops it at once."""
+
         def handle_exit(self, sig, frame):
-            if not self.should_exit:
-                drain.start()
+            if drain.started or self.should_exit:
+                super().handle_exit(sig, frame)
+                return
+            drain.start()
+            threading.Thread(target=self._stop_when_drained, args=(sig, frame), name="drain", daemon=True).start()
+
+        def _stop_when_drained(self, sig, frame):
+            drain.wait_idle()
             super().handle_exit(sig, frame)
 
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=logging.getLogger().level,
