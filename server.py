@@ -424,11 +424,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from jaxinfer import distributed
 
-    distributed.initialize(parallel_config(args))  # before any other JAX call; no-op on one process
+    multi = distributed.initialize(parallel_config(args))  # before any other JAX call; no-op on one process
     if not distributed.is_leader():  # followers run the leader's steps and serve no HTTP
-        engine = engine_builder(model_args(args, kv_split(args)[0]))()
-        distributed.serve_follower(engine)
-        distributed.shutdown(engine)
+        run_follower(args)
         return
     config = server_config(args)
     try:
@@ -441,20 +439,41 @@ def main(argv: list[str] | None = None) -> None:
                                         kv_cache_memory=s.kv_cache_memory) for s in specs],
                            fallback=args.fallback_model,
                            degrade_ttft_slo=args.degrade_ttft_slo)
+    if multi:  # a follower that fails ends the job: fail the requests in flight first (500 / SSE error)
+        from jaxinfer import peer_failure
+
+        peer_failure.on_failure(lambda reason: fail_requests(models, reason))
     app = create_app(models, config)
     logger.info("listening on http://%s:%d (model %s loads in the background)", config.host, config.port,
                 ", ".join(s.path for s in specs))
     try:
         serve(app, models, config, sock)
     finally:
-        if jax_multiprocess():
-            distributed.shutdown(getattr(models.default.async_engine, "engine", None))  # stop the followers
+        if multi:  # stop the followers; if the engine failed, they exit non-zero with us
+            engine = models.default.async_engine
+            distributed.shutdown(error=None if engine.error is None else f"the leader's engine failed: {engine.error}")
 
 
-def jax_multiprocess() -> bool:
+def run_follower(args) -> None:
+    """A follower process of a multi-host run: build the same engine, run the leader's
+    steps until it stops. A failure here ends every process (`jaxinfer.peer_failure`)."""
     import jax
 
-    return jax.process_count() > 1
+    from jaxinfer import distributed
+
+    try:
+        engine = engine_builder(model_args(args, kv_split(args)[0]))()
+    except Exception as e:
+        logger.exception("start-up failed")
+        distributed.shutdown(error=f"process {jax.process_index()} failed to start: {type(e).__name__}: {e}")
+    distributed.serve_follower(engine)
+    distributed.shutdown(engine)
+
+
+def fail_requests(models, reason: str) -> None:
+    """Fail every request of every served model now (from any thread; `AsyncEngine.fail`)."""
+    for m in models:
+        m.async_engine.fail(RuntimeError(reason))
 
 
 if __name__ == "__main__":
