@@ -2,11 +2,11 @@
 
 HTTP listens at once (``GET /live`` is 200); the model loads and every bucket compiles in
 the engine thread meanwhile, and ``/health`` and every POST answer 503 + Retry-After until
-that is done. SIGTERM drains: new requests are refused, in-flight ones get
-``--shutdown-timeout`` seconds to finish, then the process exits (status 0); the log
-says how many were in flight and how the drain ended. An engine step that raises fails
-every request in flight and ends the process with status 1 within 5 s
-(`jaxinfer.api.engine_death`; docs/api.md's fault policy). Start-up logs one line of
+that is done. SIGTERM drains: new requests get 503 + Retry-After (the listener stays open
+until the drain ends), in-flight ones get ``--shutdown-timeout`` seconds to finish, then the
+process exits (status 0); the log says how many were in flight and how the drain ended. An
+engine step that raises fails every request in flight and ends the process with status 1
+within 5 s (`jaxinfer.api.engine_death`; docs/api.md's fault policy). Start-up logs one line of
 effective settings and the warm-up's progress.
 Flags map one-to-one onto `EngineConfig` / `CacheConfig` / `SchedulerConfig` / `ServerConfig`.
 Binds 127.0.0.1 unless ``--host`` says otherwise. ``--model`` may be repeated: one engine
@@ -23,6 +23,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import types
 
 logger = logging.getLogger("jaxinfer.server")
@@ -306,6 +307,13 @@ class Drain:
         self.aborted = self.async_engine.num_in_flight_groups()
         self.async_engine.abort_all()
 
+    def wait_idle(self, poll_s: float = 0.05) -> None:
+        """Block until no client request is in flight, or ``shutdown_timeout`` seconds after
+        `start` (what is left by then was aborted `DRAIN_MARGIN_S` earlier)."""
+        deadline = time.monotonic() + self.shutdown_timeout
+        while self.async_engine.num_in_flight_groups() and time.monotonic() < deadline:
+            time.sleep(poll_s)
+
     def finish(self) -> None:
         """Log the outcome (once uvicorn has stopped)."""
         if not self.started:
@@ -337,9 +345,19 @@ def serve(app, models, config, sock: socket.socket | None = None) -> None:
     drain = Drain(models, config.shutdown_timeout)
 
     class DrainingServer(uvicorn.Server):
+        """The first SIGTERM / SIGINT drains with the listener still open (new requests get
+        503 + Retry-After, not a refused connection), then stops uvicorn once nothing is in
+        flight; a second signal stops it at once."""
+
         def handle_exit(self, sig, frame):
-            if not self.should_exit:
-                drain.start()
+            if drain.started or self.should_exit:
+                super().handle_exit(sig, frame)
+                return
+            drain.start()
+            threading.Thread(target=self._stop_when_drained, args=(sig, frame), name="drain", daemon=True).start()
+
+        def _stop_when_drained(self, sig, frame):
+            drain.wait_idle()
             super().handle_exit(sig, frame)
 
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=logging.getLogger().level,
@@ -419,11 +437,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from jaxinfer import distributed
 
-    distributed.initialize(parallel_config(args))  # before any other JAX call; no-op on one process
+    multi = distributed.initialize(parallel_config(args))  # before any other JAX call; no-op on one process
     if not distributed.is_leader():  # followers run the leader's steps and serve no HTTP
-        engine = engine_builder(model_args(args, kv_split(args)[0]))()
-        distributed.serve_follower(engine)
-        distributed.shutdown(engine)
+        run_follower(args)
         return
     config = server_config(args)
     try:
@@ -436,20 +452,41 @@ def main(argv: list[str] | None = None) -> None:
                                         kv_cache_memory=s.kv_cache_memory) for s in specs],
                            fallback=args.fallback_model,
                            degrade_ttft_slo=args.degrade_ttft_slo)
+    if multi:  # a follower that fails ends the job: fail the requests in flight first (500 / SSE error)
+        from jaxinfer import peer_failure
+
+        peer_failure.on_failure(lambda reason: fail_requests(models, reason))
     app = create_app(models, config)
     logger.info("listening on http://%s:%d (model %s loads in the background)", config.host, config.port,
                 ", ".join(s.path for s in specs))
     try:
         serve(app, models, config, sock)
     finally:
-        if jax_multiprocess():
-            distributed.shutdown(getattr(models.default.async_engine, "engine", None))  # stop the followers
+        if multi:  # stop the followers; if the engine failed, they exit non-zero with us
+            engine = models.default.async_engine
+            distributed.shutdown(error=None if engine.error is None else f"the leader's engine failed: {engine.error}")
 
 
-def jax_multiprocess() -> bool:
+def run_follower(args) -> None:
+    """A follower process of a multi-host run: build the same engine, run the leader's
+    steps until it stops. A failure here ends every process (`jaxinfer.peer_failure`)."""
     import jax
 
-    return jax.process_count() > 1
+    from jaxinfer import distributed
+
+    try:
+        engine = engine_builder(model_args(args, kv_split(args)[0]))()
+    except Exception as e:
+        logger.exception("start-up failed")
+        distributed.shutdown(error=f"process {jax.process_index()} failed to start: {type(e).__name__}: {e}")
+    distributed.serve_follower(engine)
+    distributed.shutdown(engine)
+
+
+def fail_requests(models, reason: str) -> None:
+    """Fail every request of every served model now (from any thread; `AsyncEngine.fail`)."""
+    for m in models:
+        m.async_engine.fail(RuntimeError(reason))
 
 
 if __name__ == "__main__":

@@ -248,6 +248,15 @@ class AsyncEngine:
         503 / an error event instead of a cut connection. Thread-safe."""
         self._inbox.put(("abort_all", None))
 
+    def fail(self, exc: BaseException) -> None:
+        """Fail every request as if the engine had raised ``exc`` (the engine is dead
+        afterwards); from any thread, also while the engine thread is blocked in a device
+        call (a peer process of a multi-host run died). No-op once dead."""
+        with self._lock:
+            if self.state == EngineState.DEAD:
+                return
+        self._die(exc)
+
     def abort(self, request_ids: Sequence[str]) -> None:
         """Abort requests (client gone); applied before the engine's next step. Thread-safe."""
         if request_ids:

@@ -103,10 +103,12 @@ def kv_budget_bytes(device_memory: int, memory_fraction: float, weight_bytes: in
 
 
 def device_memory_bytes() -> int | None:
-    """Memory JAX's allocator may use on the first device (``memory_stats()["bytes_limit"]``),
-    or None where the device reports none (CPU). On GPU this is by default 75% of the
-    device (``XLA_PYTHON_CLIENT_MEM_FRACTION``): raise that to give the server more."""
-    stats = jax.devices()[0].memory_stats() or {}
+    """Memory JAX's allocator may use on this process's first device
+    (``memory_stats()["bytes_limit"]``), or None where the device reports none (CPU). On
+    GPU this is by default 75% of the device (``XLA_PYTHON_CLIENT_MEM_FRACTION``): raise
+    that to give the server more. (A local device: in a multi-process run the others'
+    devices are not addressable here.)"""
+    stats = jax.local_devices()[0].memory_stats() or {}
     return stats.get("bytes_limit") or None
 
 
@@ -374,6 +376,12 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
     weight_bytes = sharding.per_device_bytes(params)
     num_blocks, why = plan_num_blocks(model_config, config.cache, config.dtype, weight_bytes, tp, config.scheduler,
                                       host_devices=tp * config.parallel.data_parallel_size)
+    if jax.process_count() > 1:  # one cache shape on every process: the smallest pool any of them planned
+        from jaxinfer.distributed import agree_num_blocks
+
+        agreed = agree_num_blocks(num_blocks)
+        if agreed != num_blocks:
+            num_blocks, why = agreed, f"{agreed} blocks (the smallest pool planned over the processes; here: {why})"
     if mesh is None:
         logger.info("KV cache: %s", why)
         shardings = None

@@ -1,4 +1,4 @@
-"""Multi-host serving: ``jax.distributed`` start-up and the SPMD step protocol.
+"""Multi-host serving: ``jax.distributed`` start-up, the SPMD step protocol, and its failures.
 
 Design (the simplest correct one): in a multi-process run every process holds its
 shards of the weights and KV cache and must launch the same compiled computations in
@@ -6,36 +6,45 @@ the same order (multi-controller SPMD). Process 0, the *leader*, owns the HTTP s
 the scheduler and the request state; every other process is a *follower* with the same
 engine but no requests. Before each step the leader's runner sends that step's
 `StepInputs` (bucket + padded numpy arrays, a few KB) to every follower over a TCP
-stream (`StepChannel`), then runs the step itself; each follower receives it and runs
-the identical step, so the collectives inside the step (gloo on CPU, NCCL on GPU)
-match up. Sampled ids come out replicated, so the leader reads them locally; the
-followers' copies are dropped. A "stop" message (or the leader's socket closing) ends
-the followers' loop.
+stream (`jaxinfer.step_channel.StepChannel`), then runs the step itself; each follower
+receives it and runs the identical step, so the collectives inside the step (gloo on
+CPU, NCCL on GPU) match up. Sampled ids come out replicated, so the leader reads them
+locally; the followers' copies are dropped. A "stop" message ends the followers' loop.
 
-Start-up order on every process: `initialize` (before any other JAX call), build the
-engine (the builder calls `attach`, which opens the channel: the leader listens on a
-free port and announces it with ``multihost_utils.broadcast_one_to_all``; followers
-connect to the coordinator's host), then the leader serves while followers call
-`serve_follower`; the leader calls `shutdown` at exit. The wire format is a JSON
-header plus raw array bytes (no pickle). See docs/distributed.md for launching by
-hand, under SLURM and on Kubernetes.
+Start-up order on every process: `initialize` (before any other JAX call: starts
+``jax.distributed``, opens the step channel and its liveness watch, installs the exit
+guard of `jaxinfer.peer_failure`), build the engine (the KV pool's block count is
+agreed over the processes, `agree_num_blocks`; the builder calls `attach`, which makes
+the leader's runner broadcast its steps), then the leader serves while followers call
+`serve_follower`; every process calls `shutdown` at an orderly exit.
+
+Failures (`jaxinfer.peer_failure`): a process that fails (an exception at start-up or
+later, a killed process, a vanished host, a step that outlives `STEP_DEADLINE_S`)
+ends every process of the job with a logged reason and exit status 1, within about a
+second when a process dies (its streams close) and `HEARTBEAT_TIMEOUT_S` when a host
+goes silent; nothing waits in a collective or in ``jax.distributed``'s shutdown barrier.
+See docs/distributed.md for launching by hand, under SLURM and on Kubernetes.
 """
 from __future__ import annotations
 
-import json
+import itertools
 import logging
 import os
-import socket
-import struct
+import threading
 import time
 
-import numpy as np
-
+from jaxinfer import peer_failure
 from jaxinfer.config import ParallelConfig
+from jaxinfer.step_channel import StepChannel
 
 logger = logging.getLogger(__name__)
 
-CONNECT_TIMEOUT_S = 300.0  # followers retry the leader for this long; the leader waits as long for them
+STEP_DEADLINE_S = 600.0  # one step (a compile included) longer than this: a peer is stuck in a collective
+SHUTDOWN_BOUND_S = 15.0  # the orderly jax.distributed shutdown may take this long, then the process just exits
+AGREE_TIMEOUT_S = 3600.0  # waiting for the slowest process to plan its KV pool (a dead one is the watch's news)
+
+_channel: StepChannel | None = None
+_agreements = itertools.count()
 
 
 def _cluster_env_present() -> bool:
@@ -60,22 +69,41 @@ def initialize(parallel: ParallelConfig) -> bool:
     SLURM with more than one task, Open MPI, a Kubernetes indexed Job with the
     ``kubernetes`` package) starts it with no arguments. Otherwise nothing happens.
 
+    In a multi-process run it then opens the step channel (`StepChannel`, with its
+    heartbeats) and installs `jaxinfer.peer_failure`'s exit guard: from here on a failure
+    of any process ends every process. If ``jax.distributed`` itself cannot start (a peer
+    that never joins within its ``initialization_timeout``, 300 s) the process exits with
+    status 1.
+
     Returns:
       True when this is a multi-process run (``jax.process_count() > 1``).
     """
     import jax
+    from jax._src import distributed as jax_distributed  # the client and address jax.distributed holds
 
     explicit = (parallel.coordinator_address, parallel.num_processes, parallel.process_id)
     if any(v is not None for v in explicit):
-        jax.distributed.initialize(coordinator_address=parallel.coordinator_address,
-                                   num_processes=parallel.num_processes, process_id=parallel.process_id)
+        kwargs = dict(coordinator_address=parallel.coordinator_address, num_processes=parallel.num_processes,
+                      process_id=parallel.process_id)
     elif _cluster_env_present():
-        jax.distributed.initialize()
+        kwargs = {}
     else:
         return False
+    try:
+        jax.distributed.initialize(**kwargs)
+    except Exception as e:  # e.g. a peer never joined within initialization_timeout (300 s)
+        peer_failure.fail(f"jax.distributed could not start: {type(e).__name__}: {e}")
     logger.info("jax.distributed: process %d of %d, %d local / %d global devices", jax.process_index(),
                 jax.process_count(), jax.local_device_count(), jax.device_count())
-    return jax.process_count() > 1
+    if jax.process_count() == 1:
+        return False
+    global _channel
+    peer_failure.install_exit_guard()  # from here on, any exit of any process ends them all
+    state = jax_distributed.global_state
+    _channel = StepChannel.open(state.client, jax.process_index(), jax.process_count(),
+                                _coordinator_host(state.coordinator_address))
+    logger.info("step channel open (%s)", "leader" if _channel.leader else "follower")
+    return True
 
 
 def is_leader() -> bool:
@@ -85,192 +113,159 @@ def is_leader() -> bool:
     return jax.process_index() == 0
 
 
-# ----- the step channel ------------------------------------------------------------------
-def _send_msg(sock: socket.socket, header: dict, arrays: dict[str, np.ndarray] | None = None) -> None:
-    arrays = arrays or {}
-    header = dict(header, arrays=[[k, v.dtype.str, list(v.shape)] for k, v in arrays.items()])
-    head = json.dumps(header).encode()
-    body = b"".join(np.ascontiguousarray(v).tobytes() for v in arrays.values())
-    sock.sendall(struct.pack("!II", len(head), len(body)) + head + body)
+def agree_num_blocks(num_blocks: int) -> int:
+    """The KV pool size every process uses: the smallest ``num_blocks`` any process planned.
 
+    Each process plans its pool from its own addressable devices; the compiled steps need
+    one cache shape everywhere, so each publishes its count in ``jax.distributed``'s
+    key-value store and takes the minimum (a single process: ``num_blocks`` itself).
+    Call it on every process at the same point of start-up.
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(min(n - len(buf), 1 << 20))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
-
-
-def _recv_msg(sock: socket.socket) -> tuple[dict, dict[str, np.ndarray]] | None:
-    sizes = _recv_exact(sock, 8)
-    if sizes is None:
-        return None
-    n_head, n_body = struct.unpack("!II", sizes)
-    head, body = _recv_exact(sock, n_head), _recv_exact(sock, n_body)
-    if head is None or body is None:
-        return None
-    header = json.loads(head)
-    arrays, off = {}, 0
-    for name, dtype, shape in header.pop("arrays"):
-        dt = np.dtype(dtype)
-        n = int(np.prod(shape)) * dt.itemsize
-        arrays[name] = np.frombuffer(body, dt, count=int(np.prod(shape)), offset=off).reshape(shape)
-        off += n
-    return header, arrays
-
-
-class StepChannel:
-    """TCP fan-out from the leader to the followers (one stream each, in step order).
-
-    Build it with `StepChannel.open` on every process at the same point of start-up.
+    Args:
+      num_blocks: this process's planned block count (null block included).
+    Returns:
+      The agreed block count (<= ``num_blocks``).
     """
+    import jax
+    from jax._src import distributed as jax_distributed
 
-    def __init__(self, leader: bool, socks: list[socket.socket]):
-        self.leader = leader
-        self.socks = socks
+    if jax.process_count() == 1:
+        return num_blocks
+    client = jax_distributed.global_state.client
+    key = f"jaxinfer/num_blocks/{next(_agreements)}"
+    client.key_value_set(f"{key}/{jax.process_index()}", str(int(num_blocks)))
+    counts = [int(client.blocking_key_value_get(f"{key}/{p}", int(AGREE_TIMEOUT_S * 1000)))
+              for p in range(jax.process_count())]
+    agreed = min(counts)
+    if agreed != num_blocks:
+        logger.info("KV pool: %d blocks planned here, %d agreed (the smallest over processes %s)", num_blocks,
+                    agreed, counts)
+    return agreed
 
-    @classmethod
-    def open(cls, coordinator_host: str, timeout: float = CONNECT_TIMEOUT_S) -> "StepChannel":
-        """Leader: listen on a free port, announce it, accept every follower.
-        Follower: learn the port, connect to ``coordinator_host`` (process 0's host).
 
-        Raises:
-          TimeoutError: a peer did not show up within ``timeout`` seconds.
-        """
-        import jax
-        from jax.experimental import multihost_utils
+class StepDeadline:
+    """A watchdog around the blocking collectives of a step: if one ``with`` block lasts
+    longer than ``seconds``, `jaxinfer.peer_failure.fail` ends the process (a peer that
+    is alive but never joins the collective would otherwise hold it forever). One
+    monitor thread, started on first use; entering and leaving cost two assignments."""
 
-        n_followers = jax.process_count() - 1
-        if jax.process_index() == 0:
-            server = socket.create_server(("", 0), family=socket.AF_INET6 if ":" in coordinator_host
-                                          else socket.AF_INET, backlog=n_followers)
-            server.settimeout(timeout)
-            port = int(server.getsockname()[1])
-            multihost_utils.broadcast_one_to_all(np.int32(port))
-            socks = []
-            try:
-                for _ in range(n_followers):
-                    conn, _ = server.accept()
-                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    socks.append(conn)
-            except socket.timeout as e:
-                raise TimeoutError(f"only {len(socks)} of {n_followers} followers connected") from e
-            finally:
-                server.close()
-            return cls(True, socks)
-        port = int(multihost_utils.broadcast_one_to_all(np.int32(0)))
-        deadline = time.monotonic() + timeout
+    def __init__(self, seconds: float = STEP_DEADLINE_S, what: str = "a step"):
+        self.seconds = seconds
+        self.what = what
+        self._until: float | None = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "StepDeadline":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="step-deadline", daemon=True)
+            self._thread.start()
+        self._until = time.monotonic() + self.seconds
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._until = None
+
+    def _watch(self) -> None:
         while True:
-            try:
-                sock = socket.create_connection((coordinator_host, port), timeout=10)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"could not reach the leader at {coordinator_host}:{port}") from None
-                time.sleep(0.2)
-        sock.settimeout(None)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return cls(False, [sock])
-
-    def send_step(self, inputs) -> None:
-        """Leader: send one `StepInputs` to every follower."""
-        b = inputs.bucket
-        for s in self.socks:
-            _send_msg(s, {"kind": "step", "bucket": [b.num_tokens, b.num_seqs, b.ctx_blocks]}, inputs.arrays)
-
-    def send_stop(self) -> None:
-        """Leader: tell every follower to leave its loop (errors from gone peers ignored)."""
-        for s in self.socks:
-            try:
-                _send_msg(s, {"kind": "stop"})
-            except OSError:
-                pass
-
-    def recv(self):
-        """Follower: the next `StepInputs`, or None on "stop" or when the leader is gone."""
-        from jaxinfer.batch import StepInputs
-        from jaxinfer.buckets import Bucket
-
-        msg = _recv_msg(self.socks[0])
-        if msg is None or msg[0]["kind"] == "stop":
-            return None
-        return StepInputs(Bucket(*msg[0]["bucket"]), msg[1])
-
-    def close(self) -> None:
-        for s in self.socks:
-            try:
-                s.close()
-            except OSError:
-                pass
+            time.sleep(min(1.0, self.seconds / 4))
+            until = self._until
+            if until is not None and time.monotonic() > until:
+                peer_failure.fail(f"{self.what} has not finished within {self.seconds:g} s: a process is stuck "
+                                  "in a collective")
 
 
 class LeaderRunner:
-    """The leader's runner: broadcasts each step to the followers, then runs it.
-    Everything else (``compile``, counters, ``params``) is the wrapped runner's."""
+    """The leader's runner: broadcasts each step to the followers, then runs it (under a
+    `StepDeadline`). Everything else (``compile``, counters, ``params``) is the wrapped
+    runner's."""
 
     def __init__(self, runner, channel: StepChannel):
         self.runner = runner
         self.channel = channel
+        self.deadline = StepDeadline()
 
     def execute(self, inputs):
-        self.channel.send_step(inputs)
-        return self.runner.execute(inputs)
+        with self.deadline:
+            self.channel.send_step(inputs)
+            return self.runner.execute(inputs)
 
     def __getattr__(self, name):
         return getattr(self.runner, name)
 
 
 def _coordinator_host(coordinator_address: str | None) -> str:
-    if coordinator_address is None:
-        from jax._src import distributed as jax_distributed  # the address jax.distributed resolved
-
-        coordinator_address = jax_distributed.global_state.coordinator_address
     if not coordinator_address:
         raise ValueError("no coordinator address: call jaxinfer.distributed.initialize first")
     return coordinator_address.rsplit(":", 1)[0].strip("[]")
 
 
-def attach(engine, coordinator_address: str | None = None) -> None:
-    """Join ``engine`` to the SPMD step protocol (all processes, same point of start-up).
+def attach(engine) -> None:
+    """Join ``engine`` to the SPMD step protocol (every process, once its engine is built).
 
-    Leader: ``engine.runner`` becomes a `LeaderRunner`. Follower: the channel is kept
-    as ``engine.step_channel`` for `serve_follower`.
+    Leader: ``engine.runner`` becomes a `LeaderRunner`. Every process keeps the channel
+    as ``engine.step_channel`` (`serve_follower`, `shutdown`).
+
+    Raises:
+      RuntimeError: `initialize` did not open a channel (not a multi-process run).
     """
-    channel = StepChannel.open(_coordinator_host(coordinator_address))
-    engine.step_channel = channel
-    if channel.leader:
-        engine.runner = LeaderRunner(engine.runner, channel)
-    logger.info("step channel open (%s)", "leader" if channel.leader else "follower")
+    if _channel is None:
+        raise RuntimeError("no step channel: call jaxinfer.distributed.initialize first")
+    engine.step_channel = _channel
+    if _channel.leader:
+        engine.runner = LeaderRunner(engine.runner, _channel)
 
 
 def serve_follower(engine) -> int:
-    """Follower loop: run every step the leader broadcasts, until it stops or goes away.
+    """Follower loop: run every step the leader broadcasts, until it sends "stop". (The
+    leader's failure ends this process from the channel's reader thread.)
 
     Returns:
       Number of steps run.
     """
     channel: StepChannel = engine.step_channel
     runner = engine.runner
+    deadline = StepDeadline()
     n = 0
     while (inputs := channel.recv()) is not None:
-        runner.execute(inputs)
+        with deadline:
+            runner.execute(inputs)
         n += 1
-    channel.close()
     logger.info("follower: leader stopped after %d steps", n)
     return n
 
 
-def shutdown(engine=None) -> None:
-    """Leader: send "stop" to the followers and close the channel; every process then
-    leaves ``jax.distributed`` (call on all processes at exit)."""
+def shutdown(engine=None, error: str | None = None) -> None:
+    """End a multi-process run (call on every process at exit; a no-op on one process).
+
+    Orderly (``error`` None): the leader sends "stop" to the followers, then every process
+    leaves ``jax.distributed`` (bounded by `SHUTDOWN_BOUND_S`: past it the process exits
+    with status 0 anyway). With ``error`` (e.g. the leader's engine failed): the peers
+    are told and the process exits with status 1 (`jaxinfer.peer_failure.fail`; never returns).
+
+    Args:
+      engine: unused (kept for callers that pass their engine); the channel is the module's.
+      error: why this process fails, or None for an orderly end.
+    """
     import jax
 
-    channel = getattr(engine, "step_channel", None) if engine is not None else None
-    if channel is not None and channel.leader:
-        channel.send_stop()
-        channel.close()
+    del engine
+    if _channel is None:
+        return
+    if error is not None:
+        peer_failure.fail(error)
+    if _channel.leader:
+        _channel.send_stop()
+    _channel.stopping = True
+    peer_failure.mark_clean_exit()
+    timer = threading.Timer(SHUTDOWN_BOUND_S, _shutdown_overran)
+    timer.daemon = True
+    timer.start()
     if jax.process_count() > 1:
         jax.distributed.shutdown()
+    timer.cancel()
+    _channel.close()
+
+
+def _shutdown_overran() -> None:
+    logger.warning("jax.distributed shutdown took longer than %g s (a peer is gone): exiting now", SHUTDOWN_BOUND_S)
+    peer_failure.hard_exit(0)

@@ -5,7 +5,9 @@
 * Death: an engine step that raises turns ``/health`` and ``/live`` non-200 within 1 s;
   requests in flight get a 500 envelope or an error event, never a hang; new ones 503
   (the process exit is tests/test_engine_fault.py's).
-* SIGTERM: in-flight streams finish, new connections are refused, exit status 0.
+* SIGTERM: in-flight streams finish, new requests (on new connections too) get 503 +
+  Retry-After while the drain lasts, in a single engine and with data-parallel replicas;
+  exit status 0.
 """
 from __future__ import annotations
 
@@ -101,16 +103,18 @@ def test_sc25_engine_death_turns_health_red_and_fails_requests():
         assert_error(http.get("/live"), 503)
 
 
-def start_fake_server(grace_s: float = 10.0):
+def start_fake_server(grace_s: float = 10.0, replicas: int = 1):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "fake_server.py"), str(port), str(grace_s)],
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "fake_server.py"), str(port), str(grace_s),
+                             str(replicas)],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     return proc, port
 
 
 @pytest.fixture
 def fake_server_process(request):
-    proc, port = start_fake_server(getattr(request, "param", 10.0))
+    grace_s, replicas = getattr(request, "param", (10.0, 1))
+    proc, port = start_fake_server(grace_s, replicas)
     try:
         url = f"http://127.0.0.1:{port}"
 
@@ -128,6 +132,7 @@ def fake_server_process(request):
         proc.wait(10)
 
 
+@pytest.mark.parametrize("fake_server_process", [(10.0, 1), (10.0, 2)], indirect=True, ids=["one-engine", "dp2"])
 def test_sigterm_drains_in_flight_streams(fake_server_process):
     proc, url = fake_server_process
     result = {}
@@ -142,11 +147,10 @@ def test_sigterm_drains_in_flight_streams(fake_server_process):
     time.sleep(0.3)  # the stream is under way (100 steps of 10 ms)
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
-    try:  # new work is refused: the listener is closed (or, on a kept-alive connection, 503)
-        r = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=2)
-        assert r.status_code == 503
-    except httpx.ConnectError:
-        pass
+    # new work is refused with 503 + Retry-After on a new connection: the listener stays open while draining
+    r = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=2)
+    assert r.status_code == 503 and int(r.headers["retry-after"]) > 0, r.text
+    assert httpx.get(url + "/health", timeout=2).status_code == 503
     t.join(20)
     events = sse_events(result["r"].content)
     assert events[-1] == "[DONE]"
@@ -157,7 +161,7 @@ def test_sigterm_drains_in_flight_streams(fake_server_process):
     assert "draining 1 requests (shutdown timeout 10 s)" in log and "drained: 1 finished" in log, log[-2000:]
 
 
-@pytest.mark.parametrize("fake_server_process", [2.0], indirect=True)
+@pytest.mark.parametrize("fake_server_process", [(2.0, 1)], indirect=True)
 def test_sigterm_past_grace_period_answers_503_and_error_events(fake_server_process):
     """Requests still running when the grace period ends get a 503 envelope (non-streaming)
     or an error event then [DONE] (streaming), never a bare 500 or a cut connection."""
