@@ -1,4 +1,4 @@
-"""Consistent hashing versus round robin in front of several instances (issue 18), in one run.
+"""Consistent hashing versus round robin in front of several instances, in one run.
 
 Workload: ``--sessions`` multi-turn chats run at once, each a sequence of ``--turns`` chat
 requests whose prompt is a shared system prompt, the whole history so far (earlier questions
