@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from jaxinfer.spec_decode.config import SpeculativeConfig
+
 BLOCK_SIZE = 16  # tokens per KV block (PagedAttention, Kwon et al. 2023)
 BLOCK_SIZES = (8, 16, 32, 64, 128)  # accepted block sizes (each tested end to end on CPU)
 DTYPES = ("auto", "float32", "bfloat16")
@@ -513,6 +515,7 @@ class EngineConfig:
     tokenizer and chat template from instead of the model's folder (None: the model's).
     ``chat_template``: a ``--chat-template`` value (a file, a bundled name such as ``gemma3``, or
     Jinja text: `jaxinfer.templates.load_chat_template`) that replaces the tokenizer's template.
+    ``speculative``: speculative decoding (`jaxinfer.spec_decode.SpeculativeConfig`), None = off.
     """
 
     model_path: str
@@ -528,6 +531,7 @@ class EngineConfig:
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
     tokenizer: str | None = None
     chat_template: str | None = None
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

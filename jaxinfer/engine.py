@@ -40,6 +40,7 @@ from jaxinfer.outputs import CompletionOutput, Logprob, RequestMetrics, RequestO
 from jaxinfer.request import FinishReason, Request
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.scheduler import SchedulerOutput, make_scheduler
+from jaxinfer.spec_decode.speculator import make_speculator
 
 logger = logging.getLogger(__name__)
 
@@ -83,9 +84,12 @@ class LLMEngine:
       runner: executes `StepInputs` and returns sampler outputs (numpy).
       num_blocks: KV pool size including the null block.
       tokenizer: optional `jaxinfer.tokenizer.Tokenizer` (text, stop strings, logprob text).
+      proposer: the draft proposer when ``config.speculative`` names a draft model (ngram
+        builds its own; `jaxinfer.spec_decode.speculator.make_speculator`).
     """
 
-    def __init__(self, config: EngineConfig, model_config: ModelConfig, runner, num_blocks: int, tokenizer=None):
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, runner, num_blocks: int, tokenizer=None,
+                 proposer=None):
         self.config = config
         self.model_config = model_config
         self.runner = runner
@@ -108,6 +112,7 @@ class LLMEngine:
         self._rng = np.random.default_rng(config.seed)
         self._grammar = None  # jaxinfer.grammar.GrammarEngine, made at the first constrained request
         self.stats = EngineStats()
+        self.speculator = make_speculator(config.speculative, sc, self.block_manager, proposer)
         self.eos_token_ids = frozenset(model_config.eos_token_ids)
         pool_tokens = self.block_manager.num_usable_blocks * cc.block_size
         if pool_tokens < sc.max_model_len:
@@ -297,6 +302,8 @@ class LLMEngine:
             self._sample_fragmentation()
             # counted before update advances num_computed_tokens (else a prompt's last chunk is missed)
             prefill = sum(n for r, n in sched.scheduled if r.num_computed_tokens < r.num_prompt_tokens)
+            if self.speculator is not None:
+                self.speculator.attach(sched, self.num_running)
             inputs = batch_mod.prepare(sched, self.layout)
             tm = time.perf_counter()
             self._fill_mask(sched, inputs)
@@ -345,18 +352,26 @@ class LLMEngine:
             self.scheduler.finish(req, FinishReason.STOP)
 
     def _update(self, sched: SchedulerOutput, result: dict) -> list[RequestOutput]:
-        rows = {id(req): i for i, (req, _) in enumerate(sched.scheduled)}
-        sampled = result["token_ids"][:len(sched.scheduled)].tolist()
+        ids = result["token_ids"]
+        first_row, sampled, row = {}, [], 0
+        for req, _ in sched.scheduled:  # one row per request, or k + 1 verification rows
+            first_row[id(req)] = row
+            k = len(req.draft_token_ids)
+            sampled.append(int(ids[row]) if not k else self.speculator.verify(req, ids[row:row + k + 1].tolist()))
+            row += k + 1
+        before = {id(req): req.num_output_tokens for req, _ in sched.scheduled}
         got = self.scheduler.update(sched, sampled, self._text_stop)
         outputs = []
         for req in got:
-            self.stats.generation_tokens += 1
-            i = rows[id(req)]
-            if req.matcher is not None:
-                self._advance_matcher(req)
-            self._record_logprobs(req, result, i)
-            if self.config.return_logits:
-                req.logits.append(np.asarray(result["logits"][i]))
+            i = first_row[id(req)]
+            for j in range(req.num_output_tokens - before[id(req)]):  # a row per new token
+                self.stats.generation_tokens += 1
+                tok = req.output_token_ids[before[id(req)] + j]
+                if req.matcher is not None:
+                    self._advance_matcher(req)
+                self._record_logprobs(req, result, i + j, tok)
+                if self.config.return_logits:
+                    req.logits.append(np.asarray(result["logits"][i + j]))
             outputs.append(self._finish_output(req) if req.is_finished else self._output(req))
         return outputs
 
@@ -365,11 +380,11 @@ class LLMEngine:
         detok = self._detok.get(req.request_id)
         return None if detok is None else detok.step([req.output_token_ids[-1]])
 
-    def _record_logprobs(self, req: Request, result: dict, i: int) -> None:
+    def _record_logprobs(self, req: Request, result: dict, i: int, tok: int) -> None:
+        """Append the logprobs of ``tok``, sampled in result row ``i`` (when requested)."""
         n = req.params.logprobs
         if n is None:
             return
-        tok = req.output_token_ids[-1]
         entry = {tok: Logprob(float(result["logprob"][i]), int(result["rank"][i]))}
         req.cumulative_logprob += entry[tok].logprob
         for j in range(n):

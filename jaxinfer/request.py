@@ -48,6 +48,8 @@ class Request:
       max_queue_wait_deadline: monotonic time after which a still-waiting request is
         rejected (None = wait forever).
       matcher: the grammar state of a structured-output request (`jaxinfer.grammar`), or None.
+      draft_token_ids: speculative draft tokens verified in the current step (set by
+        `jaxinfer.spec_decode.speculator.Speculator.attach`, cleared by the update); [] otherwise.
     """
 
     request_id: str
@@ -77,6 +79,7 @@ class Request:
     first_token_time: float | None = None
     finished_time: float | None = None
     matcher: object | None = None  # llguidance matcher of a structured-output request (advanced per token)
+    draft_token_ids: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def num_prompt_tokens(self) -> int:
