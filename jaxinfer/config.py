@@ -538,3 +538,5 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.attention_backend not in (None, "xla", "pallas"):
             raise ValueError(f"attention_backend must be 'xla' or 'pallas', got {self.attention_backend!r}")
+        if self.speculative is not None and self.scheduler.scheduler == "static":  # it reserves whole requests
+            raise ValueError("speculative decoding needs the continuous scheduler (not --scheduler static)")

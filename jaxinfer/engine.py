@@ -483,4 +483,12 @@ class LLMEngine:
             generation_tokens=st.generation_tokens, compilations=self.runner.num_compilations,
             timeouts=st.timeouts, aborted=st.aborted, finished=dict(st.finished),
             fragmentation_step_sum=st.fragmentation_sum, fragmentation_steps=st.fragmentation_samples,
-            retry_after_s=st.retry_after_s)
+            retry_after_s=st.retry_after_s, **self._spec_counters())
+
+    def _spec_counters(self) -> dict[str, int]:
+        """The speculative decoding counters of `snapshot` (none when speculation is off)."""
+        if self.speculator is None:
+            return {}
+        s = self.speculator.stats
+        return dict(spec_num_drafts=s.num_drafts, spec_num_draft_tokens=s.num_draft_tokens,
+                    spec_num_accepted_tokens=s.num_accepted_tokens)

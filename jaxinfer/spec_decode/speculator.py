@@ -122,13 +122,10 @@ def make_speculator(config: SpeculativeConfig | None, scheduler_config: Schedule
     ``proposer``: a ready proposer (a draft model's); ngram builds its own.
 
     Raises:
-      ValueError: the static scheduler (it reserves whole requests; speculation needs the
-        continuous one), or a draft model without its proposer.
+      ValueError: a draft model without its proposer.
     """
     if config is None:
         return None
-    if scheduler_config.scheduler == "static":
-        raise ValueError("speculative decoding needs the continuous scheduler (not --scheduler static)")
     if proposer is None:
         if config.method != "ngram":
             raise ValueError(f"speculative method {config.method!r} needs its proposer")
