@@ -172,8 +172,9 @@ class LLMEngine:
           RequestError, QueueFullError: as `add_requests`.
         """
         ids = [s.request_id for s in specs]
+        counts = collections.Counter(ids)  # not ids.count per id: quadratic in the group size
         for rid in ids:
-            if rid in self.requests or ids.count(rid) > 1:
+            if rid in self.requests or counts[rid] > 1:
                 raise RequestError(f"duplicate request id {rid!r}", param="request_id")
         max_tokens = [self._validate(s.prompt_token_ids, s.params) for s in specs]
         max_queue_len = self.config.scheduler.max_queue_len
