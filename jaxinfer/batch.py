@@ -131,15 +131,26 @@ def prepare(sched: SchedulerOutput, layout: BatchLayout) -> StepInputs:
     Raises:
       ValueError: if the step does not fit the largest bucket (scheduler bug).
     """
-    rows = step_rows(sched)
+    return prepare_rows(step_rows(sched), layout)
+
+
+def prepare_rows(rows: list[Row], layout: BatchLayout, greedy: bool = False) -> StepInputs:
+    """Pack ``rows`` into bucket-shaped numpy arrays; ``greedy``: sample every row by
+    argmax, whatever its request asks (a draft model's proposals).
+
+    Raises:
+      ValueError: if the rows do not fit the largest bucket (scheduler bug).
+    """
     num_rows = len(rows)
-    bucket = layout.ladders.round_up(sched.num_tokens, num_rows, _rows_width(rows, layout))
-    a = empty_inputs(bucket, layout, penalties=any(req.params.has_penalties for req, _ in sched.scheduled),
-                     mask=any(req.matcher is not None for req, _ in sched.scheduled))
+    num_tokens = sum(len(r.tokens) for r in rows)
+    bucket = layout.ladders.round_up(num_tokens, num_rows, _rows_width(rows, layout))
+    a = empty_inputs(bucket, layout, penalties=not greedy and any(r.req.params.has_penalties for r in rows),
+                     mask=not greedy and any(r.req.matcher is not None for r in rows))
     offset = 0
     for i, row in enumerate(rows):
         _fill_tokens(a, i, offset, row, layout)
-        _fill_sampling(a, i, row, layout)
+        if not greedy:
+            _fill_sampling(a, i, row, layout)
         offset += len(row.tokens)
     a["query_start_loc"][num_rows + 1:] = offset
     a["num_seqs"][...] = num_rows

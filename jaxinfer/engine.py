@@ -84,12 +84,12 @@ class LLMEngine:
       runner: executes `StepInputs` and returns sampler outputs (numpy).
       num_blocks: KV pool size including the null block.
       tokenizer: optional `jaxinfer.tokenizer.Tokenizer` (text, stop strings, logprob text).
-      proposer: the draft proposer when ``config.speculative`` names a draft model (ngram
-        builds its own; `jaxinfer.spec_decode.speculator.make_speculator`).
+      proposer_factory: ``layout -> proposer`` when ``config.speculative`` names a draft
+        model (`jaxinfer.spec_decode.draft_model`; ngram builds its own).
     """
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, runner, num_blocks: int, tokenizer=None,
-                 proposer=None):
+                 proposer_factory=None):
         self.config = config
         self.model_config = model_config
         self.runner = runner
@@ -112,7 +112,8 @@ class LLMEngine:
         self._rng = np.random.default_rng(config.seed)
         self._grammar = None  # jaxinfer.grammar.GrammarEngine, made at the first constrained request
         self.stats = EngineStats()
-        self.speculator = make_speculator(config.speculative, sc, self.block_manager, proposer)
+        self.speculator = make_speculator(config.speculative, sc, self.block_manager,
+                                          proposer_factory(self.layout) if proposer_factory else None)
         self.eos_token_ids = frozenset(model_config.eos_token_ids)
         pool_tokens = self.block_manager.num_usable_blocks * cc.block_size
         if pool_tokens < sc.max_model_len:
@@ -126,7 +127,10 @@ class LLMEngine:
         t0 = time.perf_counter()
         buckets = self.layout.ladders.all_buckets()
         for i, b in enumerate(buckets):
-            self.runner.compile(batch_mod.StepInputs(b, batch_mod.empty_inputs(b, self.layout)))
+            inputs = batch_mod.StepInputs(b, batch_mod.empty_inputs(b, self.layout))
+            self.runner.compile(inputs)
+            if self.speculator is not None:  # a draft model compiles the same buckets
+                self.speculator.compile(inputs)
             if progress is not None:
                 progress(i + 1, len(buckets))
         dt = time.perf_counter() - t0
@@ -310,6 +314,8 @@ class LLMEngine:
             self._fill_mask(sched, inputs)
             t2 = time.perf_counter()
             result = self.runner.execute(inputs)
+            if self.speculator is not None:
+                self.speculator.observe(inputs)
             t3 = time.perf_counter()
             outputs.extend(self._update(sched, result))
             self.stats.num_steps += 1

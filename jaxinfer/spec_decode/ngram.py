@@ -50,3 +50,7 @@ class NgramProposer:
                 start = int(hits[-1]) + n
                 return toks[start:start + k].tolist()
         return []
+
+    def propose_batch(self, reqs, ks: Sequence[int]) -> list[list[int]]:
+        """`propose` for each request's tokens (``Request.all_token_ids``) and its k."""
+        return [self.propose(req.all_token_ids, k) for req, k in zip(reqs, ks)]

@@ -27,8 +27,18 @@ from jaxinfer.spec_decode.verify import accepted_run
 
 
 class Proposer(Protocol):
-    def propose(self, token_ids: Sequence[int], k: int) -> list[int]:
-        """Up to k tokens predicted to follow ``token_ids``."""
+    """What a proposer offers the `Speculator` (`jaxinfer.spec_decode.ngram.NgramProposer`,
+    `jaxinfer.spec_decode.draft_model.DraftModelProposer`)."""
+
+    def propose_batch(self, reqs: Sequence[Request], ks: Sequence[int]) -> list[list[int]]:
+        """Up to ``ks[i]`` tokens predicted to follow each request's tokens. The requests'
+        blocks already cover ``num_computed_tokens + 1 + ks[i]`` tokens."""
+
+    def observe(self, inputs) -> None:
+        """See the target's step inputs after it ran (a draft model mirrors its KV)."""
+
+    def compile(self, inputs_like) -> None:
+        """Compile what the proposer needs for a bucket (warm-up)."""
 
 
 class SpecStats:
@@ -73,29 +83,34 @@ class Speculator:
         """
         if not sched.scheduled or not self.switch.allows(num_running):
             return 0
-        rows = len(sched.scheduled)
-        total = 0
+        rows, tokens = len(sched.scheduled), sched.num_tokens
+        chosen: list[tuple[int, Request, int]] = []  # (index in the step, request, most drafts)
         for i, (req, n) in enumerate(sched.scheduled):
-            room = min(self.limits.max_num_seqs - rows, self.limits.max_num_batched_tokens - sched.num_tokens)
+            room = min(self.limits.max_num_seqs - rows, self.limits.max_num_batched_tokens - tokens)
             if room <= 0:
                 break
             if n != 1 or req.num_tokens - req.num_computed_tokens != 1 or req.matcher is not None:
                 continue
-            k = min(self.config.num_speculative_tokens, room, req.max_tokens - req.num_output_tokens - 1,
-                    self.limits.max_model_len - req.num_tokens)
-            drafts = self.proposer.propose(req.all_token_ids, k) if k > 0 else []
-            drafts = drafts[:self._fits(req, len(drafts))]
-            if not drafts:
+            k = self._fits(req, min(self.config.num_speculative_tokens, room, req.max_tokens - req.num_output_tokens - 1,
+                                    self.limits.max_model_len - req.num_tokens))
+            if k <= 0:
                 continue
-            bm = self.block_manager
-            need = bm.blocks_needed(req.num_computed_tokens + 1 + len(drafts)) - len(req.block_ids)
-            if need > 0:
-                req.block_ids.extend(bm.allocate(need))
-            req.draft_token_ids = list(drafts)
-            sched.scheduled[i] = (req, 1 + len(drafts))
-            sched.num_tokens += len(drafts)
-            rows += len(drafts)
-            total += len(drafts)
+            self._reserve(req, k)
+            chosen.append((i, req, k))
+            rows += k
+            tokens += k
+        if not chosen:
+            return 0
+        proposals = self.proposer.propose_batch([req for _, req, _ in chosen], [k for _, _, k in chosen])
+        total = 0
+        for (i, req, k), drafts in zip(chosen, proposals):
+            drafts = list(drafts)[:k]
+            self._reserve(req, len(drafts))  # give back blocks a shorter proposal does not need
+            if drafts:
+                req.draft_token_ids = drafts
+                sched.scheduled[i] = (req, 1 + len(drafts))
+                sched.num_tokens += len(drafts)
+                total += len(drafts)
         return total
 
     def _fits(self, req: Request, k: int) -> int:
@@ -103,6 +118,29 @@ class Speculator:
         bm = self.block_manager
         slots = (len(req.block_ids) + bm.num_free_blocks) * bm.block_size
         return max(0, min(k, slots - req.num_computed_tokens - 1))
+
+    def _reserve(self, req: Request, k: int) -> None:
+        """Make the request's blocks cover its next token and k drafts exactly (allocating
+        free blocks, or freeing the ones past that)."""
+        bm = self.block_manager
+        need = bm.blocks_needed(req.num_computed_tokens + 1 + k) - len(req.block_ids)
+        if need > 0:
+            req.block_ids.extend(bm.allocate(need))
+        elif need < 0:  # never below the next token's blocks: need counts from them
+            bm.free(req.block_ids[need:])
+            del req.block_ids[need:]
+
+    def observe(self, inputs) -> None:
+        """Pass the step's inputs to the proposer after the target ran them."""
+        observe = getattr(self.proposer, "observe", None)
+        if observe is not None:
+            observe(inputs)
+
+    def compile(self, inputs_like) -> None:
+        """Warm-up: let the proposer compile for this bucket (a draft model's runner)."""
+        compile_ = getattr(self.proposer, "compile", None)
+        if compile_ is not None:
+            compile_(inputs_like)
 
     def verify(self, req: Request, targets: Sequence[int]) -> list[int]:
         """The accepted run of ``req`` given its rows' target samples (`accepted_run`), counted."""
