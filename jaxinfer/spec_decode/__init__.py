@@ -4,6 +4,7 @@ the output stays exactly the target's.
 
   `config`      `SpeculativeConfig` (vLLM's ``speculative_config`` names) and its checks.
   `ngram`       n-gram prompt lookup proposer (no model; Saxena 2023, "prompt lookup decoding").
+  `draft_model` greedy proposals from a smaller model whose KV pool mirrors the target's.
   `verify`      the acceptance rule (greedy longest match; Leviathan et al. 2023 rejection
                 sampling for one-hot proposals).
   `switch`      when speculation is off for a step (batch size, recent acceptance rate).
