@@ -190,3 +190,19 @@ def test_disable_by_batch_size_turns_speculation_off(llm):
             drafts[limit] = e.speculator.stats.num_draft_tokens
         assert [o.token_ids for o in got] == [o.token_ids for o in reference(llm, ps, GREEDY)]
     assert drafts[4] == 0 and drafts[5] > 0
+
+
+@pytest.mark.slow
+def test_pallas_backend_verification_rows():
+    """The Pallas kernel (interpret mode on CPU; the default on GPUs) reads the verification
+    rows' context, this step's earlier rows included, from the pages: same outputs."""
+    cfg = tiny_config(vocab=64, hidden=32, layers=1, heads=2, kv_heads=1, inter=64)
+    kw = dict(max_model_len=64, max_num_seqs=16, max_num_batched_tokens=32, num_blocks=64, model_config=cfg,
+              params=init_params(cfg, scale=5.0, seed=1), tokenizer=None, warmup=False, use_tqdm=False,
+              attention_backend="pallas", block_size=8)
+    llm = LLM("tiny-pallas", speculative_config=SPEC, **kw)
+    ps = [[3, 4, 5, 6, 7, 8] * 2, [9, 10, 11] * 3, [12, 13, 14, 15, 16] * 2]
+    sp = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    ref = reference(llm, ps, sp)
+    assert [o.token_ids for o in run(llm.engine, ps, sp)] == [o.token_ids for o in ref]
+    assert accepted(llm) > 0
