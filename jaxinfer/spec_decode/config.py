@@ -43,7 +43,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 2
     model: str | None = None
     disable_by_batch_size: int | None = None
-    min_acceptance_rate: float = 0.1
+    min_acceptance_rate: float = 0.25
     acceptance_window: int = 256
     probe_interval: int = 16
 
