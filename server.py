@@ -111,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     sched.add_argument("--prefill-budget-while-decoding", type=int, default=None,
                        help="cap on prompt tokens in a step that also decodes, so running streams keep their "
                             "inter-token latency (default: none, only --max-num-batched-tokens)")
+    sched.add_argument("--speculative-config", default=None, metavar="JSON",
+                       help="speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+                            "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' (docs/speculative_decoding.md; "
+                            "default: off)")
     sched.add_argument("--max-queue-len", type=int, default=256, help="waiting requests before 429")
     sched.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
                        help="admission order: first come first served, or by the request's `priority` (lower "
@@ -202,6 +206,7 @@ def server_config(args):
 def engine_config(args, model_config):
     """The `EngineConfig` of the flags; ``--max-model-len`` defaults to min(4096, the model's context)."""
     from jaxinfer.config import CacheConfig, EngineConfig, SchedulerConfig
+    from jaxinfer.spec_decode import SpeculativeConfig
 
     max_model_len = args.max_model_len
     if max_model_len is None:
@@ -221,7 +226,7 @@ def engine_config(args, model_config):
                                   prefill_budget_while_decoding=args.prefill_budget_while_decoding,
                                   scheduling_policy=args.scheduling_policy, priority_aging_s=args.priority_aging_s),
         attention_backend=args.attention_backend, max_logprobs=args.max_logprobs, seed=args.seed, warmup=args.warmup,
-        parallel=parallel_config(args))
+        parallel=parallel_config(args), speculative=SpeculativeConfig.from_value(args.speculative_config))
 
 
 def parallel_config(args):

@@ -2,7 +2,8 @@
 
 Packs the scheduled requests' new tokens back to back, pads every array to the step's
 `Bucket`, and lays out per-row sampling options, so the jitted step sees only fixed
-shapes. Plain numpy; no JAX import.
+shapes. A request verifying speculative drafts takes one single-token row per position
+(`step_rows`). Plain numpy; no JAX import.
 
 Padding conventions: padding tokens have ``token_seq = -1``, position 0 and write slot 0
 (the null block); padding rows have empty block tables (block 0), ``kv_len = 0`` and
@@ -91,29 +92,71 @@ class BatchLayout:
     table_covers_new_tokens: bool  # True for the Pallas backend
 
 
-def _rows_width(sched: SchedulerOutput, layout: BatchLayout) -> int:
-    need = 0
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One row of a step: ``tokens`` of ``req`` from position ``start``. ``drafts``: the
+    speculative draft tokens before this row (``Request.draft_token_ids[:j]`` for a
+    request's verification row j; they extend its history for sampling)."""
+
+    req: Request
+    start: int
+    tokens: list[int]
+    drafts: tuple[int, ...] = ()
+
+
+def step_rows(sched: SchedulerOutput) -> list[Row]:
+    """The step's rows in batch order. A request with k draft tokens becomes k + 1
+    single-token rows at positions ``start .. start + k`` (its last token, then the
+    drafts), each attending to the cached context below it (the earlier rows' K/V are
+    written in the same layer before attention reads it), so every position gets its own
+    logits and sample: the verification rows of `jaxinfer.spec_decode`."""
+    rows = []
     for req, n in sched.scheduled:
-        end = req.num_computed_tokens + (n if layout.table_covers_new_tokens else 0)
+        start = req.num_computed_tokens
+        drafts = req.draft_token_ids
+        if not drafts:
+            rows.append(Row(req, start, req.all_token_ids[start:start + n]))
+            continue
+        toks = [req.all_token_ids[start]] + list(drafts)
+        rows.extend(Row(req, start + j, [toks[j]], tuple(drafts[:j])) for j in range(len(toks)))
+    return rows
+
+
+def _rows_width(rows: list[Row], layout: BatchLayout) -> int:
+    need = 0
+    for row in rows:
+        end = row.start + (len(row.tokens) if layout.table_covers_new_tokens else 0)
         need = max(need, math.ceil(end / layout.block_size))
     return need
 
 
 def prepare(sched: SchedulerOutput, layout: BatchLayout) -> StepInputs:
-    """Pack one scheduled step into bucket-shaped numpy arrays.
+    """Pack one scheduled step into bucket-shaped numpy arrays (rows as `step_rows`).
 
     Raises:
       ValueError: if the step does not fit the largest bucket (scheduler bug).
     """
-    num_rows = len(sched.scheduled)
-    bucket = layout.ladders.round_up(sched.num_tokens, num_rows, _rows_width(sched, layout))
-    a = empty_inputs(bucket, layout, penalties=any(req.params.has_penalties for req, _ in sched.scheduled),
-                     mask=any(req.matcher is not None for req, _ in sched.scheduled))
+    return prepare_rows(step_rows(sched), layout)
+
+
+def prepare_rows(rows: list[Row], layout: BatchLayout, greedy: bool = False) -> StepInputs:
+    """Pack ``rows`` into bucket-shaped numpy arrays; ``greedy``: sample every row by
+    argmax, whatever its request asks (a draft model's proposals).
+
+    Raises:
+      ValueError: if the rows do not fit the largest bucket (scheduler bug).
+    """
+    num_rows = len(rows)
+    num_tokens = sum(len(r.tokens) for r in rows)
+    bucket = layout.ladders.round_up(num_tokens, num_rows, _rows_width(rows, layout))
+    a = empty_inputs(bucket, layout, penalties=not greedy and any(r.req.params.has_penalties for r in rows),
+                     mask=not greedy and any(r.req.matcher is not None for r in rows))
     offset = 0
-    for i, (req, n) in enumerate(sched.scheduled):
-        _fill_tokens(a, i, offset, req, n, layout)
-        _fill_sampling(a, i, req, layout)
-        offset += n
+    for i, row in enumerate(rows):
+        _fill_tokens(a, i, offset, row, layout)
+        if not greedy:
+            _fill_sampling(a, i, row, layout)
+        offset += len(row.tokens)
     a["query_start_loc"][num_rows + 1:] = offset
     a["num_seqs"][...] = num_rows
     for flag, field, neutral in (("any_sampled", "greedy", True), ("any_penalty", "penalized", False)):
@@ -156,11 +199,10 @@ def empty_inputs(b: Bucket, layout: BatchLayout, penalties: bool = True, mask: b
     return a
 
 
-def _fill_tokens(a, i: int, offset: int, req: Request, n: int, layout: BatchLayout) -> None:
+def _fill_tokens(a, i: int, offset: int, row: Row, layout: BatchLayout) -> None:
     bs = layout.block_size
-    start = req.num_computed_tokens
+    req, start, tokens, n = row.req, row.start, row.tokens, len(row.tokens)
     pos = np.arange(start, start + n, dtype=np.int32)
-    tokens = req.all_token_ids[start:start + n]
     blocks = np.asarray(req.block_ids, np.int32)
     sl = slice(offset, offset + n)
     a["token_ids"][sl] = tokens
@@ -197,7 +239,8 @@ def _add_context_groups(a, i: int, ctx_len: int, block_size: int) -> None:
     a["num_groups"][...] = k + n
 
 
-def _fill_sampling(a, i: int, req: Request, layout: BatchLayout) -> None:
+def _fill_sampling(a, i: int, row: Row, layout: BatchLayout) -> None:
+    req = row.req
     p = req.params
     V = layout.vocab_size
     a["greedy"][i] = p.greedy
@@ -207,7 +250,7 @@ def _fill_sampling(a, i: int, req: Request, layout: BatchLayout) -> None:
     a["min_p"][i] = p.min_p
     a["seed_hi"][i] = (req.seed >> 32) & 0xFFFFFFFF
     a["seed_lo"][i] = req.seed & 0xFFFFFFFF
-    a["output_index"][i] = req.num_output_tokens
+    a["output_index"][i] = req.num_output_tokens + len(row.drafts)
     a["want_logprobs"][i] = p.logprobs is not None
     if p.logit_bias:
         ids, vals = zip(*p.logit_bias)
@@ -218,7 +261,7 @@ def _fill_sampling(a, i: int, req: Request, layout: BatchLayout) -> None:
         a["presence_penalty"][i] = p.presence_penalty
         a["frequency_penalty"][i] = p.frequency_penalty
         a["repetition_penalty"][i] = p.repetition_penalty
-        hist = req.all_token_ids
+        hist = req.all_token_ids + list(row.drafts)
         a["hist_ids"][i, :len(hist)] = hist
         a["num_prompt"][i] = req.num_prompt_tokens
         a["num_hist"][i] = len(hist)

@@ -297,7 +297,8 @@ def apply_chat_template(tokenizer, spec: str | None):
 
 def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir: str = "weights",
                  model_config: ModelConfig | None = None, params=None, tokenizer=None,
-                 use_tqdm: bool | None = None) -> LLMEngine:
+                 use_tqdm: bool | None = None, draft_model_config: ModelConfig | None = None,
+                 draft_params=None) -> LLMEngine:
     """Load (or take) weights and tokenizer, size the KV pool, build and warm up the engine.
 
     ``config.chat_template`` (``--chat-template``) replaces the tokenizer's chat template here.
@@ -309,6 +310,11 @@ def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir
       load_format: "auto" (orbax checkpoint) or "dummy" (random weights).
       model_config, params, tokenizer: pass all three to skip loading (tests).
       use_tqdm: a tqdm bar for the warm-up (None: only when stderr is a terminal).
+      draft_model_config, draft_params: the speculative draft model, to skip loading it
+        (tests; params None: random).
+
+    Raises:
+      ValueError: a draft model with tensor or data parallelism (one device only).
     """
     enable_compilation_cache()
     config = dataclasses.replace(config, dtype=resolve_dtype(config.dtype))
@@ -321,9 +327,14 @@ def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir
     model_config, params = quantize_model(config, model_config, params)
     tokenizer = apply_chat_template(tokenizer, config.chat_template)
     backend = config.attention_backend or default_backend()
+    draft = None
+    if config.speculative is not None and config.speculative.method == "draft_model":
+        draft = dict(weights_dir=weights_dir, draft_model_config=draft_model_config, draft_params=draft_params)
     if config.parallel.world_size > 1 or jax.process_count() > 1:  # mesh: TP and/or DP replicas
         from jaxinfer.dp_router import build_parallel_engine
 
+        if draft is not None:
+            raise ValueError("speculative decoding with a draft model runs on one device (no TP / DP yet)")
         engine = build_parallel_engine(config, model_config, params, tokenizer)
         replica = getattr(engine, "engines", [engine])[0]
         logger.info("%s", settings_line(config, backend, replica.block_manager.num_blocks))
@@ -334,7 +345,7 @@ def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir
         params = init_params(model_config, config.dtype, seed=config.seed)
     return build_replica(config, model_config, jax.device_put(params), tokenizer,
                          progress=WarmupProgress(use_tqdm),
-                         on_planned=lambda n: logger.info("%s", settings_line(config, backend, n)))
+                         on_planned=lambda n: logger.info("%s", settings_line(config, backend, n)), draft=draft)
 
 
 def quantize_model(config: EngineConfig, model_config: ModelConfig, params):
@@ -356,7 +367,7 @@ def quantize_model(config: EngineConfig, model_config: ModelConfig, params):
 
 
 def build_replica(config: EngineConfig, model_config: ModelConfig, params, tokenizer, mesh=None, *,
-                  progress=None, on_planned=None) -> LLMEngine:
+                  progress=None, on_planned=None, draft: dict | None = None) -> LLMEngine:
     """One engine (one replica) on one device or on a ``(data=1, model=tp)`` mesh: the KV
     pool sized per device (`plan_num_blocks`), the runner, warm-up if configured.
 
@@ -367,6 +378,8 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
       mesh: the replica's mesh (`jaxinfer.sharding.replica_meshes`), or None for one device.
       progress: ``progress(done, total)`` for the warm-up (`WarmupProgress`), or None.
       on_planned: called with the pool's block count once planned (the settings line).
+      draft: keyword arguments of `jaxinfer.spec_decode.draft_model.build_draft_proposer`
+        beyond the engine's own (a draft model for speculative decoding), or None.
     Raises:
       ValueError: the KV budget holds fewer than 2 blocks.
     """
@@ -396,7 +409,14 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
     runner = ModelRunner(model_config, params, num_blocks, config.cache.block_size, config.dtype, backend,
                          config.max_logprobs, config.return_logits, shardings=shardings,
                          kv_cache_dtype=config.cache.kv_cache_dtype)
-    engine = LLMEngine(config, model_config, runner, num_blocks, tokenizer)
+    factory = None
+    if draft is not None:
+        from jaxinfer.spec_decode.draft_model import build_draft_proposer
+
+        def factory(layout):
+            return build_draft_proposer(config.speculative, model_config, num_blocks, config.cache.block_size,
+                                        config.dtype, backend, layout, **draft)
+    engine = LLMEngine(config, model_config, runner, num_blocks, tokenizer, proposer_factory=factory)
     engine.kv_cache_description = why
     engine.mesh = mesh
     if config.warmup:

@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from jaxinfer.spec_decode.config import SpeculativeConfig
+
 BLOCK_SIZE = 16  # tokens per KV block (PagedAttention, Kwon et al. 2023)
 BLOCK_SIZES = (8, 16, 32, 64, 128)  # accepted block sizes (each tested end to end on CPU)
 DTYPES = ("auto", "float32", "bfloat16")
@@ -528,6 +530,7 @@ class EngineConfig:
     Jinja text: `jaxinfer.templates.load_chat_template`) that replaces the tokenizer's template.
     ``quantization``: None, or ``"int8"`` (``--quantization``): the float weights are
     quantized to int8 with per-output-channel scales as they are loaded (`jaxinfer.models.quant`).
+    ``speculative``: speculative decoding (`jaxinfer.spec_decode.SpeculativeConfig`), None = off.
     """
 
     model_path: str
@@ -544,6 +547,7 @@ class EngineConfig:
     tokenizer: str | None = None
     chat_template: str | None = None
     quantization: str | None = None
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         if self.quantization not in (None, "int8"):
@@ -552,3 +556,5 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.attention_backend not in (None, "xla", "pallas"):
             raise ValueError(f"attention_backend must be 'xla' or 'pallas', got {self.attention_backend!r}")
+        if self.speculative is not None and self.scheduler.scheduler == "static":  # it reserves whole requests
+            raise ValueError("speculative decoding needs the continuous scheduler (not --scheduler static)")

@@ -42,6 +42,7 @@ from jaxinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from jaxinfer.request import FinishReason, Request
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.scheduler import SchedulerOutput, make_scheduler
+from jaxinfer.spec_decode.speculator import make_speculator
 
 logger = logging.getLogger(__name__)
 
@@ -85,9 +86,12 @@ class LLMEngine:
       runner: executes `StepInputs` and returns sampler outputs (numpy).
       num_blocks: KV pool size including the null block.
       tokenizer: optional `jaxinfer.tokenizer.Tokenizer` (text, stop strings, logprob text).
+      proposer_factory: ``layout -> proposer`` when ``config.speculative`` names a draft
+        model (`jaxinfer.spec_decode.draft_model`; ngram builds its own).
     """
 
-    def __init__(self, config: EngineConfig, model_config: ModelConfig, runner, num_blocks: int, tokenizer=None):
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, runner, num_blocks: int, tokenizer=None,
+                 proposer_factory=None):
         self.config = config
         self.model_config = model_config
         self.runner = runner
@@ -110,6 +114,8 @@ class LLMEngine:
         self._rng = np.random.default_rng(config.seed)
         self._grammar = None  # jaxinfer.grammar.GrammarEngine, made at the first constrained request
         self.stats = EngineStats()
+        self.speculator = make_speculator(config.speculative, sc, self.block_manager,
+                                          proposer_factory(self.layout) if proposer_factory else None)
         self.eos_token_ids = frozenset(model_config.eos_token_ids)
         pool_tokens = self.block_manager.num_usable_blocks * cc.block_size
         if pool_tokens < sc.max_model_len:
@@ -123,7 +129,10 @@ class LLMEngine:
         t0 = time.perf_counter()
         buckets = self.layout.ladders.all_buckets()
         for i, b in enumerate(buckets):
-            self.runner.compile(batch_mod.StepInputs(b, batch_mod.empty_inputs(b, self.layout)))
+            inputs = batch_mod.StepInputs(b, batch_mod.empty_inputs(b, self.layout))
+            self.runner.compile(inputs)
+            if self.speculator is not None:  # a draft model compiles the same buckets
+                self.speculator.compile(inputs)
             if progress is not None:
                 progress(i + 1, len(buckets))
         dt = time.perf_counter() - t0
@@ -169,8 +178,9 @@ class LLMEngine:
           RequestError, QueueFullError: as `add_requests`.
         """
         ids = [s.request_id for s in specs]
+        counts = collections.Counter(ids)  # not ids.count per id: quadratic in the group size
         for rid in ids:
-            if rid in self.requests or ids.count(rid) > 1:
+            if rid in self.requests or counts[rid] > 1:
                 raise RequestError(f"duplicate request id {rid!r}", param="request_id")
         max_tokens = [self._validate(s.prompt_token_ids, s.params) for s in specs]
         max_queue_len = self.config.scheduler.max_queue_len
@@ -300,11 +310,15 @@ class LLMEngine:
             self._sample_fragmentation()
             # counted before update advances num_computed_tokens (else a prompt's last chunk is missed)
             prefill = sum(n for r, n in sched.scheduled if r.num_computed_tokens < r.num_prompt_tokens)
+            if self.speculator is not None:
+                self.speculator.attach(sched, self.num_running)
             inputs = batch_mod.prepare(sched, self.layout)
             tm = time.perf_counter()
             self._fill_mask(sched, inputs)
             t2 = time.perf_counter()
             result = self.runner.execute(inputs)
+            if self.speculator is not None:
+                self.speculator.observe(inputs)
             t3 = time.perf_counter()
             outputs.extend(self._update(sched, result))
             self.stats.num_steps += 1
@@ -348,22 +362,30 @@ class LLMEngine:
             self.scheduler.finish(req, FinishReason.STOP)
 
     def _update(self, sched: SchedulerOutput, result: dict) -> list[RequestOutput]:
-        rows = {id(req): i for i, (req, _) in enumerate(sched.scheduled)}
         if "prompt_logprob" in result:  # before update advances num_computed_tokens
             offsets = np.cumsum([0] + [n for _, n in sched.scheduled])
             for (req, n), offset in zip(sched.scheduled, offsets):
                 prompt_logprobs.record(req, result, int(offset), n, self.tokenizer)
-        sampled = result["token_ids"][:len(sched.scheduled)].tolist()
+        ids = result["token_ids"]
+        first_row, sampled, row = {}, [], 0
+        for req, _ in sched.scheduled:  # one row per request, or k + 1 verification rows
+            first_row[id(req)] = row
+            k = len(req.draft_token_ids)
+            sampled.append(int(ids[row]) if not k else self.speculator.verify(req, ids[row:row + k + 1].tolist()))
+            row += k + 1
+        before = {id(req): req.num_output_tokens for req, _ in sched.scheduled}
         got = self.scheduler.update(sched, sampled, self._text_stop)
         outputs = []
         for req in got:
-            self.stats.generation_tokens += 1
-            i = rows[id(req)]
-            if req.matcher is not None:
-                self._advance_matcher(req)
-            self._record_logprobs(req, result, i)
-            if self.config.return_logits:
-                req.logits.append(np.asarray(result["logits"][i]))
+            i = first_row[id(req)]
+            for j in range(req.num_output_tokens - before[id(req)]):  # a row per new token
+                self.stats.generation_tokens += 1
+                tok = req.output_token_ids[before[id(req)] + j]
+                if req.matcher is not None:
+                    self._advance_matcher(req)
+                self._record_logprobs(req, result, i + j, tok)
+                if self.config.return_logits:
+                    req.logits.append(np.asarray(result["logits"][i + j]))
             outputs.append(self._finish_output(req) if req.is_finished else self._output(req))
         return outputs
 
@@ -372,11 +394,11 @@ class LLMEngine:
         detok = self._detok.get(req.request_id)
         return None if detok is None else detok.step([req.output_token_ids[-1]])
 
-    def _record_logprobs(self, req: Request, result: dict, i: int) -> None:
+    def _record_logprobs(self, req: Request, result: dict, i: int, tok: int) -> None:
+        """Append the logprobs of ``tok``, sampled in result row ``i`` (when requested)."""
         n = req.params.logprobs
         if n is None:
             return
-        tok = req.output_token_ids[-1]
         entry = prompt_logprobs.token_entry(tok, result["logprob"][i], result["rank"][i], result["top_ids"][i],
                                             result["top_logprobs"][i], n, self.tokenizer)  # masked tokens are -inf
         req.cumulative_logprob += entry[tok].logprob
@@ -471,4 +493,12 @@ class LLMEngine:
             generation_tokens=st.generation_tokens, compilations=self.runner.num_compilations,
             timeouts=st.timeouts, aborted=st.aborted, finished=dict(st.finished),
             fragmentation_step_sum=st.fragmentation_sum, fragmentation_steps=st.fragmentation_samples,
-            retry_after_s=st.retry_after_s)
+            retry_after_s=st.retry_after_s, **self._spec_counters())
+
+    def _spec_counters(self) -> dict[str, int]:
+        """The speculative decoding counters of `snapshot` (none when speculation is off)."""
+        if self.speculator is None:
+            return {}
+        s = self.speculator.stats
+        return dict(spec_num_drafts=s.num_drafts, spec_num_draft_tokens=s.num_draft_tokens,
+                    spec_num_accepted_tokens=s.num_accepted_tokens)

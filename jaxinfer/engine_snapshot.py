@@ -33,6 +33,8 @@ class EngineSnapshot:
         (sum of ratios, number of steps) for a mean over an interval.
       retry_after_s: seconds the waiting queue needs to drain at the measured admission
         rate (`jaxinfer.drain_rate.DrainRate`), the ``Retry-After`` of a 429.
+      spec_num_drafts, spec_num_draft_tokens, spec_num_accepted_tokens: speculative decoding
+        counters (`jaxinfer.spec_decode.speculator.SpecStats`; 0 when it is off).
     """
 
     num_running: int = 0
@@ -54,6 +56,9 @@ class EngineSnapshot:
     fragmentation_step_sum: float = 0.0
     fragmentation_steps: int = 0
     retry_after_s: float = 1.0
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
 
     @property
     def kv_cache_usage_ratio(self) -> float:
@@ -67,6 +72,12 @@ class EngineSnapshot:
         in [0, 1]; 0 when no request holds blocks (an idle engine)."""
         r = self.kv_slots_reserved
         return 1.0 - self.kv_slots_filled / r if r else 0.0
+
+    @property
+    def spec_mean_acceptance_length(self) -> float:
+        """Tokens emitted per speculative verification: 1 + accepted / drafts (0 before any)."""
+        n = self.spec_num_drafts
+        return 1.0 + self.spec_num_accepted_tokens / n if n else 0.0
 
     @classmethod
     def merge(cls, snapshots: Iterable["EngineSnapshot"]) -> "EngineSnapshot":

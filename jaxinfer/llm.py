@@ -20,6 +20,7 @@ from jaxinfer.engine_protocol import RequestSpec
 from jaxinfer.errors import RequestError
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams, choice_seed
+from jaxinfer.spec_decode import SpeculativeConfig
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -58,6 +59,9 @@ class LLM:
         from the float checkpoint as it loads (`jaxinfer.models.quant`; vLLM's ``quantization``).
       kv_cache_dtype: "auto", "int8" or "fp8": 8-bit K/V with per-token scales
         (`jaxinfer.kv_quant`; vLLM's ``kv_cache_dtype``).
+      speculative_config: speculative decoding, as vLLM's: a dict (or JSON string) such as
+        ``{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+        "prompt_lookup_min": 2}`` (`jaxinfer.spec_decode.SpeculativeConfig`); None = off.
       engine_kwargs: model_config/params/tokenizer to skip loading (tests).
     """
 
@@ -70,13 +74,15 @@ class LLM:
                  chat_template: str | None = None, gpu_memory_utilization: float | None = None,
                  block_size: int = BLOCK_SIZE, use_tqdm: bool = True, scheduling_policy: str = "fcfs",
                  priority_aging_s: float | None = None, quantization: str | None = None,
-                 kv_cache_dtype: str = "auto", **engine_kwargs):
+                 kv_cache_dtype: str = "auto", speculative_config=None,
+                 **engine_kwargs):
         from jaxinfer.builder import load_model, load_tokenizer, resolve_dtype
         from jaxinfer.weights import default_weights_dir
 
         weights_dir = str(weights_dir or default_weights_dir())
         parallel = ParallelConfig(tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size)
         EngineConfig(model_path=str(model), dtype=dtype)  # a bad dtype is refused before JAX is asked
+        speculative = SpeculativeConfig.from_value(speculative_config)  # and a bad speculative config
         if chat_template is not None:
             from jaxinfer.templates import load_chat_template
 
@@ -104,7 +110,8 @@ class LLM:
                                       max_model_len=max_model_len, max_queue_len=max_queue_len,
                                       scheduling_policy=scheduling_policy, priority_aging_s=priority_aging_s),
             attention_backend=attention_backend, seed=seed, warmup=warmup, return_logits=return_logits,
-            parallel=parallel, tokenizer=tokenizer, chat_template=chat_template, quantization=quantization)
+            parallel=parallel, tokenizer=tokenizer, chat_template=chat_template, quantization=quantization,
+            speculative=speculative)
         self.engine = build_engine(config, load_format=load_format, weights_dir=weights_dir, use_tqdm=use_tqdm,
                                    **engine_kwargs)
         self._counter = 0

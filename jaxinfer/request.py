@@ -50,6 +50,8 @@ class Request:
       matcher: the grammar state of a structured-output request (`jaxinfer.grammar`), or None.
       prompt_logprobs: with ``params.prompt_logprobs``, one item per prompt position
         recorded so far: None for position 0, then ``{token_id: Logprob}``.
+      draft_token_ids: speculative draft tokens verified in the current step (set by
+        `jaxinfer.spec_decode.speculator.Speculator.attach`, cleared by the update); [] otherwise.
     """
 
     request_id: str
@@ -80,6 +82,7 @@ class Request:
     first_token_time: float | None = None
     finished_time: float | None = None
     matcher: object | None = None  # llguidance matcher of a structured-output request (advanced per token)
+    draft_token_ids: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def num_prompt_tokens(self) -> int:

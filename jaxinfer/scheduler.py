@@ -18,7 +18,9 @@ import abc
 import collections
 import dataclasses
 import time
-from typing import Callable
+from typing import Callable, Sequence
+
+import numpy as np
 
 from jaxinfer.block_manager import BlockManager
 from jaxinfer.config import CacheConfig, SchedulerConfig
@@ -141,34 +143,54 @@ class Scheduler(abc.ABC):
         return out
 
     # ----- after the step ---------------------------------------------------------------
-    def update(self, out: SchedulerOutput, sampled: list[int], text_stop: TextStop | None = None) -> list[Request]:
-        """Apply one step's sampled tokens (one per scheduled row, in order).
+    def update(self, out: SchedulerOutput, sampled: Sequence[int | Sequence[int]],
+               text_stop: TextStop | None = None) -> list[Request]:
+        """Apply one step's sampled tokens (per scheduled row, in order: one token, or the
+        accepted run of a speculating row, `jaxinfer.spec_decode.verify.accepted_run`).
 
         A row's sample counts only if the step computed the request's last known token
         (a partial prefill chunk's sample is discarded). After each new token,
         ``text_stop(req)`` (when given) advances the request's text and returns the stop
         string it matched; `jaxinfer.stop.check_stop` then decides, and a request that
-        must stop finishes (`finish`) now.
+        must stop finishes (`finish`) now, dropping the rest of its run. A speculating
+        row's accepted drafts count as computed one by one as their tokens are appended;
+        its rejected drafts' KV is rolled back (`_roll_back`).
 
         Returns:
-          The requests that received a new token this step (finished ones included).
+          The requests that received new tokens this step (finished ones included).
         """
         now = time.monotonic()
         got_token = []
-        for (req, n), tok in zip(out.scheduled, sampled):
+        for (req, n), toks in zip(out.scheduled, sampled):
+            num_drafts = len(req.draft_token_ids)
+            req.draft_token_ids = []
             if req.is_finished:  # aborted between schedule and update
                 continue
-            req.num_computed_tokens += n
+            req.num_computed_tokens += n - num_drafts
             self._computed(req)
             if req.num_computed_tokens < req.num_tokens:
                 continue
             got_token.append(req)
-            req.append_output(tok, now)
-            stop_string = text_stop(req) if text_stop is not None else None
-            reason = check_stop(req, self.config.max_model_len, stop_string)
-            if reason is not None:
-                self.finish(req, reason)
+            for j, tok in enumerate([toks] if isinstance(toks, (int, np.integer)) else toks):
+                if j > 0:  # the accepted draft before this token was computed in this step
+                    req.num_computed_tokens += 1
+                    self._computed(req)
+                req.append_output(tok, now)
+                stop_string = text_stop(req) if text_stop is not None else None
+                reason = check_stop(req, self.config.max_model_len, stop_string)
+                if reason is not None:
+                    self.finish(req, reason)
+                    break
+            if num_drafts and not req.is_finished:
+                self._roll_back(req)
         return got_token
+
+    def _roll_back(self, req: Request) -> None:
+        """Free the blocks past the request's computed tokens (those only rejected drafts used)."""
+        keep = self.block_manager.blocks_needed(req.num_computed_tokens)
+        if len(req.block_ids) > keep:
+            self.block_manager.free(req.block_ids[keep:])
+            del req.block_ids[keep:]
 
     def _computed(self, req: Request) -> None:
         """Hook after ``req``'s computed tokens advanced (prefix caching registers blocks)."""

@@ -22,7 +22,8 @@ Names (vLLM's ``vllm:*`` metrics with our prefix where one exists; semantics fol
               jaxinfer_request_prompt_tokens, jaxinfer_request_generation_tokens
   gauges      jaxinfer_num_requests_running, jaxinfer_num_requests_waiting,
               jaxinfer_kv_blocks_total, jaxinfer_kv_blocks_free, jaxinfer_kv_cache_usage_ratio,
-              jaxinfer_kv_fragmentation_ratio (current), jaxinfer_engine_healthy
+              jaxinfer_kv_fragmentation_ratio (current), jaxinfer_engine_healthy,
+              jaxinfer_spec_decode_mean_acceptance_length (since start)
   summary     jaxinfer_kv_fragmentation_step_ratio (_sum, _count: one sample per engine step)
   counters    jaxinfer_request_success_total{finished_reason}, jaxinfer_http_error_responses_total{status},
               jaxinfer_requests_rejected_total{reason}, jaxinfer_preemptions_total,
@@ -30,7 +31,9 @@ Names (vLLM's ``vllm:*`` metrics with our prefix where one exists; semantics fol
               jaxinfer_request_timeouts_total, jaxinfer_requests_aborted_total,
               jaxinfer_prompt_tokens_total, jaxinfer_prefill_tokens_total,
               jaxinfer_generation_tokens_total, jaxinfer_compilations_total,
-              jaxinfer_prefix_cache_queries_total, jaxinfer_prefix_cache_hits_total
+              jaxinfer_prefix_cache_queries_total, jaxinfer_prefix_cache_hits_total,
+              jaxinfer_spec_decode_num_drafts_total, jaxinfer_spec_decode_num_draft_tokens_total,
+              jaxinfer_spec_decode_num_accepted_tokens_total (vLLM's spec_decode counters)
 """
 from __future__ import annotations
 
@@ -156,10 +159,13 @@ _GAUGES = {  # EngineSnapshot attribute -> help
     "kv_blocks_total": "Usable KV blocks.",
     "kv_blocks_free": "Free KV blocks (evictable prefix-cache blocks included).",
     "kv_cache_usage_ratio": "Fraction of KV blocks in use.",
+    "spec_decode_mean_acceptance_length": "Speculative decoding: tokens emitted per verified draft since start "
+                                          "(1 + accepted / drafts; 0 before any draft).",
     "kv_fragmentation_ratio": "Current share of the KV token slots that requests hold but that hold no "
                               "token yet (1 - computed tokens / (held blocks x block size)); 0 when idle.",
 }
-_SNAPSHOT_FIELD = {"num_requests_running": "num_running", "num_requests_waiting": "num_waiting"}
+_SNAPSHOT_FIELD = {"num_requests_running": "num_running", "num_requests_waiting": "num_waiting",
+                   "spec_decode_mean_acceptance_length": "spec_mean_acceptance_length"}
 _COUNTERS = {  # metric name (without _total) -> (EngineSnapshot attribute, help)
     "preemptions": ("preemptions", "Requests preempted (recomputed later)."),
     "prefix_cache_queries": ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
@@ -170,6 +176,9 @@ _COUNTERS = {  # metric name (without _total) -> (EngineSnapshot attribute, help
     "prefill_tokens": ("prefill_tokens", "Prompt tokens computed (recomputation included)."),
     "generation_tokens": ("generation_tokens", "Tokens generated."),
     "compilations": ("compilations", "XLA compilations by the model runner."),
+    "spec_decode_num_drafts": ("spec_num_drafts", "Speculative decoding: verifications of a request's drafts."),
+    "spec_decode_num_draft_tokens": ("spec_num_draft_tokens", "Speculative decoding: draft tokens proposed."),
+    "spec_decode_num_accepted_tokens": ("spec_num_accepted_tokens", "Speculative decoding: draft tokens accepted."),
 }
 
 

@@ -80,7 +80,9 @@ def console_summary(summary: dict, label: str | None = None) -> str:
       Lines of `WIDTH` characters: successful / failed requests (failures split by outcome),
       duration (s), total input / generated tokens, request / output / total token
       throughput, goodput when an SLO was set, then mean / median / P90 / P99 of TTFT, TPOT,
-      ITL and E2EL in ms ("-" where no request measured it). The same lines and units as
+      ITL and E2EL in ms ("-" where no request measured it); with speculative decoding
+      (``summary["spec_decode"]``, `jaxinfer.bench.serve.spec_decode_summary`), its
+      acceptance rate and length. The same lines and units as
       vLLM's ``vllm bench serve`` result, so the two can be read side by side.
     """
     c = summary["counts"]
@@ -101,6 +103,13 @@ def console_summary(summary: dict, label: str | None = None) -> str:
     for key, short, long in LATENCIES:
         out.append(f" {long} ".center(WIDTH, "-"))
         out += [_line(f"{name} {short} (ms)", summary[key][stat]) for stat, name in LATENCY_STATS]
+    spec = summary.get("spec_decode")
+    if spec:  # vLLM's "Speculative Decoding" block
+        out += [" Speculative Decoding ".center(WIDTH, "-"),
+                _line("Acceptance rate (%)", 100 * spec["acceptance_rate"]),
+                _line("Acceptance length", spec["mean_acceptance_length"]),
+                _line("Drafts", spec["num_drafts"]), _line("Draft tokens", spec["num_draft_tokens"]),
+                _line("Accepted tokens", spec["num_accepted_tokens"])]
     out.append("=" * WIDTH)
     return "\n".join(out) + "\n"
 

@@ -52,6 +52,9 @@ def run_benchmark(load_cfg: load.LoadConfig, workload: workloads.WorkloadConfig,
     frag = step_mean_fragmentation(meta["server_before"]["metrics"], after["metrics"])
     if frag is not None:
         summary["kv_fragmentation"] = frag
+    spec = spec_decode_summary(meta["server_before"]["metrics"], after["metrics"])
+    if spec is not None:
+        summary["spec_decode"] = spec
     run = report.result_dict(label, meta, summary, results)
     if out_dir is not None:
         out_dir = Path(out_dir)
@@ -64,7 +67,9 @@ def run_benchmark(load_cfg: load.LoadConfig, workload: workloads.WorkloadConfig,
 WORKLOAD_HELP = ("fixed: --input-len/--output-len each; uniform / normal: around them; "
                  f"{workloads.SHAREGPT} (alias sharegpt): SYNTHETIC lengths drawn from lognormals with ShareGPT's "
                  "published mean lengths (161 in / 338 out tokens, Kwon et al. 2023), prompts of random tokens; "
-                 "the ShareGPT dataset is not used; shared-prefix: --num-prefixes prefixes of --prefix-len tokens")
+                 "the ShareGPT dataset is not used; shared-prefix: --num-prefixes prefixes of --prefix-len tokens; "
+                 f"{workloads.INPUT_GROUNDED}: text prompts whose answers copy the prompt (rewrite or continue a "
+                 "passage, edit code), passages of at most --input-len tokens")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -118,14 +123,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def prompt_format(args) -> str:
-    """``--prompt-format``, defaulted per endpoint.
+    """``--prompt-format``, defaulted per endpoint and workload (text for chat and for
+    the input-grounded workload).
 
     Raises:
-      ValueError: token ids with the chat endpoint (messages are text).
+      ValueError: token ids with the chat endpoint (messages are text) or with the
+        input-grounded workload (its prompts are text).
     """
-    fmt = args.prompt_format or ("text" if args.endpoint == "chat" else "token-ids")
+    grounded = getattr(args, "workload", None) == workloads.INPUT_GROUNDED
+    fmt = args.prompt_format or ("text" if args.endpoint == "chat" or grounded else "token-ids")
     if args.endpoint == "chat" and fmt != "text":
         raise ValueError("--endpoint chat sends text messages: use --prompt-format text")
+    if grounded and fmt != "text":
+        raise ValueError(f"--workload {workloads.INPUT_GROUNDED} sends text prompts: use --prompt-format text")
     return fmt
 
 
@@ -148,6 +158,22 @@ def step_mean_fragmentation(before: dict | None, after: dict | None) -> float | 
         return None
     steps = after[keys[1]] - before[keys[1]]
     return (after[keys[0]] - before[keys[0]]) / steps if steps > 0 else None
+
+
+def spec_decode_summary(before: dict | None, after: dict | None) -> dict | None:
+    """Speculative decoding over a run, from two ``/metrics`` readings (`metadata.parse_metrics`
+    dicts): the increases of the draft / draft-token / accepted-token counters, the
+    acceptance rate (accepted / draft tokens) and the mean acceptance length (tokens per
+    verified draft: 1 + accepted / drafts). None without both readings or without drafts."""
+    keys = ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
+            "spec_decode_num_accepted_tokens_total")
+    if not before or not after or any(k not in before or k not in after for k in keys):
+        return None
+    drafts, tokens, accepted = (after[k] - before[k] for k in keys)
+    if drafts <= 0:
+        return None
+    return {"num_drafts": int(drafts), "num_draft_tokens": int(tokens), "num_accepted_tokens": int(accepted),
+            "acceptance_rate": accepted / tokens if tokens else 0.0, "mean_acceptance_length": 1 + accepted / drafts}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

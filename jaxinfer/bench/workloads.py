@@ -20,6 +20,10 @@ Length distributions (all in tokens, seeded numpy ``Generator``):
     ``--output-len`` are ignored by this workload (its means are the paper's).
   * ``shared-prefix``: ``num_prefixes`` random prefixes of ``prefix_len`` tokens; request
     ``i`` uses prefix ``i % num_prefixes`` followed by a unique ``input_len``-token suffix.
+  * ``input-grounded``: text prompts whose answers copy spans of the prompt (rewrite or
+    continue a passage, edit code; `jaxinfer.bench.grounded`), passages of at most
+    ``input_len`` tokens, ``output_len`` output tokens: the workload where speculative
+    decoding by prompt lookup pays. Always text prompts.
 Prompts are random token ids in ``token_id_range`` (special tokens avoided) or, with
 ``prompt_format="text"``, the same ids decoded by a tokenizer; a text prompt's
 ``prompt_len`` is then the token count of that text re-encoded without special tokens
@@ -37,7 +41,8 @@ SHAREGPT_MEAN_INPUT = 161.31  # tokens, Kwon et al. 2023, section 6.1 / Fig. 11
 SHAREGPT_MEAN_OUTPUT = 337.99  # tokens, same source
 SHAREGPT_SIGMA = (1.0, 0.8)  # log-space std of input / output lengths: our assumption (see module docstring)
 SHAREGPT = "sharegpt-synthetic"
-WORKLOADS = ("fixed", "uniform", "normal", SHAREGPT, "shared-prefix")
+INPUT_GROUNDED = "input-grounded"
+WORKLOADS = ("fixed", "uniform", "normal", SHAREGPT, "shared-prefix", INPUT_GROUNDED)
 ALIASES = {"sharegpt": SHAREGPT}  # the name before it said "synthetic" (older results and scripts use it)
 
 
@@ -101,7 +106,7 @@ def sample_lengths(cfg: WorkloadConfig, n: int, rng: np.random.Generator) -> tup
       (input_lens, output_lens), int64 arrays of shape [n], in tokens; for shared-prefix the
       input lengths include the prefix.
     """
-    if cfg.name in ("fixed", "shared-prefix"):
+    if cfg.name in ("fixed", "shared-prefix", INPUT_GROUNDED):
         extra = cfg.prefix_len if cfg.name == "shared-prefix" else 0
         return np.full(n, cfg.input_len + extra, np.int64), np.full(n, cfg.output_len, np.int64)
     if cfg.name == "uniform":
@@ -144,6 +149,11 @@ def build_requests(cfg: WorkloadConfig, n: int | None = None, seed_offset: int =
     """
     n = cfg.num_requests if n is None else n
     rng = np.random.default_rng(cfg.seed + seed_offset)
+    if cfg.name == INPUT_GROUNDED:
+        from jaxinfer.bench import grounded
+
+        return [BenchRequest(text, n_in, cfg.output_len)
+                for text, n_in in grounded.prompts(n, cfg.input_len, rng, count_tokens)]
     ins, outs = sample_lengths(cfg, n, rng)
     lo, hi = cfg.token_id_range
     prefixes = [rng.integers(lo, hi, cfg.prefix_len).tolist() for _ in range(cfg.num_prefixes)]

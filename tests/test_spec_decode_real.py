@@ -1,0 +1,32 @@
+"""Speculative decoding on the real SmolLM2-135M-Instruct (issue 17): with n-gram prompt
+lookup, greedy outputs of the shared oracle prompts equal transformers' reference tokens,
+one at a time and all in one call, and drafts were accepted along the way."""
+from __future__ import annotations
+
+import pytest
+
+from jaxinfer import LLM, SamplingParams
+
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=32)
+SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2_dir):
+    return LLM(str(smollm2_dir), dtype="float32", max_model_len=256, max_num_seqs=32, max_num_batched_tokens=128,
+               num_blocks=160, warmup=False, speculative_config=SPEC)
+
+
+def test_oracle_prompts_identical_with_ngram(llm, oracle):
+    recs = oracle["results"]
+    for rec in recs[:3]:
+        out = llm.generate([rec["prompt_ids"]], GREEDY, use_tqdm=False)[0].outputs[0]
+        assert out.token_ids == rec["generated_ids"], rec["index"]
+    outs = llm.generate([r["prompt_ids"] for r in recs], GREEDY, use_tqdm=False)
+    for rec, o in zip(recs, outs):
+        assert o.outputs[0].token_ids == rec["generated_ids"], rec["index"]
+        assert o.outputs[0].finish_reason == ("stop" if rec["stopped_on_eos"] else "length")
+    e = llm.engine
+    assert e.speculator.stats.num_accepted_tokens > 0
+    assert e.num_free_blocks == e.num_total_blocks and not e.requests
