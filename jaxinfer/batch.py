@@ -163,7 +163,8 @@ def prepare_rows(rows: list[Row], layout: BatchLayout, greedy: bool = False) -> 
         a[flag][...] = np.any(a[field][:num_rows] != neutral)
     a["any_sort"][...] = np.any((a["top_k"][:num_rows] < layout.vocab_size) | (a["top_p"][:num_rows] < 1.0))
     a["any_logprobs"][...] = np.any(a["want_logprobs"][:num_rows])
-    return StepInputs(bucket, a, prompt_logprobs.step_targets(sched.scheduled, bucket.num_tokens))
+    scored = [] if greedy else [(r.req, len(r.tokens)) for r in rows]  # a draft model scores no prompt
+    return StepInputs(bucket, a, prompt_logprobs.step_targets(scored, bucket.num_tokens))
 
 
 def empty_inputs(b: Bucket, layout: BatchLayout, penalties: bool = True, mask: bool = True) -> dict[str, np.ndarray]:

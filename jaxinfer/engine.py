@@ -363,9 +363,10 @@ class LLMEngine:
 
     def _update(self, sched: SchedulerOutput, result: dict) -> list[RequestOutput]:
         if "prompt_logprob" in result:  # before update advances num_computed_tokens
-            offsets = np.cumsum([0] + [n for _, n in sched.scheduled])
-            for (req, n), offset in zip(sched.scheduled, offsets):
-                prompt_logprobs.record(req, result, int(offset), n, self.tokenizer)
+            offset = 0
+            for row in batch_mod.step_rows(sched):  # packed order (a request's verification rows too)
+                prompt_logprobs.record(row.req, result, offset, len(row.tokens), self.tokenizer)
+                offset += len(row.tokens)
         ids = result["token_ids"]
         first_row, sampled, row = {}, [], 0
         for req, _ in sched.scheduled:  # one row per request, or k + 1 verification rows

@@ -206,3 +206,29 @@ def test_pallas_backend_verification_rows():
     ref = reference(llm, ps, sp)
     assert [o.token_ids for o in run(llm.engine, ps, sp)] == [o.token_ids for o in ref]
     assert accepted(llm) > 0
+
+
+def test_prompt_logprobs_beside_verification_rows(llm):
+    """A prompt scored (``prompt_logprobs``) in steps that also hold other requests'
+    verification rows gets the values the same engine gives without speculation: the
+    scored tokens are found at their packed offsets behind the extra rows."""
+    ps = prompts(8, seed=5) + [np.random.RandomState(6).randint(3, CFG.vocab_size, 56).tolist()]
+    scored = SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=3)  # chunked: its rest runs behind
+
+    def go(engine):
+        for i, p in enumerate(ps[:8]):
+            engine.add_request(str(i), p, GREEDY)
+        for _ in range(4):  # the first eight are decoding (and drafting) when the ninth arrives
+            engine.step()
+        engine.add_request("scored", ps[8], scored)
+        return run_until_idle(engine)["scored"]
+
+    accepted = llm.engine.snapshot().spec_num_accepted_tokens
+    got = go(llm.engine)
+    with engine_like(llm, speculative=None) as plain:
+        want = go(plain)
+    assert len(got.prompt_logprobs) == len(ps[8]) and got.prompt_logprobs[0] is None
+    for g, w in zip(got.prompt_logprobs[1:], want.prompt_logprobs[1:]):
+        assert list(g) == list(w)
+        np.testing.assert_allclose([x.logprob for x in g.values()], [x.logprob for x in w.values()], atol=1e-5)
+    assert llm.engine.snapshot().spec_num_accepted_tokens > accepted  # drafts really shared those steps
