@@ -29,6 +29,12 @@ Scenarios (closed loop; prompts are random token ids; ``ignore_eos`` so lengths 
     least `JSON8_MIN_ITEMS` objects, so each answer runs to its full length like
     ``fixed8``'s): structured-output throughput against ``fixed8``'s unconstrained one
     (jaxinfer only; the per-step host cost of the mask is `benchmarks/grammar_mask.py`'s).
+  * ``grounded1``: 1 client, input-grounded prompts (`jaxinfer.bench.grounded`: rewrite or
+    continue a passage, edit code; ``--grounded-input-len`` / ``--grounded-output-len``),
+    ``jaxinfer`` against ``jaxinfer-spec`` (the same server with ``--speculative-config``,
+    n-gram prompt lookup by default): the TPOT speculation buys a lone stream. ``fixed``
+    also runs ``jaxinfer-spec`` when it is selected (speculation must not cost throughput
+    at 32 clients).
 `SCENARIOS` says which systems run which scenario; ``--systems`` / ``--scenarios`` select.
 Queues: every scenario but overload and degradation lets clients wait (``--timeout-s``);
 those keep a short queue (``--overload-queue-len``, ``--max-queue-wait``) so excess clients get 429.
@@ -96,7 +102,8 @@ from jaxinfer.config import ModelConfig, SchedulerConfig  # noqa: E402
 
 ROOT = HERE.parent
 TARGET_NUM_REQUESTS = 128
-SYSTEMS = ("jaxinfer", "jaxinfer-static", "jaxinfer-before", "jaxinfer-fallback", "llamacpp", "hf-transformers")
+SYSTEMS = ("jaxinfer", "jaxinfer-static", "jaxinfer-before", "jaxinfer-fallback", "jaxinfer-spec", "llamacpp",
+           "hf-transformers")
 DEFAULT_SYSTEMS = ("jaxinfer", "jaxinfer-static", "jaxinfer-fallback", "llamacpp")  # transformers: ~15 min more per scenario
 SERVER_DEFAULT_MAX_NUM_SEQS = SchedulerConfig().max_num_seqs
 
@@ -136,7 +143,7 @@ class Scenario:
 
 
 SCENARIOS = ("single", "fixed8", "fixed", "sharegpt", "c128", "overload", "priority", "priority-fcfs", "json8",
-             "degradation")
+             "grounded1", "degradation")
 PRIORITY_SCENARIOS = ("priority", "priority-fcfs")  # the interactive / batch mix (benchmarks/priority_mix.py)
 DEFAULT_SCENARIOS = SCENARIOS[:-1]  # degradation runs when named
 FALLBACK_NAME = "fallback"  # the served name of the degradation scenario's fallback model
@@ -163,7 +170,7 @@ def scenarios(a) -> dict[str, Scenario]:
         Scenario("fixed8", max(8 // s, 1), max(8 // s, 1), wl(num_requests=a.num_requests, **fixed),
                  ("jaxinfer", "jaxinfer-before", "llamacpp", "hf-transformers")),
         Scenario("fixed", a.concurrency, a.concurrency, wl(num_requests=a.num_requests, **fixed),
-                 ("jaxinfer", "jaxinfer-static", "jaxinfer-before", "llamacpp", "hf-transformers")),
+                 ("jaxinfer", "jaxinfer-static", "jaxinfer-before", "jaxinfer-spec", "llamacpp", "hf-transformers")),
         Scenario("sharegpt", a.concurrency, a.concurrency, sharegpt,
                  ("jaxinfer", "jaxinfer-static", "jaxinfer-before", "llamacpp", "hf-transformers")),
         Scenario("c128", c128, c128, wl(num_requests=max(a.num_requests, c128), **fixed),
@@ -176,6 +183,9 @@ def scenarios(a) -> dict[str, Scenario]:
                  ("jaxinfer",)),
         Scenario("json8", max(8 // s, 1), max(8 // s, 1), wl(num_requests=a.num_requests, **fixed), ("jaxinfer",),
                  extra_body={"structured_outputs": {"json": JSON8_SCHEMA}}),
+        Scenario("grounded1", 1, 1, wl(name="input-grounded", num_requests=a.single_requests,
+                                       input_len=a.grounded_input_len, output_len=a.grounded_output_len, seed=a.seed),
+                 ("jaxinfer", "jaxinfer-spec")),
         Scenario("degradation", 4 * a.concurrency, a.concurrency, wl(num_requests=2 * a.num_requests, **fixed),
                  ("jaxinfer", "jaxinfer-fallback")),
     ]
@@ -209,6 +219,8 @@ def jaxinfer_command(system: str, port: int, a, scen: Scenario) -> list[str]:
         cmd += ["--served-model-name", a.model, "--model", a.fallback_model or a.model,
                 "--served-model-name", FALLBACK_NAME, "--fallback-model", FALLBACK_NAME,
                 "--degrade-ttft-slo", str(a.degrade_ttft_slo_s)]
+    if system == "jaxinfer-spec":
+        cmd += ["--speculative-config", a.speculative_config]
     if system == "jaxinfer-static":
         cmd += ["--scheduler", "static", "--max-num-seqs", str(scen.pool_clients)]
     elif scen.pool_clients > SERVER_DEFAULT_MAX_NUM_SEQS or scen.name in PRIORITY_SCENARIOS:
@@ -317,6 +329,10 @@ def parse_args(argv=None):
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--single-input-len", type=int, default=128)
     p.add_argument("--single-output-len", type=int, default=128)
+    p.add_argument("--grounded-input-len", type=int, default=400, help="grounded1: passage tokens (at most)")
+    p.add_argument("--grounded-output-len", type=int, default=200)
+    p.add_argument("--speculative-config", default='{"method": "ngram", "num_speculative_tokens": 3, '
+                   '"prompt_lookup_max": 4, "prompt_lookup_min": 2}', help="system jaxinfer-spec's --speculative-config")
     p.add_argument("--warmup-requests", type=int, default=4)
     p.add_argument("--max-model-len", type=int, default=1024, help="jaxinfer; also llama.cpp's context per slot")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="jaxinfer (default: the server's)")
