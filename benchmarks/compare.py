@@ -29,7 +29,7 @@ Scenarios (closed loop; prompts are random token ids; ``ignore_eos`` so lengths 
     least `JSON8_MIN_ITEMS` objects, so each answer runs to its full length like
     ``fixed8``'s): structured-output throughput against ``fixed8``'s unconstrained one
     (jaxinfer only; the per-step host cost of the mask is `benchmarks/grammar_mask.py`'s).
-  * ``grounded1``: 1 client, input-grounded prompts (`jaxinfer.bench.grounded`: rewrite or
+  * ``grounded1`` (only when named): 1 client, input-grounded prompts (`jaxinfer.bench.grounded`: rewrite or
     continue a passage, edit code; ``--grounded-input-len`` / ``--grounded-output-len``),
     ``jaxinfer`` against ``jaxinfer-spec`` (the same server with ``--speculative-config``,
     n-gram prompt lookup by default): the TPOT speculation buys a lone stream. ``fixed``
@@ -145,7 +145,7 @@ class Scenario:
 SCENARIOS = ("single", "fixed8", "fixed", "sharegpt", "c128", "overload", "priority", "priority-fcfs", "json8",
              "grounded1", "degradation")
 PRIORITY_SCENARIOS = ("priority", "priority-fcfs")  # the interactive / batch mix (benchmarks/priority_mix.py)
-DEFAULT_SCENARIOS = SCENARIOS[:-1]  # degradation runs when named
+DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s not in ("grounded1", "degradation"))  # these run when named
 FALLBACK_NAME = "fallback"  # the served name of the degradation scenario's fallback model
 JSON8_MIN_ITEMS = 64
 JSON8_SCHEMA = {"type": "object", "properties": {"rows": {

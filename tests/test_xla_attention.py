@@ -29,7 +29,7 @@ def _pack(rows, width):
         next_block += nblocks
         tables.append(blocks)
         req = types.SimpleNamespace(num_computed_tokens=ctx, all_token_ids=[0] * (ctx + n), block_ids=blocks)
-        B._fill_tokens(a, i, offset, req, n, LAYOUT)
+        B._fill_tokens(a, i, offset, B.Row(req, ctx, req.all_token_ids[ctx:ctx + n]), LAYOUT)
         offset += n
     return a, tables, next_block
 
