@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 ROUTE_HEADER = "X-Jaxinfer-Route-Key"
 SESSION_HEADER = "X-Session-Id"
@@ -106,8 +107,8 @@ def _global(admin_socket: str | None) -> str:
              "global",
              "    maxconn 4096",
              f"    tune.bufsize {BUFSIZE}  # the part of a request body the `user` lookup can see"]
-    if admin_socket:
-        lines.append(f"    stats socket {admin_socket} mode 600 level admin  # runtime API: drain / ready / show stat")
+    if admin_socket:  # absolute: HAProxy reads a relative path as host:port
+        lines.append(f"    stats socket {os.path.abspath(admin_socket)} mode 600 level admin  # runtime API: drain / ready / show stat")
     return "\n".join(lines) + "\n"
 
 

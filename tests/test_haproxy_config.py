@@ -70,6 +70,18 @@ def test_haproxy_accepts_the_rendered_config(tmp_path, balance):
         hx.check_config(binary, path)
 
 
+def test_relative_admin_socket_is_made_absolute(tmp_path, monkeypatch):
+    """HAProxy reads a relative ``stats socket`` path as host:port and refuses the config
+    (a benchmark run with a relative --out did), so the renderer writes it absolute."""
+    monkeypatch.chdir(tmp_path)
+    text = hc.render_config([hc.Upstream("inst1", "127.0.0.1:9001")], admin_socket="logs/admin.sock")
+    assert f"stats socket {tmp_path / 'logs' / 'admin.sock'} " in text
+    binary = hx.find_haproxy()
+    if binary is not None:
+        (tmp_path / "haproxy.cfg").write_text(text)
+        hx.check_config(binary, tmp_path / "haproxy.cfg")
+
+
 def test_bad_upstreams_are_refused():
     with pytest.raises(ValueError, match="at least one"):
         hc.render_config([])
