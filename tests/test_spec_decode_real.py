@@ -30,3 +30,30 @@ def test_oracle_prompts_identical_with_ngram(llm, oracle):
     e = llm.engine
     assert e.speculator.stats.num_accepted_tokens > 0
     assert e.num_free_blocks == e.num_total_blocks and not e.requests
+
+
+def test_input_grounded_prompts_identical_to_no_speculation(llm):
+    """On the input-grounded workload (answers copy spans of the prompt), greedy outputs
+    with n-gram speculation equal those of the same runner without it, in one batch."""
+    import dataclasses
+
+    import numpy as np
+
+    from helpers import run_until_idle
+    from jaxinfer.bench import grounded
+    from jaxinfer.engine import LLMEngine
+
+    tok = llm.get_tokenizer()
+    texts = [t for t, _ in grounded.prompts(3, 120, np.random.default_rng(0))]
+    ids = [tok.encode(t) for t in texts]
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    e = llm.engine
+    accepted = e.speculator.stats.num_accepted_tokens
+    got = [o.outputs[0].token_ids for o in llm.generate(ids, params, use_tqdm=False)]
+    assert e.speculator.stats.num_accepted_tokens > accepted  # drafts were accepted on these prompts
+    plain = LLMEngine(dataclasses.replace(e.config, speculative=None), e.model_config, e.runner,
+                      e.block_manager.num_blocks)
+    for i, p in enumerate(ids):
+        plain.add_request(str(i), p, params)
+    done = run_until_idle(plain)
+    assert got == [done[str(i)].outputs[0].token_ids for i in range(len(ids))]
