@@ -29,6 +29,16 @@ def run_until_idle(engine) -> dict:
     return done
 
 
+def run_requests(engine, prompts, params) -> list:
+    """Add ``prompts`` (ids ``"0"``, ``"1"``...; ``params`` one for all or one each), step
+    ``engine`` until idle, assert nothing leaked; each request's first `CompletionOutput`."""
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, params[i] if isinstance(params, list) else params)
+    done = run_until_idle(engine)
+    assert engine.num_free_blocks == engine.num_total_blocks and not engine.requests  # nothing leaked
+    return [done[str(i)].outputs[0] for i in range(len(prompts))]
+
+
 def tiny_config(vocab=256, hidden=64, layers=2, heads=4, kv_heads=2, inter=128, tied=False, max_pos=512):
     return ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
                        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,

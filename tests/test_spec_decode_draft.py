@@ -15,7 +15,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from helpers import run_until_idle, tiny_config
+from helpers import run_requests, tiny_config
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.engine import LLMEngine
 from jaxinfer.model_runner import CompileCounter
@@ -61,12 +61,7 @@ def small_pool(llm, num_blocks):
         assert other.reset_prefix_cache() and e.reset_prefix_cache()
 
 
-def run(engine, prompts, params):
-    for i, p in enumerate(prompts):
-        engine.add_request(str(i), p, params[i] if isinstance(params, list) else params)
-    done = run_until_idle(engine)
-    assert engine.num_free_blocks == engine.num_total_blocks and not engine.requests
-    return [done[str(i)].outputs[0].token_ids for i in range(len(prompts))]
+run = run_requests
 
 
 def plain(llm, prompts, params):

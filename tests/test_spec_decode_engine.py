@@ -21,7 +21,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import run_until_idle, tiny_config
+from helpers import run_requests, run_until_idle, tiny_config
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.engine import LLMEngine
 from jaxinfer.model_runner import CompileCounter
@@ -53,12 +53,7 @@ def engine_like(llm, num_blocks=None, **changes):
         assert other.reset_prefix_cache() and e.reset_prefix_cache()
 
 
-def run(engine, prompts, params):
-    for i, p in enumerate(prompts):
-        engine.add_request(str(i), p, params[i] if isinstance(params, list) else params)
-    done = run_until_idle(engine)
-    assert engine.num_free_blocks == engine.num_total_blocks and not engine.requests  # nothing leaked
-    return [done[str(i)].outputs[0] for i in range(len(prompts))]
+run = run_requests
 
 
 def reference(llm, prompts, params, **changes):
