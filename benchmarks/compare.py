@@ -289,7 +289,7 @@ def system_info(system: str, cmd: list[str]) -> dict:
     elif system == "llamacpp":
         engine = {"backend": f"llama.cpp llama-server (CPU build, GGML_NATIVE; vendored in llama-cpp-python "
                              f"{llamacpp_peer.LLAMA_CPP_PYTHON_VERSION})",
-                  "dtype": "float16 weights (F16 GGUF of the same Q4_1 checkpoint), float16 KV",
+                  "dtype": "float16 weights (F16 GGUF of the same GGUF checkpoint jaxinfer converts), float16 KV",
                   "batching": "continuous (-np slots)", "request_extra": llamacpp_peer.REQUEST_EXTRA}
     else:
         engine = {"backend": "jaxinfer (attention: server default, pallas on GPU / xla otherwise)", "dtype": "float32",
@@ -477,7 +477,13 @@ def prepare_llamacpp(a, todo) -> dict | None:
     if not any("llamacpp" in systems for _, systems in todo):
         return None
     reasons = []
-    a.llamacpp = llamacpp_peer.ensure_llamacpp(log=lambda m: (print(m, flush=True), reasons.append(m)))
+    try:
+        source = llamacpp_peer.source_gguf(a.model)
+    except (ValueError, OSError, subprocess.CalledProcessError) as exc:
+        print(f"llama.cpp skipped: {exc}", flush=True)
+        return {"available": False, "reason": str(exc)}
+    a.llamacpp = llamacpp_peer.ensure_llamacpp(source_gguf=source,
+                                               log=lambda m: (print(m, flush=True), reasons.append(m)))
     return {"available": a.llamacpp is not None, "version": f"llama-cpp-python {llamacpp_peer.LLAMA_CPP_PYTHON_VERSION}"
             " vendored llama.cpp", "reason": None if a.llamacpp else reasons[-1]}
 

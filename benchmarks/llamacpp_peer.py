@@ -6,9 +6,10 @@ Owns three things, each cached so the second call is instant:
      so one pinned llama.cpp commit and only PyPI as a source);
   2. a CPU build of ``llama-server`` and ``llama-quantize`` (CMake, Release, static,
      ``GGML_NATIVE=ON``, no CUDA, no web UI, no OpenSSL); about 10 minutes on 2 cores;
-  3. ``SmolLM2-135M-Instruct.Q4_1.F16.gguf``: the same Q4_1 checkpoint jaxinfer converts
-     (``weights/.download/``), dequantized to float16 by ``llama-quantize
-     --allow-requantize ... F16``, so both systems serve the same weights.
+  3. ``<source>.F16.gguf``: the same GGUF jaxinfer converts (``weights/.download/``; the
+     default model's Q4_1 file, or Gemma 3's Q4_K_M file, `source_gguf`), dequantized to
+     float16 by ``llama-quantize --allow-requantize ... F16``, so both systems serve the
+     same weights.
 Everything lives under ``$LLAMACPP_HOME`` (default ``~/.cache/jaxinfer/llamacpp``).
 
 `ensure_llamacpp` returns ``(llama-server, F16 gguf)`` or None with the reason printed
@@ -41,6 +42,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SOURCE_GGUF = ROOT / "weights" / ".download" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+SOURCE_GGUFS = {"smollm2-135m-instruct": SOURCE_GGUF,
+                "gemma3-270m": ROOT / "weights" / ".download" / "gemma-3-270m-q4_k_m.gguf"}
 SERVED_NAME = "smollm2-135m-instruct"
 REQUEST_EXTRA = {"cache_prompt": False}  # fields added to every request body sent to llama-server
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON",
@@ -58,13 +61,27 @@ def home() -> Path:
     return Path(os.environ.get("LLAMACPP_HOME") or Path.home() / ".cache" / "jaxinfer" / "llamacpp")
 
 
+def source_gguf(model: str) -> Path:
+    """The GGUF that jaxinfer's ``model`` is converted from (assembled first for Gemma 3).
+
+    Raises:
+      ValueError: ``model`` is not one of `SOURCE_GGUFS` (a local checkpoint has no GGUF).
+    """
+    if model not in SOURCE_GGUFS:
+        raise ValueError(f"no GGUF known for model {model!r}; llama.cpp runs {sorted(SOURCE_GGUFS)}")
+    if model == "gemma3-270m":
+        from jaxinfer.weights import gemma3_gguf
+        return gemma3_gguf(ROOT / "weights")
+    return SOURCE_GGUFS[model]
+
+
 def ensure_llamacpp(root: Path | None = None, source_gguf: Path = SOURCE_GGUF, jobs: int | None = None,
                     log: Callable[[str], None] = print) -> tuple[Path, Path] | None:
     """Build llama.cpp's server and the F16 GGUF if they are not cached yet.
 
     Args:
       root: cache folder (default `home`).
-      source_gguf: the Q4_1 GGUF jaxinfer's default model comes from.
+      source_gguf: the GGUF jaxinfer's model comes from (`source_gguf`).
       jobs: parallel compile jobs (default: CPU count).
       log: where progress lines and the reason for a failure go.
 

@@ -329,3 +329,11 @@ def _spin(seconds: float) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         pass
+
+
+def test_llamacpp_source_gguf_follows_the_model():
+    """llama.cpp serves the GGUF jaxinfer converts for the same ``--model``; other names are refused."""
+    peer = load_benchmark("llamacpp_peer")
+    assert peer.source_gguf("smollm2-135m-instruct").name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    with pytest.raises(ValueError, match="no GGUF known"):
+        peer.source_gguf("weights/my-checkpoint")
