@@ -422,21 +422,4 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
     if config.warmup:
         engine.warmup(progress=progress)
     return engine
-    if params is None:
-        from jaxinfer.params import init_params
-
-        params = init_params(model_config, config.dtype, seed=config.seed)
-    params = jax.device_put(params)
-    weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
-    num_blocks, why = plan_num_blocks(model_config, config.cache, config.dtype, weight_bytes,
-                                      scheduler=config.scheduler)
-    logger.info("KV cache: %s", why)
-    logger.info("%s", settings_line(config, backend, num_blocks))
-    runner = ModelRunner(model_config, params, num_blocks, config.cache.block_size, config.dtype, backend,
-                         config.max_logprobs, config.return_logits)
-    engine = LLMEngine(config, model_config, runner, num_blocks, tokenizer)
-    engine.kv_cache_description = why
-    if config.warmup:
-        engine.warmup(progress=WarmupProgress(use_tqdm))
-    return engine
 
