@@ -112,10 +112,10 @@ PRESETS = {
     "travel6": ChatShape(sessions=24, turns=6, system_tokens=0, user_tokens=0, answer_tokens=48, think_time_s=0.0,
                          cache_sessions=None),
     # History-dominated chat: the history is ~95% of the last prompt, users pause between turns,
-    # and each instance caches about the sessions hashing gives it (24 / 3 = 8) plus a margin
-    # for uneven hashing, not every session of the cluster. See docs/deploy.md.
-    "chat": ChatShape(sessions=24, turns=6, system_tokens=32, user_tokens=32, answer_tokens=96, think_time_s=2.0,
-                      cache_sessions=10.0),
+    # and each instance caches the sessions hashing gives it (HAProxy puts 12 / 7 / 5 of these
+    # 24 session ids on 3 instances), not all 24 that round robin spreads over it. See docs/deploy.md.
+    "chat": ChatShape(sessions=24, turns=6, system_tokens=32, user_tokens=32, answer_tokens=64, think_time_s=2.0,
+                      cache_sessions=12.0),
 }
 DEFAULT_PRESET = "chat"
 
