@@ -390,7 +390,8 @@ def main(argv=None) -> int:
     doc = {"benchmark": "soak", "settings": vars(a), "metadata": meta, **result}
     (out / "soak.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     soak_report.plot(out / "soak.png", result["samples"], result["idle_checks"], warm_s=a.warm_minutes * 60,
-                     title=f"soak: {a.model}, {a.minutes:g} min on {device_label()}")
+                     title=f"soak: {a.model}, {a.minutes:g} min on {device_label()}",
+                     ttft_check=result["acceptance"]["checks"]["ttft_p99_stable"])
     verdict = result["acceptance"]
     for name, check in verdict["checks"].items():
         log.info("%-24s %s", name, "pass" if check["pass"] else f"FAIL {json.dumps(check, default=str)[:300]}")

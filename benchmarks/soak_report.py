@@ -164,9 +164,11 @@ def evaluate(samples: Sequence[dict], idle_checks: Sequence[dict], requests: Seq
     return {"all_pass": all(c["pass"] for c in checks.values()), "checks": checks, "outcomes": outcomes}
 
 
-def plot(path: Path, samples: Sequence[dict], idle_checks: Sequence[dict], *, warm_s: float, title: str) -> Path:
+def plot(path: Path, samples: Sequence[dict], idle_checks: Sequence[dict], *, warm_s: float, title: str,
+         ttft_check: dict | None = None) -> Path:
     """Three panels over time (minutes): RSS (MiB), KV blocks free, TTFT p50 / p99 (ms) per
-    sample interval; the warm phase shaded, the idle-gap ends marked."""
+    sample interval; the warm phase shaded, the idle-gap ends marked, and (given the
+    `ttft_stable` check) the cycles it compares shaded in the TTFT panel."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -183,6 +185,9 @@ def plot(path: Path, samples: Sequence[dict], idle_checks: Sequence[dict], *, wa
     axes[1].legend(loc="lower right")
     for q, key in ((50, "ttft_p50_ms"), (99, "ttft_p99_ms")):
         axes[2].plot(t, [np.nan if s[key] is None else s[key] for s in samples], marker=".", label=f"p{q}")
+    for key, color, label in (("first_cycles", "C2", "first cycles compared"), ("last_cycles", "C1", "last cycles")):
+        for i, (start, end) in enumerate((ttft_check or {}).get(key, [])):
+            axes[2].axvspan(start / 60, end / 60, color=color, alpha=0.12, label=None if i else label)
     axes[2].set_ylabel("TTFT (ms)")
     axes[2].set_xlabel("minutes")
     axes[2].legend(loc="upper left")
