@@ -2,10 +2,15 @@
 
 ``make soak ARGS="--minutes 20"`` (or ``python benchmarks/soak.py --minutes 20``) starts
 ``server.py`` on a free port with a small KV pool and a short waiting queue, then repeats
-cycles of ``--cycle-s`` seconds until ``--minutes`` are over: a load phase (Poisson arrivals
-at ``--rate`` requests/s, and halfway through a burst of ``--burst`` requests at once, more
-than the queue holds, so that 429s happen), then an idle gap of ``--idle-s`` seconds with
-nothing sent. The requests mix:
+whole cycles until ``--minutes`` are over (the last cycle started before then runs to its
+end): a load phase of ``--cycle-s`` minus ``--idle-s`` seconds (Poisson arrivals at
+``--rate`` requests/s, and halfway through a burst of ``--burst`` requests at once, more
+than the queue holds, so that 429s happen), the wait for every answer, then an idle gap of
+``--idle-s`` seconds with nothing sent. Every cycle replays the same seeded load phase
+(`cycle_pattern`): the same arrival times, request kinds, prompt and output lengths,
+prompt texts and sampling seeds, so that two cycles differ only in what the server does
+(the TTFT stability check compares whole cycles: `soak_report.ttft_stable`). The
+requests mix:
   * chat requests sharing one system prompt (prefix caching) and plain completions, with
     random prompt lengths and random ``max_tokens``; half of them streamed;
   * ``--n2-share`` (10%) with ``n = 2``;
@@ -81,7 +86,8 @@ class Spec:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--minutes", type=float, default=20.0, help="length of the run")
+    p.add_argument("--minutes", type=float, default=20.0,
+                   help="length of the run (no cycle starts after it; the last one runs to its end)")
     p.add_argument("--warm-minutes", type=float, default=5.0, help="warm phase, left out of the acceptance checks")
     p.add_argument("--sample-s", type=float, default=10.0, help="seconds between samples")
     p.add_argument("--cycle-s", type=float, default=90.0, help="one load phase + one idle gap (seconds)")
@@ -257,27 +263,45 @@ async def sampler(url: str, proc: psutil.Process, t0: float, every_s: float, sam
 
 # ----------------------------------------------------------------------------- the run
 
-async def load_phase(url: str, a, rng: np.random.Generator, t0: float, until: float, records: list) -> None:
-    """Poisson arrivals until ``until`` (monotonic), one burst halfway; waits for every answer."""
+@dataclasses.dataclass
+class Slot:
+    """One request of a cycle's load phase: when it is sent and what it is."""
+
+    offset_s: float  # seconds from the start of the load phase
+    spec: Spec
+    body_seed: int  # seeds its prompt text and sampling seed (`request_body`)
+
+
+def cycle_pattern(a) -> list[Slot]:
+    """The load phase every cycle replays: Poisson arrivals at ``a.rate`` over ``a.cycle_s -
+    a.idle_s`` seconds and ``a.burst`` requests at once halfway, each drawn by `draw_spec`;
+    a function of ``a.seed`` and the workload flags only (the same list on every call)."""
+    rng = np.random.default_rng(a.seed)
+    load_s = a.cycle_s - a.idle_s
+    slots: list[Slot] = []
+    t, burst_done = 0.0, False
+    while t < load_s:
+        if not burst_done and t >= load_s / 2:
+            slots += [Slot(load_s / 2, draw_spec(rng, a, True), int(rng.integers(1 << 31))) for _ in range(a.burst)]
+            burst_done = True
+        slots.append(Slot(t, draw_spec(rng, a, False), int(rng.integers(1 << 31))))
+        t += float(rng.exponential(1 / a.rate))
+    return slots
+
+
+async def load_phase(url: str, a, pattern: list[Slot], t0: float, cycle: int, records: list) -> None:
+    """Send ``pattern`` (each slot at its offset from now); wait for every answer. Each
+    record gets the ``cycle`` index."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    start = time.monotonic()
     async with httpx.AsyncClient(timeout=a.client_timeout_s, limits=limits) as client:
         tasks = []
-
-        def launch(burst: bool) -> None:
-            spec = draw_spec(rng, a, burst)
-            path, body = request_body(spec, rng, a)
-            tasks.append(asyncio.create_task(send(client, url, spec, body, path, t0)))
-
-        burst_at = time.monotonic() + (until - time.monotonic()) / 2
-        burst_done = False
-        while (now := time.monotonic()) < until:
-            if not burst_done and now >= burst_at:
-                for _ in range(a.burst):
-                    launch(True)
-                burst_done = True
-            launch(False)
-            await asyncio.sleep(min(float(rng.exponential(1 / a.rate)), max(0.0, until - time.monotonic())))
-        records.extend(await asyncio.gather(*tasks))
+        for slot in pattern:
+            await asyncio.sleep(max(0.0, start + slot.offset_s - time.monotonic()))
+            path, body = request_body(slot.spec, np.random.default_rng(slot.body_seed), a)
+            tasks.append(asyncio.create_task(send(client, url, slot.spec, body, path, t0)))
+        done = await asyncio.gather(*tasks)
+    records.extend({**r, "cycle": cycle} for r in done)
 
 
 async def idle_check(url: str, proc: psutil.Process, t0: float) -> dict:
@@ -288,7 +312,7 @@ async def idle_check(url: str, proc: psutil.Process, t0: float) -> dict:
 
 async def run(url: str, proc: psutil.Process, a) -> dict:
     """The whole soak against ``url`` (server process ``proc``); the result dict."""
-    rng = np.random.default_rng(a.seed)
+    pattern = cycle_pattern(a)
     t0 = time.monotonic()
     end = t0 + a.minutes * 60
     idle_kv_free = (await idle_check(url, proc, t0))["kv_free"]
@@ -296,12 +320,11 @@ async def run(url: str, proc: psutil.Process, a) -> dict:
     stop = asyncio.Event()
     sampling = asyncio.create_task(sampler(url, proc, t0, a.sample_s, samples, stop))
     cycle = 0
-    while time.monotonic() < end:
-        load_until = min(time.monotonic() + a.cycle_s - a.idle_s, end - a.idle_s)
-        if load_until > time.monotonic():
-            await load_phase(url, a, rng, t0, load_until, records)
+    while time.monotonic() < end:  # whole cycles only: each one replays the same pattern
+        start_s = time.monotonic() - t0
+        await load_phase(url, a, pattern, t0, cycle, records)
         await asyncio.sleep(a.idle_s)
-        idle_checks.append(await idle_check(url, proc, t0))
+        idle_checks.append({**await idle_check(url, proc, t0), "cycle": cycle, "start_s": round(start_s, 3)})
         cycle += 1
         done = sum(r["outcome"] == "ok" for r in records)
         log.info("cycle %d at %.1f min: %d requests, %d ok; KV free at idle %s (idle value %s)", cycle,
@@ -367,7 +390,8 @@ def main(argv=None) -> int:
     doc = {"benchmark": "soak", "settings": vars(a), "metadata": meta, **result}
     (out / "soak.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     soak_report.plot(out / "soak.png", result["samples"], result["idle_checks"], warm_s=a.warm_minutes * 60,
-                     title=f"soak: {a.model}, {a.minutes:g} min on {device_label()}")
+                     title=f"soak: {a.model}, {a.minutes:g} min on {device_label()}",
+                     ttft_check=result["acceptance"]["checks"]["ttft_p99_stable"])
     verdict = result["acceptance"]
     for name, check in verdict["checks"].items():
         log.info("%-24s %s", name, "pass" if check["pass"] else f"FAIL {json.dumps(check, default=str)[:300]}")

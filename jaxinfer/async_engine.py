@@ -18,6 +18,9 @@ Threading contract:
     500), new work is refused (HTTP 503), `is_healthy` turns False at once and the death
     callbacks run (the server exits non-zero: `jaxinfer.api.engine_death`).
     ``JAXINFER_FAIL_STEP=N`` makes the Nth step raise (`jaxinfer.fault_injection`, a test hook).
+    A step whose host-side preparation raised is not a death: the engine fails that
+    step's requests itself (their outputs finish with ``failed``: HTTP 500) and goes on
+    (`jaxinfer.engine.LLMEngine._fail_step`).
   * `start_draining` (SIGTERM) refuses new requests while in-flight ones finish;
     `shutdown` aborts what is left and joins the thread.
   * The engine thread feeds `ttft` (`jaxinfer.ttft_estimator.TTFTEstimator`: prompt

@@ -17,6 +17,9 @@ Lifecycle of a request:
      matchers (a matcher whose grammar is complete finishes its request with ``stop``).
   4. A finished request (stop, length, abort, timeout, rejected) frees its blocks in the
      step it ends and is reported once with ``finished=True``.
+If preparing a step's batch (after schedule, before the runner) raises, only that step's
+requests fail (``failed``) and the engine goes on (`LLMEngine._fail_step`); a raise
+anywhere else in ``step`` propagates (the caller's fault policy: the engine is dead).
 The engine is single-threaded: the async front end calls it from one thread.
 """
 from __future__ import annotations
@@ -38,6 +41,7 @@ from jaxinfer.drain_rate import DrainRate
 from jaxinfer.engine_protocol import RequestSpec
 from jaxinfer.engine_snapshot import EngineSnapshot
 from jaxinfer.errors import CONTEXT_LENGTH_EXCEEDED, SHORTEN_HINT, QueueFullError, RequestError
+from jaxinfer.fault_injection import PREPARE, StepFault
 from jaxinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from jaxinfer.request import FinishReason, Request
 from jaxinfer.sampling_params import SamplingParams
@@ -48,6 +52,7 @@ logger = logging.getLogger(__name__)
 
 
 STEP_PHASES = ("schedule", "prepare", "mask", "execute", "update")
+MAX_FAILED_PREPARES = 3  # this many step preparations failing in a row kill the engine (`LLMEngine._fail_step`)
 
 
 class EngineStats:
@@ -75,6 +80,7 @@ class EngineStats:
         self.phase_seconds: dict[str, float] = dict.fromkeys(STEP_PHASES, 0.0)
         self.mask_steps = 0  # steps that had a ``mask`` phase (its per-step cost = seconds / steps)
         self.mask_rows = 0  # constrained rows masked, over those steps
+        self.failed_steps = 0  # steps whose host-side preparation raised (their requests failed)
 
 
 class LLMEngine:
@@ -117,6 +123,8 @@ class LLMEngine:
         self.speculator = make_speculator(config.speculative, sc, self.block_manager,
                                           proposer_factory(self.layout) if proposer_factory else None)
         self.eos_token_ids = frozenset(model_config.eos_token_ids)
+        self.prepare_fault = StepFault.from_env(phase=PREPARE)  # the JAXINFER_FAIL_PHASE=prepare test hook
+        self._failed_prepares = 0  # consecutive steps whose preparation raised (`_fail_step`)
         pool_tokens = self.block_manager.num_usable_blocks * cc.block_size
         if pool_tokens < sc.max_model_len:
             logger.warning("the KV pool holds %d tokens, less than max_model_len %d: longer requests get 400",
@@ -312,24 +320,69 @@ class LLMEngine:
             prefill = sum(n for r, n in sched.scheduled if r.num_computed_tokens < r.num_prompt_tokens)
             if self.speculator is not None:
                 self.speculator.attach(sched, self.num_running)
-            inputs = batch_mod.prepare(sched, self.layout)
-            tm = time.perf_counter()
-            self._fill_mask(sched, inputs)
-            t2 = time.perf_counter()
-            result = self.runner.execute(inputs)
-            if self.speculator is not None:
-                self.speculator.observe(inputs)
-            t3 = time.perf_counter()
-            outputs.extend(self._update(sched, result))
-            self.stats.num_steps += 1
-            self.stats.prefill_tokens += prefill
-            phases["prepare"] += tm - t1
-            phases["mask"] += t2 - tm
-            phases["execute"] += t3 - t2
-            phases["update"] += time.perf_counter() - t3
+            try:  # host-side only: a raise here fails this step's requests, not the engine (_fail_step)
+                self.prepare_fault.before_step()
+                inputs = batch_mod.prepare(sched, self.layout)
+                tm = time.perf_counter()
+                self._fill_mask(sched, inputs)
+            except Exception as exc:  # noqa: BLE001 - any bug in preparation; bounded by MAX_FAILED_PREPARES
+                outputs.extend(self._fail_step(sched, exc))
+                phases["prepare"] += time.perf_counter() - t1
+            else:
+                self._failed_prepares = 0
+                t2 = time.perf_counter()
+                result = self.runner.execute(inputs)
+                if self.speculator is not None:
+                    self.speculator.observe(inputs)
+                t3 = time.perf_counter()
+                outputs.extend(self._update(sched, result))
+                self.stats.num_steps += 1
+                self.stats.prefill_tokens += prefill
+                phases["prepare"] += tm - t1
+                phases["mask"] += t2 - tm
+                phases["execute"] += t3 - t2
+                phases["update"] += time.perf_counter() - t3
         self.stats.kv_slots = self._kv_slots()
         self._record_drain()
         self.stats.step_seconds += time.perf_counter() - t0
+        return outputs
+
+    def _fail_step(self, sched: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
+        """Preparing ``sched``'s batch raised before the step reached the device: fail the
+        step's requests alone (``FinishReason.FAILED``, HTTP 500 ``step_failed``), keep serving.
+
+        Safe because nothing of the step left the host: the runner was not called (no
+        device work, no step sent to the followers of a multi-host run), so the KV cache,
+        the runner and the followers hold exactly what the last completed step left; and
+        the host state the step changed belongs to its requests alone: the blocks
+        `schedule` gave them (freed here by `Scheduler.finish`; prefix-cache blocks are
+        registered only in ``update``, after their KV is computed, so no block of this
+        step's uncomputed tokens can be found by a later request), their drafts (cleared;
+        a draft model's proposals, already run, wrote only at positions past each
+        request's computed tokens, in its own unregistered blocks, freed with it) and their
+        grammar matchers (filling the mask does not advance them). Requests
+        preempted by this schedule are back in the waiting queue without blocks, as after
+        any step; waiting ones are untouched. (docs/api.md, "Engine faults".)
+
+        Returns:
+          The failed requests' final outputs.
+        Raises:
+          RuntimeError: the `MAX_FAILED_PREPARES`-th preparation in a row failed (a bug
+            that every step hits): the engine dies as for any step failure.
+        """
+        self._failed_prepares += 1
+        ids = [req.request_id for req, _ in sched.scheduled]
+        if self._failed_prepares >= MAX_FAILED_PREPARES:
+            raise RuntimeError(f"preparing the engine step failed {self._failed_prepares} times in a row "
+                               f"(last: {type(exc).__name__}: {exc})") from exc
+        logger.error("preparing an engine step raised before it reached the device; its %d request(s) %s fail, "
+                     "serving goes on", len(ids), ids, exc_info=exc)
+        outputs = []
+        for req, _ in sched.scheduled:
+            req.draft_token_ids = []
+            self.scheduler.finish(req, FinishReason.FAILED)
+            outputs.append(self._finish_output(req))
+        self.stats.failed_steps += 1
         return outputs
 
     def _record_drain(self) -> None:

@@ -30,6 +30,7 @@ class FinishReason(str, enum.Enum):
     TIMEOUT = "timeout"    # per-request deadline passed (HTTP 504)
     REJECTED = "rejected"  # waited past the maximum queue wait (HTTP 429)
     ERROR = "error"        # static batching: the KV pool could not hold its reservation (HTTP 503)
+    FAILED = "failed"      # preparing its step raised before the device was touched (HTTP 500)
 
 
 @dataclasses.dataclass

@@ -9,6 +9,9 @@ bytes (no pickle):
   ``error`` (the leader fails: its reason), ``ping`` (heartbeat);
 * follower -> leader: ``hello`` (its process id, once), ``ping``, ``error``.
 
+A process that announced its own failure (``error`` sent) only logs the peers' ``error``
+answers (they end because of it) and goes on with its own exit.
+
 Every process runs one heartbeat thread (a ``ping`` to each peer every
 `HEARTBEAT_INTERVAL_S`) and one reader thread per peer. A reader that sees the stream
 close (the peer exited or was killed: the kernel closes its sockets, so even SIGKILL is
@@ -95,6 +98,7 @@ class StepChannel:
         self.leader = leader
         self.peers = peers
         self.stopping = False  # an orderly end is under way: streams closing is expected
+        self.announced_failure = False  # this process told its peers it fails: their "error" echoes are expected
         self._steps: queue.SimpleQueue = queue.SimpleQueue()  # follower: StepInputs, None on stop
         self._send_lock = threading.Lock()
 
@@ -145,8 +149,11 @@ class StepChannel:
         self._send_all({"kind": "stop"}, ignore_errors=True)
 
     def send_error(self, reason: str) -> None:
-        """Tell the peers that this process fails, and why (best effort, never blocks long)."""
+        """Tell the peers that this process fails, and why (best effort, never blocks long).
+        From then on an ``error`` from a peer (its own exit, caused by this news) is only
+        logged: this process is ending on its own terms."""
         self.stopping = True
+        self.announced_failure = True
         for sock in self.peers.values():
             try:
                 sock.settimeout(1.0)
@@ -206,6 +213,9 @@ class StepChannel:
             elif kind == "stop":
                 self.stopping = True
                 self._steps.put(None)
+            elif kind == "error" and self.announced_failure:
+                logger.info("%s is ending too: %s", who, header.get("reason", "?"))
+                return
             elif kind == "error":
                 peer_failure.fail(f"{who} failed: {header.get('reason', '?')}")
 

@@ -10,7 +10,10 @@ Each process has 2 fake CPU devices and the tiny random model is tensor-parallel
 * a start-up failure on the follower (a model that does not exist) ends both processes
   non-zero, the leader's log naming the follower's error;
 * processes that plan different KV pools use the smallest; SIGKILL of the leader then ends
-  the follower, non-zero, within 10 s.
+  the follower, non-zero, within 10 s;
+* a step of the leader's engine that raises (the ``JAXINFER_FAIL_STEP`` hook, set on the
+  leader only) gives the client its 500, ends the leader with status 1 within its fault
+  policy's bound and the follower, non-zero, within 10 s, its log naming the failure.
 
 The independent facts checked are the processes' exit statuses and wall-clock times, the
 HTTP answers, and the logs' reasons. Timing of the failures: `jaxinfer.step_channel`.
@@ -30,6 +33,9 @@ import pytest
 from api_helpers import free_port, wait_until
 from helpers import tiny_config
 
+from jaxinfer.api import engine_death
+from jaxinfer.fault_injection import ENV_VAR as FAIL_STEP_VAR
+
 ROOT = Path(__file__).resolve().parents[1]
 EXIT_BOUND_S = 10.0  # a process must be gone this long after its peer died
 START_TIMEOUT_S = 120.0
@@ -38,7 +44,8 @@ START_TIMEOUT_S = 120.0
 class Job:
     """Two ``server.py`` processes (leader 0, follower 1) of one multi-host run, logs under ``tmp``."""
 
-    def __init__(self, tmp: Path, extra: list[str], per_process: dict[int, list[str]] | None = None):
+    def __init__(self, tmp: Path, extra: list[str], per_process: dict[int, list[str]] | None = None,
+                 env_per_process: dict[int, dict[str, str]] | None = None):
         cfg = tiny_config(vocab=256, hidden=64, layers=2, heads=8, kv_heads=4, inter=128)
         model = tmp / "tiny.json"
         model.write_text(json.dumps(cfg.to_hf_dict()))
@@ -56,8 +63,9 @@ class Job:
             with open(self.logs[i], "w") as log:
                 own = (per_process or {}).get(i, [])
                 model_flag = [] if "--model" in own else ["--model", str(model)]
-                self.procs.append(subprocess.Popen(common + ["--process-id", str(i)] + model_flag + own,
-                                                   cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+                self.procs.append(subprocess.Popen(common + ["--process-id", str(i)] + model_flag + own, cwd=ROOT,
+                                                   env={**env, **(env_per_process or {}).get(i, {})}, stdout=log,
+                                                   stderr=subprocess.STDOUT))
 
     def log(self, i: int) -> str:
         return self.logs[i].read_text(errors="replace")
@@ -94,8 +102,8 @@ class Job:
 def job_factory(tmp_path):
     jobs = []
 
-    def make(extra=(), per_process=None):
-        jobs.append(Job(tmp_path, list(extra), per_process))
+    def make(extra=(), per_process=None, env_per_process=None):
+        jobs.append(Job(tmp_path, list(extra), per_process, env_per_process))
         return jobs[-1]
 
     yield make
@@ -155,3 +163,21 @@ def test_block_count_agreed_and_leader_death_ends_follower(job_factory):
     status, seconds = job.exit_time(1, time.monotonic())
     assert status not in (None, 0), f"follower status {status} after {seconds:.1f} s\n" + job.tails()
     assert "the leader (process 0) is gone" in job.log(1), job.tails()
+
+
+@pytest.mark.slow
+def test_leader_engine_death_ends_follower(job_factory):
+    job = job_factory(["--num-blocks", "64"], env_per_process={0: {FAIL_STEP_VAR: "3"}})
+    job.wait_ready()
+    r = httpx.post(job.url + "/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 8, "temperature": 0,
+                                                       "ignore_eos": True}, timeout=120)
+    died = time.monotonic()  # the 3rd step (after prefill and one decode) raised before the answer
+    assert r.status_code == 500 and r.json()["error"]["code"] == "engine_dead", r.text
+    status0, seconds0 = job.exit_time(0, died, engine_death.EXIT_BOUND_S + 2)
+    assert status0 == engine_death.EXIT_STATUS, f"leader status {status0} after {seconds0:.1f} s\n" + job.tails()
+    status1, seconds1 = job.exit_time(1, died)
+    assert status1 not in (None, 0), f"follower status {status1} after {seconds1:.1f} s\n" + job.tails()
+    follower = job.log(1)
+    assert "the leader (process 0) failed" in follower and "injected failure of engine step 3" in follower, \
+        job.tails()
+    assert "process 1 failed" not in job.log(0), job.tails()  # the leader ended by its own fault policy

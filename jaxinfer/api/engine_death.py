@@ -5,13 +5,15 @@ error, an out-of-memory, a bug; see `jaxinfer.async_engine`), every request in f
 already been failed (HTTP 500 / an SSE error event then ``[DONE]``) and ``/live`` and
 ``/health`` answer 503. The server then:
 
-1. keeps answering for `LINGER_S` seconds (probes and load balancers see the 503s; the
+1. tells the followers of a multi-host run (`jaxinfer.peer_failure.tell_peers`: they exit
+   non-zero at once, their log naming the failure, instead of when this process is gone);
+2. keeps answering for `LINGER_S` seconds (probes and load balancers see the 503s; the
    error responses are written), refusing new work with 503, and aborts the other models'
    requests (their clients get an error, not a cut connection);
-2. stops uvicorn gracefully (the handlers finish writing), then exits with `EXIT_STATUS`
+3. stops uvicorn gracefully (the handlers finish writing), then exits with `EXIT_STATUS`
    at once (`exit_now`: ``os._exit`` after flushing the logs, skipping the interpreter's
    teardown, which can take seconds on a loaded machine and hang on a dead device);
-3. whatever happens, exits with `EXIT_STATUS` at most `EXIT_BOUND_S` seconds after the
+4. whatever happens, exits with `EXIT_STATUS` at most `EXIT_BOUND_S` seconds after the
    failure (``os._exit`` from a timer: a stuck handler or a hung device call cannot keep
    it up).
 
@@ -25,6 +27,8 @@ import logging
 import os
 import sys
 import threading
+
+from jaxinfer import peer_failure
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +71,7 @@ class ExitOnEngineDeath:
             self.error = error
         logger.error("engine of %s died (%s): every request in flight failed; exiting with status %d within %g s",
                      name, error, EXIT_STATUS, EXIT_BOUND_S)
+        peer_failure.tell_peers(f"its engine of {name} died ({error})")  # a multi-host leader's followers end now
         self.models.start_draining()
         self.models.abort_all()
         _daemon_timer(LINGER_S, self._stop)

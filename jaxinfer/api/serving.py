@@ -324,6 +324,9 @@ def _failure_error(reason: str, ctx: ServingContext, model: ServedModel) -> APIE
     if reason == "rejected":
         ctx.metrics.reject("queue_wait_expired", model.name)
         return queue_wait_error(ctx.config.max_queue_wait, _retry_after(ctx, model))
+    if reason == "failed":  # preparing its step raised on the host; the engine goes on (docs/api.md)
+        return APIError(500, "the server failed to prepare the engine step of this request (nothing reached the "
+                        "device; other requests go on): retry it", type="server_error", code="step_failed")
     if reason == "error":  # the static-batching baseline could not reserve max_model_len of KV
         return APIError(503, "the KV cache cannot hold this request's max_model_len reservation (static batching)",
                         code="kv_cache_exhausted", retry_after=ctx.config.retry_after)
