@@ -100,7 +100,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, cc.block_size, cc.enable_prefix_caching)
         self.scheduler = make_scheduler(sc, cc, self.block_manager, cache_salt=config.model_path.encode())
         self.layout = batch_mod.BatchLayout(
-            ladders=BucketLadders(sc.max_num_batched_tokens, sc.max_num_seqs, math.ceil(sc.max_model_len / cc.block_size)),
+            ladders=BucketLadders(sc.max_num_batched_tokens, sc.max_num_seqs,
+                                  math.ceil(sc.max_model_len / cc.block_size)),
             block_size=cc.block_size, vocab_size=model_config.vocab_size, max_model_len=sc.max_model_len,
             max_logit_bias=config.max_logit_bias)
         self.requests: dict[str, Request] = {}
