@@ -25,16 +25,17 @@ import numpy as np
 from jaxinfer import batch as B
 from jaxinfer import sampler
 from jaxinfer.buckets import Bucket, BucketLadders
+from jaxinfer.step_metadata import SamplingMetadata, from_arrays
 
 
-def inputs(rows: int, vocab: int, **fields) -> dict:
-    layout = B.BatchLayout(BucketLadders(rows, rows, 16), 16, vocab, 256, 8, False)
-    a = B.empty_inputs(Bucket(rows, rows, 0), layout, penalties=False)
+def inputs(rows: int, vocab: int, **fields) -> SamplingMetadata:
+    layout = B.BatchLayout(BucketLadders(rows, rows, 16), 16, vocab, 256, 8)
+    a = B.empty_inputs(Bucket(rows, rows, 0), layout, penalties=False).to_arrays()
     for k, v in fields.items():
         a[k][...] = v
     a["any_sampled"][...] = not np.all(a["greedy"])
     a["any_sort"][...] = np.any((a["top_k"] < vocab) | (a["top_p"] < 1))
-    return a
+    return from_arrays(SamplingMetadata, a)
 
 
 def timed(fn, *args, reps: int) -> float:

@@ -1,5 +1,6 @@
-"""Paged attention inside the jitted step: the metadata pytree, the KV write, and the
-switch point between the XLA (pure jnp) path and the Pallas kernel.
+"""Paged attention inside the jitted step: the KV write, and the switch point between the
+XLA (pure jnp) path and the Pallas kernel, both reading exactly the step's
+`jaxinfer.step_metadata.AttentionMetadata` (registered here as a pytree).
 
 KV cache layout (per engine): ``k_cache, v_cache [L, num_blocks, block_size, K, H]``,
 all layers stacked so the layer scan carries it in place (donated to the step); a
@@ -26,6 +27,8 @@ prefill mixed into a decode batch costs no extra context reads: the bytes read t
 real context, whatever the bucket's table width or the longest row.
 Pallas path: writes the new K/V first, then calls ``pallas_kernels.ragged_paged_attention``
 over the whole context (``kv_lens``), under ``shard_map`` over the heads when tensor-parallel.
+Both read the same block tables (each row's context including this step's tokens); the
+XLA path uses only their cached part.
 Einsum letters: T tokens, K kv heads, G query heads per kv head, H head dim, S context.
 """
 from __future__ import annotations
@@ -34,12 +37,12 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 from jax.sharding import Mesh, PartitionSpec as P
 
 from jaxinfer import kv_quant
 from jaxinfer.batch import GROUP_BLOCKS, Q_CHUNK, groups_per_iter
 from jaxinfer.kv_quant import QuantKV
+from jaxinfer.step_metadata import AttentionMetadata
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,44 +68,8 @@ class AttentionBackend:
             raise ValueError(f"unknown attention backend {self.name!r} (expected 'xla' or 'pallas')")
 
 
-@struct.dataclass
-class AttentionMetadata:
-    """Per-step inputs of attention (a registered pytree; shapes are bucketed).
-
-    Attributes:
-      positions: [T] int32 absolute position of each token (padding 0).
-      token_seq: [T] int32 row of each token's sequence; -1 for padding tokens.
-      slot_mapping: [T] int32 cache slot each new K/V is written to (padding 0).
-      row_ctx_len: [R] int32 cached context length of each row (padding 0).
-      row_last: [R] int32 packed index of single-token rows' token (B1); T otherwise.
-      item_row, item_start, item_len: [C] int32 B2 work items: row, first packed token,
-        number of queries (<= Q_CHUNK); num_items: [] int32 items in use.
-      group_row, group_index: [NG] int32 B1 context groups (row R for padding), sorted by
-        row: group g of a row covers its table columns [g*GROUP_BLOCKS, (g+1)*GROUP_BLOCKS);
-        num_groups: [] int32 groups in use.
-      block_tables: [R, W] int32 block table rows. XLA path: the cached context only;
-        Pallas path: the whole context including this step's tokens. Padding 0.
-      query_start_loc: [R+1] int32 first packed token of each row (Pallas path).
-      kv_lens: [R] int32 context length including this step's tokens (Pallas path).
-      num_seqs: [] int32 real rows (Pallas path).
-    """
-
-    positions: jax.Array
-    token_seq: jax.Array
-    slot_mapping: jax.Array
-    row_ctx_len: jax.Array
-    row_last: jax.Array
-    item_row: jax.Array
-    item_start: jax.Array
-    item_len: jax.Array
-    num_items: jax.Array
-    group_row: jax.Array
-    group_index: jax.Array
-    num_groups: jax.Array
-    block_tables: jax.Array
-    query_start_loc: jax.Array
-    kv_lens: jax.Array
-    num_seqs: jax.Array
+# The step's attention contract (`jaxinfer.step_metadata`, host side JAX-free) as a pytree.
+jax.tree_util.register_dataclass(AttentionMetadata)
 
 
 # bfloat16 caches on CPU are stored as their uint16 bits (`kv_storage_dtype`): XLA:CPU
@@ -303,7 +270,8 @@ def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: Attentio
     Args:
       q: [T, N, H] queries. k_new, v_new: [T, K, H] this step's keys/values.
       k_cache, v_cache: [L, NB, bs, K, H] pages (the cached context is read from them).
-      layer: [] int32 layer index. meta: `AttentionMetadata` (XLA-path fields).
+      layer: [] int32 layer index. meta: `AttentionMetadata` (the cached context: positions
+        below ``row_ctx_len``, through the work lists).
       sm_scale: softmax scale (H ** -0.5).
       window: [] int32 sliding window of this layer (keys with ``q_pos - k_pos < window``
         are seen), or None (static) for full causal attention.
@@ -318,7 +286,7 @@ def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: Attentio
     same = (meta.token_seq[:, None] == meta.token_seq[None, :]) & (meta.positions[None, :] <= meta.positions[:, None])
     same = same & _in_window(meta.positions[:, None], meta.positions[None, :], window)
     parts = [_partial_softmax(jnp.where(same[:, None, None, :], s_new, -jnp.inf), v_new)]  # diagonal kept
-    if meta.block_tables.shape[1] > 0:  # static: the bucket has a context width
+    if meta.block_tables.shape[1] > 0:  # static: a table with no columns has no context (model init)
         parts.append(_group_context(qg, k_cache, v_cache, layer, meta, window))
         parts.append(_chunk_context(qg, k_cache, v_cache, layer, meta, min(Q_CHUNK, T), window))
     return _merge(parts).reshape(T, N, H).astype(q.dtype)

@@ -2,8 +2,10 @@
 
 Packs the scheduled requests' new tokens back to back, pads every array to the step's
 `Bucket`, and lays out per-row sampling options, so the jitted step sees only fixed
-shapes. A request verifying speculative drafts takes one single-token row per position
-(`step_rows`). Plain numpy; no JAX import.
+shapes: the typed `jaxinfer.step_metadata.AttentionMetadata` and `SamplingMetadata`. One
+block-table rule whatever the attention backend: a row's table covers its whole context
+including this step's tokens (`_rows_width`). A request verifying speculative drafts
+takes one single-token row per position (`step_rows`). Plain numpy; no JAX import.
 
 Padding conventions: padding tokens have ``token_seq = -1``, position 0 and write slot 0
 (the null block); padding rows have empty block tables (block 0), ``kv_len = 0`` and
@@ -18,6 +20,7 @@ import numpy as np
 
 from jaxinfer import prompt_logprobs
 from jaxinfer.buckets import Bucket, BucketLadders
+from jaxinfer.step_metadata import AttentionMetadata, SamplingMetadata, from_arrays, to_arrays
 
 Q_CHUNK = 64  # queries per context work item of the XLA attention path (B2)
 GROUP_BLOCKS = 4  # blocks per context group of a single-token row (XLA path, B1)
@@ -48,36 +51,45 @@ from jaxinfer.scheduler import SchedulerOutput
 
 @dataclasses.dataclass
 class StepInputs:
-    """Everything one step needs, as padded numpy arrays (shapes in brackets).
+    """Everything one step needs, as padded numpy arrays of ``bucket`` (T tokens, R rows).
 
-    Model/attention: token_ids [T], positions [T], token_seq [T], slot_mapping [T],
-    row_ctx_len [R], row_last [R], item_row/item_start/item_len [C], num_items [],
-    group_row/group_index [NG], num_groups [],
-    block_tables [R, W], query_start_loc [R+1], kv_lens [R], num_seqs [],
-    logits_indices [R] (see `jaxinfer.attention.AttentionMetadata`).
-    Sampling (per row): temperature, top_p, min_p, presence_penalty, frequency_penalty,
-    repetition_penalty [R] float32; top_k [R] int32 (vocab size = off); seeds [R] uint32
-    x2 (``seed_hi``, ``seed_lo``); output_index [R] int32 (index of the token being
-    sampled, folded into the row's key); greedy [R] bool; bias_ids [R, B] int32 /
-    bias_values [R, B] float32; and, only in steps where some row uses penalties
-    (`PENALTY_FIELDS`), hist_ids [R, M] int32 (prompt then output tokens, M =
-    max_model_len) with num_prompt [R] and num_hist [R] int32. A step without penalties
-    ships no history (it was ~90% of a decode step's input bytes), so the runner keeps
-    two sampler variants per row count (vLLM v1 likewise sends penalty state only for
-    the requests that need it).
-    Structured outputs: only in steps where some row has a grammar matcher
-    (``req.matcher``), bitmask [R, ceil(V/32)] int32, all ones (-1) here; the engine
-    fills the constrained rows (`jaxinfer.grammar.GrammarEngine.fill_bitmask`). A second
-    sampler variant per row count, as for penalties.
-    Flags [] bool: any_sampled, any_sort (top-k/top-p), any_penalty, any_logprobs.
-    Prompt logprobs: ``prompt_targets`` [T] int32 (the prompt token each packed token's
-    logits score, -1 for none), only in steps where a row needs them; not one of
-    ``arrays``, so the model and sampler executables never see it.
+    Attributes:
+      bucket: the step's static shape.
+      token_ids: [T] int32 packed new tokens (padding 0).
+      attention: positions, slots, block tables, ragged work lists and the logits rows
+        (`jaxinfer.step_metadata.AttentionMetadata`), the model's only other input.
+      sampling: per-row options, the penalty history only in steps where some row uses
+        penalties (it was ~90% of a decode step's input bytes when always sent; vLLM v1
+        likewise sends penalty state only for the requests that need it), the
+        structured-output bitmask only in steps where some row has a grammar matcher
+        (``req.matcher``; all ones here, the engine fills the constrained rows with
+        `jaxinfer.grammar.GrammarEngine.fill_bitmask`)
+        (`jaxinfer.step_metadata.SamplingMetadata`), the sampler's only other input.
+      prompt_targets: [T] int32 the prompt token each packed token's logits score (-1 for
+        none), only in steps where a row needs prompt logprobs
+        (`jaxinfer.prompt_logprobs.step_targets`); neither model nor sampler sees it.
     """
 
     bucket: Bucket
-    arrays: dict[str, np.ndarray]
-    prompt_targets: np.ndarray | None = None  # [T] int32 (`jaxinfer.prompt_logprobs.step_targets`)
+    token_ids: np.ndarray
+    attention: AttentionMetadata
+    sampling: SamplingMetadata
+    prompt_targets: np.ndarray | None = None
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """token_ids and every present metadata field as one flat name -> array dict (the
+        multi-process step stream; ``prompt_targets`` is not among them)."""
+        return {"token_ids": self.token_ids, **to_arrays(self.attention), **to_arrays(self.sampling)}
+
+    @classmethod
+    def from_arrays(cls, bucket: Bucket, arrays: dict[str, np.ndarray]) -> "StepInputs":
+        """The inverse of `to_arrays`.
+
+        Raises:
+          KeyError / TypeError: a required field is missing.
+        """
+        return cls(bucket, arrays["token_ids"], from_arrays(AttentionMetadata, arrays),
+                   from_arrays(SamplingMetadata, arrays))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +101,6 @@ class BatchLayout:
     vocab_size: int
     max_model_len: int
     max_logit_bias: int
-    table_covers_new_tokens: bool  # True for the Pallas backend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,11 +134,10 @@ def step_rows(sched: SchedulerOutput) -> list[Row]:
 
 
 def _rows_width(rows: list[Row], layout: BatchLayout) -> int:
-    need = 0
-    for row in rows:
-        end = row.start + (len(row.tokens) if layout.table_covers_new_tokens else 0)
-        need = max(need, math.ceil(end / layout.block_size))
-    return need
+    """Block-table columns the rows need: each row's whole context including its new
+    tokens (what the Pallas kernel reads after writing them; the XLA path reads the
+    cached part only, `jaxinfer.step_metadata.AttentionMetadata`)."""
+    return max((math.ceil((row.start + len(row.tokens)) / layout.block_size) for row in rows), default=0)
 
 
 def prepare(sched: SchedulerOutput, layout: BatchLayout) -> StepInputs:
@@ -149,8 +159,9 @@ def prepare_rows(rows: list[Row], layout: BatchLayout, greedy: bool = False) -> 
     num_rows = len(rows)
     num_tokens = sum(len(r.tokens) for r in rows)
     bucket = layout.ladders.round_up(num_tokens, num_rows, _rows_width(rows, layout))
-    a = empty_inputs(bucket, layout, penalties=not greedy and any(r.req.params.has_penalties for r in rows),
-                     mask=not greedy and any(r.req.matcher is not None for r in rows))
+    sampled_rows = [] if greedy else [r.req.params for r in rows]
+    a = _empty_arrays(bucket, layout, penalties=any(p.has_penalties for p in sampled_rows),
+                      mask=not greedy and any(r.req.matcher is not None for r in rows))
     offset = 0
     for i, row in enumerate(rows):
         _fill_tokens(a, i, offset, row, layout)
@@ -159,18 +170,29 @@ def prepare_rows(rows: list[Row], layout: BatchLayout, greedy: bool = False) -> 
         offset += len(row.tokens)
     a["query_start_loc"][num_rows + 1:] = offset
     a["num_seqs"][...] = num_rows
-    for flag, field, neutral in (("any_sampled", "greedy", True), ("any_penalty", "penalized", False)):
-        a[flag][...] = np.any(a[field][:num_rows] != neutral)
+    a["any_sampled"][...] = np.any(~a["greedy"][:num_rows])
+    a["any_penalty"][...] = any(p.has_penalties for p in sampled_rows)
     a["any_sort"][...] = np.any((a["top_k"][:num_rows] < layout.vocab_size) | (a["top_p"][:num_rows] < 1.0))
-    a["any_logprobs"][...] = np.any(a["want_logprobs"][:num_rows])
+    a["any_logprobs"][...] = any(p.logprobs is not None for p in sampled_rows)
     scored = [] if greedy else [(r.req, len(r.tokens)) for r in rows]  # a draft model scores no prompt
-    return StepInputs(bucket, a, prompt_logprobs.step_targets(scored, bucket.num_tokens))
+    return _assemble(bucket, a, prompt_logprobs.step_targets(scored, bucket.num_tokens))
 
 
-def empty_inputs(b: Bucket, layout: BatchLayout, penalties: bool = True, mask: bool = True) -> dict[str, np.ndarray]:
-    """All-padding arrays of bucket ``b``: what `prepare` fills, and the shapes warm-up
-    compiles from (``penalties``: with the `PENALTY_FIELDS`; ``mask``: with the all-ones
-    `MASK_FIELD`; warm-up takes both so that every sampler variant compiles)."""
+def empty_inputs(b: Bucket, layout: BatchLayout, penalties: bool = True, mask: bool = True) -> StepInputs:
+    """All-padding inputs of bucket ``b``: the shapes warm-up compiles from (``penalties``:
+    with the penalty history; ``mask``: with the all-ones bitmask; warm-up takes both so
+    that every sampler variant compiles, `jaxinfer.model_runner.ModelRunner.compile`)."""
+    return _assemble(b, _empty_arrays(b, layout, penalties, mask))
+
+
+def _assemble(b: Bucket, a: dict[str, np.ndarray], prompt_targets: np.ndarray | None = None) -> StepInputs:
+    """The typed `StepInputs` over the filled arrays ``a`` (no copies)."""
+    return StepInputs(b, a["token_ids"], from_arrays(AttentionMetadata, a), from_arrays(SamplingMetadata, a),
+                      prompt_targets)
+
+
+def _empty_arrays(b: Bucket, layout: BatchLayout, penalties: bool, mask: bool) -> dict[str, np.ndarray]:
+    """All-padding arrays of bucket ``b`` by field name, which `prepare_rows` fills."""
     T, R, W, V = b.num_tokens, b.num_seqs, b.ctx_blocks, layout.vocab_size
     C = num_work_items(T, R)
     NG = num_context_groups(R, W)
@@ -186,8 +208,7 @@ def empty_inputs(b: Bucket, layout: BatchLayout, penalties: bool = True, mask: b
         "temperature": np.ones(R, f32), "top_p": np.ones(R, f32), "top_k": np.full(R, V, i32),
         "min_p": np.zeros(R, f32), "presence_penalty": np.zeros(R, f32), "frequency_penalty": np.zeros(R, f32),
         "repetition_penalty": np.ones(R, f32), "seed_hi": np.zeros(R, np.uint32), "seed_lo": np.zeros(R, np.uint32),
-        "output_index": np.zeros(R, i32), "greedy": np.ones(R, bool), "penalized": np.zeros(R, bool),
-        "want_logprobs": np.zeros(R, bool),
+        "output_index": np.zeros(R, i32), "greedy": np.ones(R, bool),
         "bias_ids": np.full((R, layout.max_logit_bias), V, i32), "bias_values": np.zeros((R, layout.max_logit_bias), f32),
         "any_sampled": np.zeros((), bool), "any_sort": np.zeros((), bool), "any_penalty": np.zeros((), bool),
         "any_logprobs": np.zeros((), bool),
@@ -252,13 +273,11 @@ def _fill_sampling(a, i: int, row: Row, layout: BatchLayout) -> None:
     a["seed_hi"][i] = (req.seed >> 32) & 0xFFFFFFFF
     a["seed_lo"][i] = req.seed & 0xFFFFFFFF
     a["output_index"][i] = req.num_output_tokens + len(row.drafts)
-    a["want_logprobs"][i] = p.logprobs is not None
     if p.logit_bias:
         ids, vals = zip(*p.logit_bias)
         a["bias_ids"][i, :len(ids)] = ids
         a["bias_values"][i, :len(vals)] = vals
     if p.has_penalties:
-        a["penalized"][i] = True
         a["presence_penalty"][i] = p.presence_penalty
         a["frequency_penalty"][i] = p.frequency_penalty
         a["repetition_penalty"][i] = p.repetition_penalty

@@ -7,9 +7,10 @@ A step is padded to a `Bucket` = (num_tokens T, num_seqs R, context width W):
     wastes at most ~1/3.
   * R, sequence rows: tied to T as ``min(T, max_num_seqs)`` (a step never has more
     sequences than tokens). Padding rows only cost a row of the LM head each.
-  * W, block-table width in blocks for the *cached context* (tokens computed in earlier
-    steps): 0 (fresh prefills only) then powers of ``width_growth`` up to
-    ``ceil(max_model_len / block_size)``.
+  * W, block-table width in blocks for each row's whole context including this step's
+    tokens (one rule for both attention backends, `jaxinfer.step_metadata.AttentionMetadata`):
+    ``min_width`` then powers of ``width_growth`` up to ``ceil(max_model_len / block_size)``.
+    A step always has a new token, so W is never 0.
 The runner compiles every (T, W) pair at start-up; `round_up` picks the smallest bucket
 that fits. Keep ``len(token_ladder) * len(width_ladder)`` small: each is one compile.
 Plain Python; no JAX import.
@@ -50,10 +51,7 @@ class BucketLadders:
       token_growth: ratio between T rungs (1.5 default).
       width_growth: ratio between W rungs (4 default: few compiles, at most 4x
         over-read of context).
-      min_width: smallest non-zero W rung.
-      with_zero_width: include W = 0 (steps whose rows have no cached context). The
-        Pallas backend's block table also covers the new tokens, so its W is never 0
-        and its ladder starts at ``min_width``.
+      min_width: smallest W rung.
     """
 
     max_num_batched_tokens: int
@@ -62,7 +60,6 @@ class BucketLadders:
     token_growth: float = 1.5
     width_growth: int = 4
     min_width: int = 4
-    with_zero_width: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs > self.max_num_batched_tokens:
@@ -75,7 +72,7 @@ class BucketLadders:
 
     @property
     def width_ladder(self) -> list[int]:
-        out = [0] if self.with_zero_width else []
+        out = []
         w = min(self.min_width, self.max_blocks)
         while w < self.max_blocks:
             out.append(w)

@@ -105,12 +105,11 @@ class LLMEngine:
         sc, cc = config.scheduler, config.cache
         self.block_manager = BlockManager(num_blocks, cc.block_size, cc.enable_prefix_caching)
         self.scheduler = make_scheduler(sc, cc, self.block_manager, cache_salt=config.model_path.encode())
-        backend = getattr(runner, "backend", "xla")
         self.layout = batch_mod.BatchLayout(
-            ladders=BucketLadders(sc.max_num_batched_tokens, sc.max_num_seqs, math.ceil(sc.max_model_len / cc.block_size),
-                                  with_zero_width=backend != "pallas"),
+            ladders=BucketLadders(sc.max_num_batched_tokens, sc.max_num_seqs,
+                                  math.ceil(sc.max_model_len / cc.block_size)),
             block_size=cc.block_size, vocab_size=model_config.vocab_size, max_model_len=sc.max_model_len,
-            max_logit_bias=config.max_logit_bias, table_covers_new_tokens=backend == "pallas")
+            max_logit_bias=config.max_logit_bias)
         self.requests: dict[str, Request] = {}
         self._drain = DrainRate()  # admissions per second, for Retry-After
         self._drain.record(time.monotonic(), 0)  # the measurement starts now
@@ -137,7 +136,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         buckets = self.layout.ladders.all_buckets()
         for i, b in enumerate(buckets):
-            inputs = batch_mod.StepInputs(b, batch_mod.empty_inputs(b, self.layout))
+            inputs = batch_mod.empty_inputs(b, self.layout)
             self.runner.compile(inputs)
             if self.speculator is not None:  # a draft model compiles the same buckets
                 self.speculator.compile(inputs)
@@ -395,7 +394,7 @@ class LLMEngine:
 
     def _fill_mask(self, sched: SchedulerOutput, inputs: batch_mod.StepInputs) -> None:
         """Fill the structured-output rows of the step's bitmask (when the step has one)."""
-        bitmask = inputs.arrays.get(batch_mod.MASK_FIELD)
+        bitmask = inputs.sampling.bitmask
         if bitmask is None:
             return
         rows = [(req.matcher, i) for i, (req, _) in enumerate(sched.scheduled) if req.matcher is not None]

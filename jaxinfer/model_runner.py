@@ -3,10 +3,13 @@
 Owns the parameters, the paged KV cache (donated to every step and returned by it),
 one ahead-of-time compiled executable per `Bucket`, and the compilation counter.
 One step = two compiled calls with the logits kept on device: the model step per
-(tokens, context) bucket (embed, scanned layers with K/V write + paged attention, LM
-head at the rows that need logits), then the sampler per (row count, penalties or not, structured-output mask or not)
-(split so warm-up compiles the sampler a few times, not once per model bucket; the
-no-penalty variant takes no token history, the no-mask variant no bitmask). Sampled ids come back to the host once per
+(tokens, context) bucket over the token ids and the step's `AttentionMetadata` (embed,
+scanned layers with K/V write + paged attention, LM head at its ``logits_indices``), then
+the sampler over the step's `SamplingMetadata` per (row count, penalties or not,
+structured-output mask or not) (split so warm-up compiles the sampler a few times, not
+once per model bucket; the no-penalty variant takes no token history, the no-mask
+variant no bitmask). Both metadata pytrees reach the executables as `jaxinfer.batch`
+made them: the runner never picks fields by name. Sampled ids come back to the host once per
 step. The model step also returns the final hidden states of every packed token [T, D]
 (left on device); in a step with prompt logprobs (`StepInputs.prompt_targets`), a third
 call per token count T runs the LM head over them (`jaxinfer.models.llama.LMHead`, then
@@ -14,6 +17,7 @@ call per token count T runs the LM head over them (`jaxinfer.models.llama.LMHead
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -24,18 +28,14 @@ import numpy as np
 
 from jaxinfer import kv_quant
 from jaxinfer.attention import AttentionBackend, AttentionMetadata, kv_storage_dtype
-from jaxinfer.batch import MASK_FIELD, PENALTY_FIELDS, StepInputs
+from jaxinfer.batch import StepInputs
 from jaxinfer.buckets import Bucket
 from jaxinfer.config import ModelConfig
 from jaxinfer.models.llama import HIDDEN, LlamaForCausalLM, LMHead
 from jaxinfer.sampler import prompt_logprobs, sample
+from jaxinfer.step_metadata import SamplingMetadata
 
 logger = logging.getLogger(__name__)
-
-_META_FIELDS = ("positions", "token_seq", "slot_mapping", "row_ctx_len", "row_last", "item_row", "item_start",
-                "item_len", "num_items", "group_row", "group_index", "num_groups", "block_tables", "query_start_loc",
-                "kv_lens", "num_seqs")
-_MODEL_FIELDS = _META_FIELDS + ("token_ids", "logits_indices")
 
 
 class CompileCounter:
@@ -64,20 +64,26 @@ class CompileCounter:
             cls._installed = True
 
 
-def _split(arrays: dict) -> tuple[dict, dict]:
-    """(model/attention inputs, sampling inputs) of a step."""
-    model = {k: arrays[k] for k in _MODEL_FIELDS}
-    return model, {k: v for k, v in arrays.items() if k not in _MODEL_FIELDS}
+def _specs(tree, sharding=None):
+    """The shapes and dtypes of a pytree of arrays (ahead-of-time compilation)."""
+    return jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding), tree)
 
 
-def _specs(arrays: dict, sharding=None) -> dict:
-    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding) for k, v in arrays.items()}
-
-
-def _sampler_key(num_seqs: int, arrays: dict) -> tuple[int, bool, bool]:
+def _sampler_key(num_seqs: int, s: SamplingMetadata) -> tuple[int, bool, bool]:
     """Sampler executables are per (row count, whether the penalty history is sent,
     whether the structured-output bitmask is sent)."""
-    return num_seqs, "hist_ids" in arrays, MASK_FIELD in arrays
+    return num_seqs, s.has_history, s.has_bitmask
+
+
+def _sampler_variants(s: SamplingMetadata) -> list[SamplingMetadata]:
+    """``s`` and, when it carries them (warm-up shapes), its variants without the
+    penalty history, without the bitmask, and without both."""
+    variants = [s]
+    if s.has_history:
+        variants.append(dataclasses.replace(s, hist_ids=None, num_prompt=None, num_hist=None))
+    if s.has_bitmask:
+        variants += [dataclasses.replace(v, bitmask=None) for v in variants]
+    return variants
 
 
 def kv_cache_shape(cfg: ModelConfig, num_blocks: int, block_size: int) -> tuple[int, ...]:
@@ -143,10 +149,9 @@ class ModelRunner:
             make = jax.jit(lambda: kv_quant.alloc(self.kv_shape, self.kv_cache_dtype), out_shardings=kv_sharding)
         return make(), make()
 
-    def _model_step(self, params, k_cache, v_cache, a: dict):
-        meta = AttentionMetadata(**{f: a[f] for f in _META_FIELDS})
+    def _model_step(self, params, k_cache, v_cache, token_ids, meta: AttentionMetadata):
         (logits, k_cache, v_cache), state = self.model.apply(
-            {"params": params}, a["token_ids"], meta, k_cache, v_cache, a["logits_indices"], mutable=["intermediates"])
+            {"params": params}, token_ids, meta, k_cache, v_cache, meta.logits_indices, mutable=["intermediates"])
         return logits, k_cache, v_cache, state["intermediates"][HIDDEN][0]
 
     def _head_params(self, params) -> dict:
@@ -157,7 +162,7 @@ class ModelRunner:
         logits = self.head.apply({"params": head_params}, hidden)
         return prompt_logprobs(logits, targets, self.max_logprobs)
 
-    def _sample_step(self, logits, s: dict):
+    def _sample_step(self, logits, s: SamplingMetadata):
         out = sample(logits, s, self.max_logprobs)
         if self.return_logits:
             out["logits"] = logits
@@ -167,22 +172,17 @@ class ModelRunner:
         """Compile the model step for ``inputs_like.bucket`` and the sampler for its row
         count, ahead of time from shapes only (no allocation)."""
         bucket = inputs_like.bucket
-        model_a, sample_a = _split(inputs_like.arrays)
         if bucket not in self._executables:
             t0 = time.perf_counter()
             params_spec = jax.tree.map(
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), self.params)
             kv_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.k_cache)
-            self._executables[bucket] = self._jitted.lower(params_spec, kv_spec, kv_spec,
-                                                           _specs(model_a, self._replicated)).compile()
+            self._executables[bucket] = self._jitted.lower(
+                params_spec, kv_spec, kv_spec,
+                *_specs((inputs_like.token_ids, inputs_like.attention), self._replicated)).compile()
             self.num_compilations += 1
             self.compile_seconds += time.perf_counter() - t0
-        variants = [sample_a]
-        if all(k in sample_a for k in PENALTY_FIELDS):  # warm-up shapes: both penalty variants
-            variants.append({k: v for k, v in sample_a.items() if k not in PENALTY_FIELDS})
-        if MASK_FIELD in sample_a:  # ... each with and without the mask
-            variants += [{k: v for k, v in s.items() if k != MASK_FIELD} for s in variants]
-        for s in variants:
+        for s in _sampler_variants(inputs_like.sampling):
             self._compile_sampler(bucket.num_seqs, s)
         self._compile_prompt_head(bucket.num_tokens)
 
@@ -200,15 +200,15 @@ class ModelRunner:
         self.num_compilations += 1
         self.compile_seconds += time.perf_counter() - t0
 
-    def _compile_sampler(self, num_seqs: int, sample_a: dict) -> None:
-        key = _sampler_key(num_seqs, sample_a)
+    def _compile_sampler(self, num_seqs: int, s: SamplingMetadata) -> None:
+        key = _sampler_key(num_seqs, s)
         if key in self._samplers:
             return
         t0 = time.perf_counter()
         logits_spec = jax.ShapeDtypeStruct((num_seqs, self.cfg.vocab_size), jnp.float32, sharding=self._replicated)
         out = {} if self._replicated is None else {"out_shardings": self._replicated}
         self._samplers[key] = jax.jit(self._sample_step, **out).lower(
-            logits_spec, _specs(sample_a, self._replicated)).compile()
+            logits_spec, _specs(s, self._replicated)).compile()
         self.num_compilations += 1
         self.compile_seconds += time.perf_counter() - t0
 
@@ -217,20 +217,20 @@ class ModelRunner:
         pass when ``inputs.prompt_targets`` is set, its results under ``prompt_*`` keys); one
         read back."""
         bucket = inputs.bucket
-        key = _sampler_key(bucket.num_seqs, inputs.arrays)
+        key = _sampler_key(bucket.num_seqs, inputs.sampling)
         if bucket not in self._executables or key not in self._samplers or bucket.num_tokens not in self._prompt_heads:
             logger.warning("compiling bucket %s outside warm-up", bucket)
             self.compile(inputs)
+        host = (inputs.token_ids, inputs.attention, inputs.sampling)
         if self._replicated is not None:
             from jaxinfer.sharding import put_replicated
 
-            dev = put_replicated(inputs.arrays, self._replicated)
+            token_ids, meta, s = put_replicated(host, self._replicated)
         else:
-            dev = jax.device_put(inputs.arrays)
-        model_a, sample_a = _split(dev)
+            token_ids, meta, s = jax.device_put(host)
         logits, self.k_cache, self.v_cache, hidden = self._executables[bucket](self.params, self.k_cache, self.v_cache,
-                                                                               model_a)
-        out = self._samplers[key](logits, sample_a)
+                                                                               token_ids, meta)
+        out = self._samplers[key](logits, s)
         if inputs.prompt_targets is not None:
             targets = jax.device_put(inputs.prompt_targets, self._replicated)
             scored = self._prompt_heads[bucket.num_tokens](self._head_params(self.params), hidden, targets)

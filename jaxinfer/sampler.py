@@ -1,6 +1,7 @@
 """Per-row sampling inside the jitted step.
 
-Every option is a per-row array, so one compiled step serves any mix of greedy and
+Every option is a per-row array of the step's `jaxinfer.step_metadata.SamplingMetadata`
+(registered here as a pytree), so one compiled step serves any mix of greedy and
 sampled rows. Expensive stages run under ``lax.cond`` on batch-wide flags (XLA executes
 only the taken branch), so a greedy batch pays for an argmax only.
 
@@ -15,6 +16,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from jaxinfer.step_metadata import SamplingMetadata
+
+# The step's sampling contract (`jaxinfer.step_metadata`, host side JAX-free) as a pytree;
+# a None field (no penalty history, no bitmask) is an empty subtree: its own executable.
+jax.tree_util.register_dataclass(SamplingMetadata)
 
 
 def apply_bitmask(logits: jax.Array, bitmask: jax.Array) -> jax.Array:
@@ -35,20 +42,20 @@ def apply_bitmask(logits: jax.Array, bitmask: jax.Array) -> jax.Array:
 
 def _apply_bias(logits, s):
     rows = jnp.arange(logits.shape[0])[:, None]
-    return logits.at[rows, s["bias_ids"]].add(s["bias_values"], mode="drop")
+    return logits.at[rows, s.bias_ids].add(s.bias_values, mode="drop")
 
 
 def _apply_penalties(logits, s):
     R, V = logits.shape
     rows = jnp.arange(R)[:, None]
-    j = jnp.arange(s["hist_ids"].shape[1])[None, :]
-    is_out = (j >= s["num_prompt"][:, None]) & (j < s["num_hist"][:, None])
-    counts = jnp.zeros((R, V), jnp.float32).at[rows, s["hist_ids"]].add(is_out.astype(jnp.float32), mode="drop")
-    seen = jnp.zeros((R, V), bool).at[rows, s["hist_ids"]].max(j < s["num_hist"][:, None], mode="drop")
-    rp = s["repetition_penalty"][:, None]
+    j = jnp.arange(s.hist_ids.shape[1])[None, :]
+    is_out = (j >= s.num_prompt[:, None]) & (j < s.num_hist[:, None])
+    counts = jnp.zeros((R, V), jnp.float32).at[rows, s.hist_ids].add(is_out.astype(jnp.float32), mode="drop")
+    seen = jnp.zeros((R, V), bool).at[rows, s.hist_ids].max(j < s.num_hist[:, None], mode="drop")
+    rp = s.repetition_penalty[:, None]
     logits = jnp.where(seen, jnp.where(logits > 0, logits / rp, logits * rp), logits)
-    logits = logits - s["frequency_penalty"][:, None] * counts
-    return logits - s["presence_penalty"][:, None] * (counts > 0)
+    logits = logits - s.frequency_penalty[:, None] * counts
+    return logits - s.presence_penalty[:, None] * (counts > 0)
 
 
 CANDIDATES = 256  # top-k / top-p work on this many best logits per row (lax.top_k), not a full sort
@@ -66,22 +73,22 @@ def _filter_top(logits, s):
     if V <= CANDIDATES:
         return _filter_sorted(logits, s)
     top = jax.lax.top_k(logits, CANDIDATES)[0]  # [R, C] descending
-    k = jnp.clip(s["top_k"], 1, V)
+    k = jnp.clip(s.top_k, 1, V)
     lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)  # the normaliser when no top-k applies
     mass = jnp.sum(jnp.exp(top - lse), axis=-1)
-    covered = (k <= CANDIDATES) | ((k >= V) & (mass >= s["top_p"]))
+    covered = (k <= CANDIDATES) | ((k >= V) & (mass >= s.top_p))
     return jax.lax.cond(jnp.all(covered), _filter_candidates, _filter_sorted, logits, s, (top, lse))
 
 
 def _filter_candidates(logits, s, top_lse):
     top, lse = top_lse
-    return _threshold(logits, top, jnp.clip(s["top_k"], 1, logits.shape[1]), s["top_p"], lse)
+    return _threshold(logits, top, jnp.clip(s.top_k, 1, logits.shape[1]), s.top_p, lse)
 
 
 def _filter_sorted(logits, s, _=None):
     """top_k then top_p masks from one descending sort per row (exact for any top_k / top_p)."""
-    return _threshold(logits, jnp.sort(logits, axis=-1)[:, ::-1], jnp.clip(s["top_k"], 1, logits.shape[1]),
-                      s["top_p"])
+    return _threshold(logits, jnp.sort(logits, axis=-1)[:, ::-1], jnp.clip(s.top_k, 1, logits.shape[1]),
+                      s.top_p)
 
 
 def _threshold(logits, srt, k, top_p, full_lse=None):
@@ -107,17 +114,17 @@ def _threshold(logits, srt, k, top_p, full_lse=None):
 
 
 def _sample(logits, s):
-    x = logits / s["temperature"][:, None]
+    x = logits / s.temperature[:, None]
     probs = jax.nn.softmax(x, axis=-1)
-    x = jnp.where(probs < s["min_p"][:, None] * probs.max(-1, keepdims=True), -jnp.inf, x)
-    x = jax.lax.cond(s["any_sort"], _filter_top, lambda l, _: l, x, s)
-    seeds = (s["seed_hi"].astype(jnp.uint32), s["seed_lo"].astype(jnp.uint32))
+    x = jnp.where(probs < s.min_p[:, None] * probs.max(-1, keepdims=True), -jnp.inf, x)
+    x = jax.lax.cond(s.any_sort, _filter_top, lambda l, _: l, x, s)
+    seeds = (s.seed_hi.astype(jnp.uint32), s.seed_lo.astype(jnp.uint32))
 
     def row(hi, lo, idx, lg):
         key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(lo), hi), idx)
         return jnp.argmax(lg + jax.random.gumbel(key, lg.shape, jnp.float32))
 
-    return jax.vmap(row)(seeds[0], seeds[1], s["output_index"], x).astype(jnp.int32)
+    return jax.vmap(row)(seeds[0], seeds[1], s.output_index, x).astype(jnp.int32)
 
 
 def _logprobs(logits, sampled, num_top: int):
@@ -128,14 +135,14 @@ def _logprobs(logits, sampled, num_top: int):
     return chosen, rank, top_ids.astype(jnp.int32), top_lp
 
 
-def sample(logits: jax.Array, s: dict, num_top_logprobs: int) -> dict:
+def sample(logits: jax.Array, s: SamplingMetadata, num_top_logprobs: int) -> dict:
     """Sample one token per row.
 
     Args:
       logits: [R, V] float32 raw logits.
-      s: per-row sampling arrays from ``batch.StepInputs`` (see there for names/shapes);
-        penalties apply only when the penalty history (``hist_ids`` ...) is present, the
-        structured-output mask only when ``bitmask`` is.
+      s: the step's `SamplingMetadata` (see there for names/shapes); penalties apply only
+        when its penalty history is present, the structured-output mask only when its
+        ``bitmask`` is.
       num_top_logprobs: static N of the returned top-N logprobs (the server maximum).
 
     Returns:
@@ -145,19 +152,19 @@ def sample(logits: jax.Array, s: dict, num_top_logprobs: int) -> dict:
       temperature and filtering (zeros when no row asked for them).
     """
     logits = logits.astype(jnp.float32)
-    if "bitmask" in s:  # static: the structured-output variant (`batch.MASK_FIELD` present)
-        logits = apply_bitmask(logits, s["bitmask"])
+    if s.has_bitmask:  # static: the structured-output variant
+        logits = apply_bitmask(logits, s.bitmask)
     logits = _apply_bias(logits, s)
-    if "hist_ids" in s:  # static: the penalty variant (`batch.PENALTY_FIELDS` present)
-        logits = jax.lax.cond(s["any_penalty"], _apply_penalties, lambda l, _: l, logits, s)
+    if s.has_history:  # static: the penalty variant
+        logits = jax.lax.cond(s.any_penalty, _apply_penalties, lambda l, _: l, logits, s)
     greedy_ids = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    sampled_ids = jax.lax.cond(s["any_sampled"], _sample, lambda l, _: greedy_ids, logits, s)
-    token_ids = jnp.where(s["greedy"], greedy_ids, sampled_ids)
+    sampled_ids = jax.lax.cond(s.any_sampled, _sample, lambda l, _: greedy_ids, logits, s)
+    token_ids = jnp.where(s.greedy, greedy_ids, sampled_ids)
     R = logits.shape[0]
     zeros = (jnp.zeros(R, jnp.float32), jnp.zeros(R, jnp.int32), jnp.zeros((R, num_top_logprobs), jnp.int32),
              jnp.zeros((R, num_top_logprobs), jnp.float32))
     chosen, rank, top_ids, top_lp = jax.lax.cond(
-        s["any_logprobs"], lambda l, t: _logprobs(l, t, num_top_logprobs), lambda l, t: zeros, logits, token_ids)
+        s.any_logprobs, lambda l, t: _logprobs(l, t, num_top_logprobs), lambda l, t: zeros, logits, token_ids)
     return {"token_ids": token_ids, "logprob": chosen, "rank": rank, "top_ids": top_ids, "top_logprobs": top_lp}
 
 

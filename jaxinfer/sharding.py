@@ -253,8 +253,9 @@ def split_replicas(tree, mesh: Mesh) -> list:
             for i in range(len(subs))]
 
 
-def put_replicated(arrays: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
-    """Host arrays -> replicated device arrays on ``sharding``'s devices.
+def put_replicated(arrays, sharding: NamedSharding):
+    """Host arrays (any pytree of numpy arrays: a dict, the step's metadata) -> the same
+    pytree of replicated device arrays on ``sharding``'s devices.
 
     Single process: ``jax.device_put``. Multi-process: every process passes the same
     values (process 0 broadcast them) and builds its local shards with
@@ -263,4 +264,4 @@ def put_replicated(arrays: dict[str, np.ndarray], sharding: NamedSharding) -> di
     """
     if jax.process_count() == 1:
         return jax.device_put(arrays, sharding)
-    return {k: jax.make_array_from_callback(v.shape, sharding, lambda idx, v=v: v[idx]) for k, v in arrays.items()}
+    return jax.tree.map(lambda v: jax.make_array_from_callback(v.shape, sharding, lambda idx: v[idx]), arrays)

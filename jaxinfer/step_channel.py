@@ -141,7 +141,7 @@ class StepChannel:
           OSError: a follower's stream is gone (its reader thread is ending the process).
         """
         b = inputs.bucket
-        self._send_all({"kind": "step", "bucket": [b.num_tokens, b.num_seqs, b.ctx_blocks]}, inputs.arrays)
+        self._send_all({"kind": "step", "bucket": [b.num_tokens, b.num_seqs, b.ctx_blocks]}, inputs.to_arrays())
 
     def send_stop(self) -> None:
         """Leader: tell every follower to leave its loop (errors from gone peers ignored)."""
@@ -209,7 +209,7 @@ class StepChannel:
             header, arrays = msg
             kind = header["kind"]
             if kind == "step":
-                self._steps.put(StepInputs(Bucket(*header["bucket"]), arrays))
+                self._steps.put(StepInputs.from_arrays(Bucket(*header["bucket"]), arrays))
             elif kind == "stop":
                 self.stopping = True
                 self._steps.put(None)

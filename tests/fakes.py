@@ -16,8 +16,6 @@ import numpy as np
 
 
 class FakeRunner:
-    backend = "xla"
-
     def __init__(self, vocab_size: int, step_delay: float = 0.0, max_logprobs: int = 20):
         self.vocab_size = vocab_size
         self.step_delay = step_delay
@@ -36,18 +34,18 @@ class FakeRunner:
         self.steps += 1
         if self.step_delay:
             time.sleep(self.step_delay)
-        a = inputs.arrays
-        R = a["logits_indices"].shape[0]
-        last = a["token_ids"][a["logits_indices"]]
+        rows, s = inputs.attention.logits_indices, inputs.sampling
+        R = rows.shape[0]
+        last = inputs.token_ids[rows]
         nxt = (last + 1) % self.vocab_size
-        forced = np.where(a["bias_values"] >= 50, a["bias_ids"], -1).max(axis=1)
+        forced = np.where(s.bias_values >= 50, s.bias_ids, -1).max(axis=1)
         nxt = np.where(forced >= 0, forced, nxt).astype(np.int32)
         N = self.max_logprobs
         top = (nxt[:, None] + np.arange(N)[None, :]) % self.vocab_size
         out = {"token_ids": nxt, "logprob": np.full(R, -0.5, np.float32), "rank": np.ones(R, np.int32),
                "top_ids": top.astype(np.int32), "top_logprobs": np.tile(-0.5 - np.arange(N, dtype=np.float32), (R, 1))}
         if inputs.prompt_targets is not None:
-            out.update(self._prompt_logprobs(a["token_ids"], inputs.prompt_targets))
+            out.update(self._prompt_logprobs(inputs.token_ids, inputs.prompt_targets))
         return out
 
     def _prompt_logprobs(self, tokens: np.ndarray, targets: np.ndarray) -> dict[str, np.ndarray]:

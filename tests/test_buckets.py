@@ -9,17 +9,17 @@ def test_ladders_and_round_up():
     tl = lad.token_ladder
     assert tl[:4] == [1, 2, 4, 8] and tl[-1] == 512 and tl == sorted(set(tl))
     assert all(b / a <= 2.01 for a, b in zip(tl, tl[1:]))
-    assert lad.width_ladder == [0, 4, 16, 64, 256]
-    assert lad.round_up(1, 1, 0) == Bucket(1, 1, 0)
+    assert lad.width_ladder == [4, 16, 64, 256]
+    assert lad.round_up(1, 1, 1) == Bucket(1, 1, 4)
     assert lad.round_up(3, 3, 1) == Bucket(4, 4, 4)
-    assert lad.round_up(5, 2, 0) == Bucket(8, 8, 0)
+    assert lad.round_up(5, 2, 4) == Bucket(8, 8, 4)
     assert lad.round_up(17, 3, 5) == Bucket(24, 24, 16)
     assert lad.round_up(512, 32, 256) == Bucket(512, 32, 256)
-    assert lad.round_up(40, 32, 0).num_seqs == 32
-    for b in [lad.round_up(t, 1, w) for t in (1, 9, 100, 500) for w in (0, 3, 70)]:
+    assert lad.round_up(40, 32, 1).num_seqs == 32
+    for b in [lad.round_up(t, 1, w) for t in (1, 9, 100, 500) for w in (1, 3, 70)]:
         assert b in lad.all_buckets()
     with pytest.raises(ValueError):
-        lad.round_up(513, 1, 0)
+        lad.round_up(513, 1, 1)
     with pytest.raises(ValueError):
         lad.round_up(8, 1, 257)
 

@@ -1,6 +1,8 @@
 """Sampler properties against NumPy references (jitted, per-row options mixed in one batch)."""
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,13 +11,16 @@ import pytest
 from jaxinfer import batch as B
 from jaxinfer.buckets import Bucket, BucketLadders
 from jaxinfer.sampler import sample
+from jaxinfer.step_metadata import SamplingMetadata, from_arrays
 
 V = 64
-LAYOUT = B.BatchLayout(BucketLadders(16, 8, 8), 16, V, 128, 8, False)
+LAYOUT = B.BatchLayout(BucketLadders(16, 8, 8), 16, V, 128, 8)
 
 
-def arrays(rows: list[dict]) -> dict:
-    a = B.empty_inputs(Bucket(8, 8, 0), LAYOUT)
+def arrays(rows: list[dict]) -> SamplingMetadata:
+    """Sampling metadata of 8 rows, the first ``len(rows)`` set from ``rows`` (field -> value;
+    ``hist``, ``bias``; ``penalized`` / ``want_logprobs`` turn the batch-wide flags on)."""
+    a = B.empty_inputs(Bucket(8, 8, 0), LAYOUT).to_arrays()
     for i, r in enumerate(rows):
         for k, v in r.items():
             if k == "hist":
@@ -24,14 +29,14 @@ def arrays(rows: list[dict]) -> dict:
             elif k == "bias":
                 a["bias_ids"][i, :len(v)] = list(v)
                 a["bias_values"][i, :len(v)] = list(v.values())
-            else:
+            elif k not in ("penalized", "want_logprobs"):
                 a[k][i] = v
     n = len(rows)
     a["any_sampled"][...] = np.any(~a["greedy"][:n])
     a["any_sort"][...] = np.any((a["top_k"][:n] < V) | (a["top_p"][:n] < 1))
-    a["any_penalty"][...] = np.any(a["penalized"][:n])
-    a["any_logprobs"][...] = np.any(a["want_logprobs"][:n])
-    return a
+    a["any_penalty"][...] = any(r.get("penalized", False) for r in rows)
+    a["any_logprobs"][...] = any(r.get("want_logprobs", False) for r in rows)
+    return from_arrays(SamplingMetadata, a)
 
 
 _sample = jax.jit(lambda l, s: sample(l, s, 5))
@@ -129,7 +134,10 @@ def test_top_candidates_filter_equals_full_sort(top_k, top_p):
     V, R = 8192, 4
     rng = np.random.default_rng(top_k % 97)
     logits = jnp.asarray(rng.normal(0, 3.0, (R, V)), jnp.float32)
-    s = {"top_k": jnp.full((R,), V if top_k < 0 else top_k, jnp.int32), "top_p": jnp.full((R,), top_p, jnp.float32)}
+    layout = B.BatchLayout(BucketLadders(R, R, 4), 16, V, 128, 8)
+    s = dataclasses.replace(B.empty_inputs(Bucket(R, R, 4), layout, penalties=False, mask=False).sampling,
+                            top_k=np.full((R,), V if top_k < 0 else top_k, np.int32),
+                            top_p=np.full((R,), top_p, np.float32))
     got = np.asarray(jax.jit(sampler._filter_top)(logits, s))
     want = np.asarray(sampler._filter_sorted(logits, s))
     np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))

@@ -12,16 +12,16 @@ import pytest
 from jaxinfer import batch as B
 from jaxinfer.attention import AttentionMetadata, xla_paged_attention
 from jaxinfer.buckets import Bucket, BucketLadders
-from jaxinfer.model_runner import _META_FIELDS
+from jaxinfer.step_metadata import from_arrays
 
 BS, K, G, H, L = 16, 2, 3, 8, 2
-LAYOUT = B.BatchLayout(BucketLadders(64, 16, 64), BS, 100, 1024, 4, False)
+LAYOUT = B.BatchLayout(BucketLadders(64, 16, 64), BS, 100, 1024, 4)
 
 
 def _pack(rows, width):
     """rows: (ctx_len, new_tokens) per row -> packed arrays, block ids per row."""
     T = sum(n for _, n in rows)
-    a = B.empty_inputs(Bucket(T, len(rows), width), LAYOUT, penalties=False)
+    a = B._empty_arrays(Bucket(T, len(rows), width), LAYOUT, penalties=False, mask=False)
     next_block, tables, offset = 1, [], 0
     for i, (ctx, n) in enumerate(rows):
         nblocks = -(-(ctx + n) // BS)
@@ -60,7 +60,7 @@ def _reference(q, k_new, v_new, k_cache, v_cache, rows, tables, layer, scale, wi
 ])
 @pytest.mark.parametrize("window", [None, 1, 17, 100])
 def test_ragged_step_matches_float64_reference(rows, window):
-    width = max(-(-ctx // BS) for ctx, _ in rows)
+    width = max(-(-(ctx + n) // BS) for ctx, n in rows)  # the table covers the new tokens too
     width = 1 << (width - 1).bit_length()
     a, tables, nb = _pack(rows, width)
     rng = np.random.default_rng(len(rows))
@@ -68,7 +68,7 @@ def test_ragged_step_matches_float64_reference(rows, window):
     q = rng.standard_normal((T, K * G, H))
     k_new, v_new = rng.standard_normal((T, K, H)), rng.standard_normal((T, K, H))
     k_cache, v_cache = rng.standard_normal((L, nb, BS, K, H)), rng.standard_normal((L, nb, BS, K, H))
-    meta = AttentionMetadata(**{f: jnp.asarray(a[f]) for f in _META_FIELDS})
+    meta = from_arrays(AttentionMetadata, {k: jnp.asarray(v) for k, v in a.items()})
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     got = xla_paged_attention(f32(q), f32(k_new), f32(v_new), f32(k_cache), f32(v_cache), jnp.int32(1), meta,
                               H ** -0.5, None if window is None else jnp.int32(window))
