@@ -77,9 +77,11 @@ class StepInputs:
     prompt_targets: np.ndarray | None = None
 
     def to_arrays(self) -> dict[str, np.ndarray]:
-        """token_ids and every present metadata field as one flat name -> array dict (the
-        multi-process step stream; ``prompt_targets`` is not among them)."""
-        return {"token_ids": self.token_ids, **to_arrays(self.attention), **to_arrays(self.sampling)}
+        """token_ids, every present metadata field and ``prompt_targets`` (when set) as one
+        flat name -> array dict: the multi-process step stream. Followers must run the same
+        computations as the leader, the prompt-logprobs pass included."""
+        extra = {} if self.prompt_targets is None else {"prompt_targets": self.prompt_targets}
+        return {"token_ids": self.token_ids, **to_arrays(self.attention), **to_arrays(self.sampling), **extra}
 
     @classmethod
     def from_arrays(cls, bucket: Bucket, arrays: dict[str, np.ndarray]) -> "StepInputs":
@@ -89,7 +91,7 @@ class StepInputs:
           KeyError / TypeError: a required field is missing.
         """
         return cls(bucket, arrays["token_ids"], from_arrays(AttentionMetadata, arrays),
-                   from_arrays(SamplingMetadata, arrays))
+                   from_arrays(SamplingMetadata, arrays), arrays.get("prompt_targets"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -85,3 +85,7 @@ def test_step_inputs_round_trip_through_flat_arrays():
                 else:
                     np.testing.assert_array_equal(getattr(got, f.name), want, err_msg=f.name)
         assert back.sampling.has_history == params.has_penalties
+    want = B.prepare(scheduled([SamplingParams(max_tokens=4, prompt_logprobs=1)]), LAYOUT)
+    assert want.prompt_targets is not None  # followers run the prompt-logprobs pass too
+    back = B.StepInputs.from_arrays(want.bucket, want.to_arrays())
+    np.testing.assert_array_equal(back.prompt_targets, want.prompt_targets)
