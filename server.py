@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--dtype", default="auto", choices=DTYPES,
                        help="weights, activations and KV cache; auto: bfloat16 on GPU/TPU, float32 on CPU")
     model.add_argument("--quantization", default=None, choices=["int8"],
-                       help="int8: weights quantized to int8 with per-output-channel scales as they load "
+                       help="int8: weights quantized to int8 with group scales (one per 64 inputs) as they load "
                        "(docs/quantization.md; default: none)")
     model.add_argument("--attention-backend", default=None, choices=["xla", "pallas"],
                        help="default: pallas on GPU, xla elsewhere")

@@ -11,19 +11,22 @@ engine (`jaxinfer.LLM`):
     from the file, so the comparison is engine against engine);
   * ``decode_tok_s_1`` / ``decode_tok_s_32``: decode-only throughput at 1 and 32 sequences
     (`benchmarks/offline_throughput.decode_only`);
+  * ``perplexity``: `jaxinfer.eval.perplexity` through the same engine (GPL-3's first
+    ``--ppl-tokens`` tokens in 1024-token windows; 8192 as ``python -m jaxinfer.eval``);
   * ``serving``: 32 clients x 512 in / 256 out against ``server.py`` with the same flags
-    (`benchmarks/compare.py`'s ``fixed`` scenario; skipped with ``--no-serving``);
-  * ``perplexity``: ``jaxinfer.eval.perplexity(...)`` when that module exists, else null.
-Writes ``benchmarks/results/<date>-<device>/quantization.json``. A smoke run:
-``python benchmarks/quantization.py --configs f32 int8-both --prompts 2 --decode-steps 4 --no-serving
---no-warmup``.
+    (`benchmarks/compare.py`'s ``fixed`` scenario, ``--serving-requests`` requests), for the
+    ``--serving-configs`` (default all; ``--no-serving``: none).
+Writes ``benchmarks/results/<date>-<device>/quantization.json``. ``--quick`` (about 15
+minutes on an idle 2-core CPU) scores 2048 perplexity tokens, times 32 decode steps and
+serves 32 requests for f32 and int8-both only. A smoke run (minutes):
+``python benchmarks/quantization.py --configs f32 int8-both --prompts 2 --decode-steps 4 --ppl-tokens 64
+--no-serving --no-warmup --out /tmp/qsmoke``.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import importlib.util
-import inspect
 import json
 import sys
 import tempfile
@@ -37,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 from jaxinfer import LLM, SamplingParams  # noqa: E402
 from jaxinfer.builder import kv_bytes_per_block, plan_num_blocks  # noqa: E402
 from jaxinfer.config import CacheConfig  # noqa: E402
+from jaxinfer.eval import perplexity  # noqa: E402
 
 CONFIGS = {  # name: (dtype, quantization, kv_cache_dtype)
     "f32": ("float32", None, "auto"),
@@ -46,6 +50,7 @@ CONFIGS = {  # name: (dtype, quantization, kv_cache_dtype)
     "int8-both": ("float32", "int8", "int8"),
 }
 AGREE_TOKENS = 16
+PPL_WINDOW = 1024  # perplexity window (tokens), as `jaxinfer.eval`'s default
 
 
 def _sibling(name: str):
@@ -68,20 +73,6 @@ def greedy(llm: LLM, prompts) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
 
 
-def perplexity(model: str, dtype: str, quantization, kv_cache_dtype: str):
-    """``jaxinfer.eval.perplexity`` when it exists (with the keywords it accepts), else None."""
-    try:
-        from jaxinfer import eval as jeval
-    except ImportError:
-        return None
-    fn = getattr(jeval, "perplexity", None)
-    if fn is None:
-        return None
-    kw = dict(model=model, dtype=dtype, quantization=quantization, kv_cache_dtype=kv_cache_dtype)
-    accepted = inspect.signature(fn).parameters
-    return fn(**{k: v for k, v in kw.items() if k in accepted})
-
-
 def serving(a, dtype: str, quantization, kv_cache_dtype: str) -> dict | None:
     """compare.py's ``fixed`` scenario (32 x 512/256) against server.py with these flags."""
     compare = _sibling("compare")
@@ -89,14 +80,14 @@ def serving(a, dtype: str, quantization, kv_cache_dtype: str) -> dict | None:
                                                                     if quantization else "")
     with tempfile.TemporaryDirectory() as out:
         res = compare.main(["--systems", "jaxinfer", "--scenarios", "fixed", "--model", a.model,
-                            "--jaxinfer-args", flags, "--out", out])
+                            "--num-requests", str(a.serving_requests), "--jaxinfer-args", flags, "--out", out])
     return res.get("scenarios", res).get("fixed", {}).get("jaxinfer") if isinstance(res, dict) else None
 
 
 def measure(a, name: str, ref_tokens) -> dict:
     dtype, quantization, kv = CONFIGS[name]
     offline = _sibling("offline_throughput")
-    llm = LLM(a.model, dtype=dtype, quantization=quantization, kv_cache_dtype=kv, max_model_len=1024,
+    llm = LLM(a.model, dtype=dtype, quantization=quantization, kv_cache_dtype=kv, max_model_len=PPL_WINDOW + 32,
               max_num_seqs=32, max_num_batched_tokens=512, kv_cache_memory=a.kv_budget, use_tqdm=False,
               warmup=a.warmup)
     runner = llm.engine.runner
@@ -113,11 +104,12 @@ def measure(a, name: str, ref_tokens) -> dict:
     if ref_tokens is not None:
         row["greedy_agreement"] = sum(t == r for t, r in zip(tokens, ref_tokens))
         row["greedy_prompts"] = len(ref_tokens)
+    row["perplexity"] = perplexity(llm, max_tokens=a.ppl_tokens, window=PPL_WINDOW)
+    row["perplexity_tokens"] = a.ppl_tokens
     for batch in (1, 32):
         row[f"decode_tok_s_{batch}"] = offline.decode_only(llm, batch, 64, a.decode_steps)["decode_tok_s"]
-    del llm
-    row["perplexity"] = perplexity(a.model, dtype, quantization, kv)
-    row["serving"] = serving(a, dtype, quantization, kv) if a.serving else None
+    del llm, runner
+    row["serving"] = serving(a, dtype, quantization, kv) if name in a.serving_configs else None
     return row, tokens
 
 
@@ -128,12 +120,23 @@ def main(argv=None) -> dict:
     ap.add_argument("--prompts", type=int, default=None, help="oracle prompts to compare (default: all)")
     ap.add_argument("--decode-steps", type=int, default=64, help="decode steps timed per batch size")
     ap.add_argument("--kv-budget", type=int, default=1 << 30, help="KV bytes for the block count (1 GiB)")
+    ap.add_argument("--ppl-tokens", type=int, default=8192, help="perplexity: tokens of the text scored")
     ap.add_argument("--serving", action=argparse.BooleanOptionalAction, default=True,
-                    help="run the 32 x 512/256 serving scenario per configuration")
+                    help="run the 32 x 512/256 serving scenario (--no-serving: for no configuration)")
+    ap.add_argument("--serving-configs", nargs="+", default=None, choices=list(CONFIGS),
+                    help="configurations served (default: all measured)")
+    ap.add_argument("--serving-requests", type=int, default=64, help="requests of the serving scenario")
+    ap.add_argument("--quick", action="store_true",
+                    help="about 15 minutes on an idle 2-core CPU: --ppl-tokens 2048 --decode-steps 32 "
+                         "--serving-requests 32 --serving-configs f32 int8-both")
     ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                     help="compile every bucket first (--no-warmup: compile on demand, smoke runs)")
     ap.add_argument("--out", default=None, help="default benchmarks/results/<date>-<device>")
     a = ap.parse_args(argv)
+    if a.quick:
+        a.ppl_tokens, a.decode_steps, a.serving_requests = 2048, 32, 32
+        a.serving_configs = a.serving_configs or ["f32", "int8-both"]
+    a.serving_configs = [] if not a.serving else (a.serving_configs or a.configs)
     a.prompts_ids = oracle_prompts(a.prompts)
     compare = _sibling("compare")
     out = Path(a.out or ROOT / "benchmarks" / "results" / f"{datetime.date.today()}-{compare.device_label()}")

@@ -199,7 +199,7 @@ class ModelConfig:
       final_logit_softcapping: logits ``= c * tanh(logits / c)`` (None: off).
 
     Serving choice (not read from checkpoints, not written back):
-      quantization: None (float weights) or ``"int8"``: int8 weights with per-output-channel
+      quantization: None (float weights) or ``"int8"``: int8 weights with group
         scales (`jaxinfer.models.quant`; ``--quantization``), which changes the params tree.
     """
 
@@ -529,7 +529,7 @@ class EngineConfig:
     ``chat_template``: a ``--chat-template`` value (a file, a bundled name such as ``gemma3``, or
     Jinja text: `jaxinfer.templates.load_chat_template`) that replaces the tokenizer's template.
     ``quantization``: None, or ``"int8"`` (``--quantization``): the float weights are
-    quantized to int8 with per-output-channel scales as they are loaded (`jaxinfer.models.quant`).
+    quantized to int8 with group scales (64 inputs per scale) as they are loaded (`jaxinfer.models.quant`).
     ``speculative``: speculative decoding (`jaxinfer.spec_decode.SpeculativeConfig`), None = off.
     """
 

@@ -55,7 +55,7 @@ class LLM:
       scheduling_policy: "fcfs" or "priority" (``SamplingParams.priority`` / ``generate``'s
         ``priority``, lower first); priority_aging_s: seconds of waiting that lower the
         effective priority by 1 (`jaxinfer.priority_scheduler`).
-      quantization: None or "int8": int8 weights with per-output-channel scales, made
+      quantization: None or "int8": int8 weights with group scales (one per 64 inputs of an output channel), made
         from the float checkpoint as it loads (`jaxinfer.models.quant`; vLLM's ``quantization``).
       kv_cache_dtype: "auto", "int8" or "fp8": 8-bit K/V with per-token scales
         (`jaxinfer.kv_quant`; vLLM's ``kv_cache_dtype``).

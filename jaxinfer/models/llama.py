@@ -36,7 +36,8 @@ brackets, mapped to mesh axes in one place by the sharding module):
     post_attention_layernorm / post_feedforward_layernorm); final_norm/scale [D]
   lm_head/kernel [D, V] (embed, vocab), only when embeddings are untied.
 With ``cfg.quantization == "int8"`` (`jaxinfer.models.quant`) every kernel and the embedding
-table are int8 and a ``scale`` leaf sits beside each (its output axes; ``embed/scale [V]``).
+table are int8 and a ``scale`` leaf sits beside each (the kernel's axes, the innermost input
+axis divided by the group size; ``embed/scale [V, D / g]``).
 Einsum letters: T tokens, D model, N query heads, K kv heads, H head dim, F ffn, V vocab.
 """
 from __future__ import annotations
@@ -88,7 +89,7 @@ class RMSNorm(nn.Module):
 def _dense(cfg: ModelConfig, dtype, param_dtype, features, names: tuple[str, ...], name: str, n_in: int = 1):
     """A bias-free projection contracting the input's last ``n_in`` axes into ``features``
     (kernel logical axes ``names``): float ``nn.DenseGeneral``, or `QDenseGeneral` (int8
-    kernel + per-output-channel scale) when ``cfg.quantization`` is "int8"."""
+    kernel + group scales) when ``cfg.quantization`` is "int8"."""
     feats = features if isinstance(features, tuple) else (features,)
     if cfg.quantization == "int8":
         return QDenseGeneral(feats, n_in, names, dtype, name=name)
