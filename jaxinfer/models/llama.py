@@ -13,7 +13,10 @@ sliding window and their own RoPE base (5 local : 1 global in Gemma 3). The per-
 window and RoPE choice are looked up from the traced layer index inside the scan body.
 
 Layers are stacked and run under ``nn.scan`` so compile time does not grow with depth;
-the KV cache rides in the scan carry (never as scan xs/ys, which would copy it). Every
+the KV cache rides in the scan carry (never as scan xs/ys, which would copy it). With
+``scan_layers=False`` the same layers run unrolled, one module per layer over its own
+arrays (``layers_0 .. layers_{L-1}``, `jaxinfer.models.layer_layout`), the KV cache still
+one carried array indexed by layer: faster for a one-token step on XLA:CPU, slower to compile. Every
 layer keeps its whole context in the KV cache (sliding layers too); the window is a mask,
 so prefix caching and recompute after preemption need nothing special.
 
