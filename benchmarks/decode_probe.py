@@ -20,7 +20,9 @@ interleaved (each repetition calls every variant once, in rotating order; median
 Then it decodes ``--decode-steps`` tokens through ``LLMEngine.step`` and reports the
 engine's per-phase milliseconds (schedule / prepare / execute / update). Compile times of
 both layouts are measured on the same inputs with an empty compilation cache (a fresh
-temporary directory), and the two layouts' logits are compared.
+temporary directory), and the two layouts' logits are compared. ``--warmup-widths``
+also compiles, in both layouts, every one-token bucket that a server with the default
+ladders warms up (one per context width): the warm-up cost of unrolling them.
 
 Usage: python benchmarks/decode_probe.py [--prompt-len 128] [--reps 30] [--out FILE]
 """
@@ -105,12 +107,33 @@ def interleaved_ms(fns: dict, reps: int) -> dict:
     return {n: {"median": 1e3 * statistics.median(t), "min": 1e3 * min(t)} for n, t in times.items()}
 
 
+def warmup_widths(e, runner, make, stacked, unrolled) -> dict:
+    """Cold compile seconds of the one-token model step at every context width of the default
+    ladders (`jaxinfer.config.SchedulerConfig` defaults), scanned and unrolled."""
+    from jaxinfer import batch as B
+    from jaxinfer.buckets import Bucket, BucketLadders
+    from jaxinfer.config import SchedulerConfig
+    from jaxinfer.model_runner import _split
+
+    sc = SchedulerConfig()
+    ladders = BucketLadders(sc.max_num_batched_tokens, sc.max_num_seqs, -(-sc.max_model_len // e.layout.block_size))
+    secs = {"scan": {}, "unrolled": {}}
+    for w in ladders.width_ladder:
+        model_a, _ = _split(B.empty_inputs(Bucket(1, 1, w), e.layout, penalties=False))
+        for name, scan, params in (("scan", True, stacked), ("unrolled", False, unrolled)):
+            secs[name][str(w)] = compile_step(runner, make(scan), params, jax.device_put(model_a))[1]
+    return {"widths": ladders.width_ladder, "compile_s": secs,
+            "total_s": {k: sum(v.values()) for k, v in secs.items()},
+            "default_buckets": len(ladders.all_buckets())}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--decode-steps", type=int, default=64)
+    ap.add_argument("--warmup-widths", action="store_true", help="compile all default one-token buckets")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from jaxinfer import LLM
@@ -203,6 +226,8 @@ def main() -> None:
            "interleaved_ms": ms, "compile_s": compile_s, "max_abs_logit_diff_scan_vs_unrolled": diff,
            "engine_step_ms_median": 1e3 * statistics.median(times), "engine_phase_ms_per_step": phases,
            "speedup_unrolled": ms["step_scan"]["median"] / ms["step_unrolled"]["median"]}
+    if args.warmup_widths:
+        out["warmup_one_token_buckets"] = warmup_widths(e, runner, make, stacked, unrolled)
     shutil.rmtree(cache_dir, ignore_errors=True)
     print(json.dumps(out, indent=2))
     if args.out:
