@@ -12,7 +12,7 @@ step. The model step also returns the final hidden states of every packed token 
 call per token count T runs the LM head over them (`jaxinfer.models.llama.LMHead`, then
 `jaxinfer.sampler.prompt_logprobs`), read back with the sampled ids.
 
-Layer layouts (`jaxinfer.models.layer_layout`): buckets of up to ``unroll_max_tokens``
+Layer layouts (`jaxinfer.models.layer_layout`): on CPU, buckets of up to ``unroll_max_tokens``
 tokens (a lone stream's decode step) run the layers unrolled over per-layer weight arrays,
 split from the stacked ones once here; every other bucket runs them under ``nn.scan`` over
 the stacked arrays, which compiles several times faster. Both give the same logits. The
@@ -44,8 +44,10 @@ _META_FIELDS = ("positions", "token_seq", "slot_mapping", "row_ctx_len", "row_la
                 "item_len", "num_items", "group_row", "group_index", "num_groups", "block_tables", "query_start_loc",
                 "kv_lens", "num_seqs")
 _MODEL_FIELDS = _META_FIELDS + ("token_ids", "logits_indices")
-# Buckets of up to this many tokens run unrolled layers (module docstring): the one-token
-# step of a lone stream, where the scanned stack cost most (benchmarks/decode_probe.py).
+# Buckets of up to this many tokens run unrolled layers on CPU (module docstring): the
+# one-token step of a lone stream, where the scanned stack cost most there
+# (benchmarks/decode_probe.py). Other platforms scan: not measured there, and the per-layer
+# copy would take accelerator memory the KV planner does not count.
 UNROLL_MAX_TOKENS = 1
 
 
@@ -112,7 +114,7 @@ class ModelRunner:
         per-token scales (`jaxinfer.kv_quant.QuantKV`; its scales shard with the values).
       unroll_max_tokens: buckets with at most this many tokens run the unrolled layers
         over per-layer arrays (module docstring); 0: every bucket scans; None:
-        `UNROLL_MAX_TOKENS`.
+        `UNROLL_MAX_TOKENS` on CPU, 0 on other platforms.
     """
 
     def __init__(self, cfg: ModelConfig, params, num_blocks: int, block_size: int, dtype: str = "float32",
@@ -136,7 +138,9 @@ class ModelRunner:
         self._shardings = shardings
         self._replicated = shardings[2] if shardings else None
         self.params = params
-        self.unroll_max_tokens = UNROLL_MAX_TOKENS if unroll_max_tokens is None else unroll_max_tokens
+        if unroll_max_tokens is None:
+            unroll_max_tokens = UNROLL_MAX_TOKENS if jax.default_backend() == "cpu" else 0
+        self.unroll_max_tokens = unroll_max_tokens
         # The unrolled layout shares every leaf but the layers' with the stacked tree.
         self.layer_params = unstack_layers(params, cfg.num_hidden_layers) if self.unroll_max_tokens > 0 else None
         self.kv_shape = kv_cache_shape(cfg, num_blocks, block_size)
