@@ -147,10 +147,9 @@ def main() -> None:
     e, runner, cfg = llm.engine, llm.engine.runner, llm.engine.model_config
     inputs = capture_decode(llm, args.prompt_len)
     model_a, sample_a = _split(jax.device_put(inputs.arrays))
-    stacked = runner.params if "layers" in runner.params else None
-    if stacked is None:
-        raise SystemExit("run with the runner in the stacked layout (the probe splits it itself)")
-    unrolled = runner.layer_params if runner.layer_params is not None else unstack_layers(stacked, cfg.num_hidden_layers)
+    stacked, unrolled = runner.params, runner.layer_params  # the runner keeps the stacked tree too
+    if unrolled is None:  # a runner that scans every bucket
+        unrolled = unstack_layers(stacked, cfg.num_hidden_layers)
     make = lambda scan: llama.LlamaForCausalLM(cfg, runner.model.attention, runner.dtype, runner.dtype,  # noqa: E731
                                                scan_layers=scan)
     exes, compile_s = {}, {}
