@@ -12,7 +12,9 @@ fold):
   * ``scan``: stacked [L, ...] weights under ``lax.scan``, separate q/k/v and gate/up
     (the model's layout);
   * ``scan_fused``: the same with one [D, (N+2K)H] q/k/v matmul and one [D, 2F] gate/up;
-  * ``unrolled_fused``: fused matmuls, one array per layer, a Python loop over layers.
+  * ``unrolled``: separate matmuls, one array per layer, a Python loop over layers (the
+    model's ``scan_layers=False`` layout);
+  * ``unrolled_fused``: the same with the fused matmuls.
 
 Usage: python benchmarks/dense_probe.py [--rows 1 32 64] [--reps 5] [--out FILE]
 """
@@ -31,7 +33,7 @@ import numpy as np
 from jaxinfer.bench.metadata import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYOUTS = ("scan", "scan_fused", "unrolled_fused")
+LAYOUTS = ("scan", "scan_fused", "unrolled", "unrolled_fused")
 
 
 def _dot(x, w):
@@ -55,8 +57,12 @@ def make_weights(cfg, layout: str, dtype, seed: int = 0) -> dict:
     if layout == "scan_fused":
         return head | {"qkv": arr(L, D, NH + 2 * KH), "o": arr(L, NH, D), "gate_up": arr(L, D, 2 * F),
                        "down": arr(L, F, D)}
-    layers = [{"qkv": arr(D, NH + 2 * KH), "o": arr(NH, D), "gate_up": arr(D, 2 * F), "down": arr(F, D)}
-              for _ in range(L)]
+    if layout == "unrolled":
+        layers = [{"q": arr(D, NH), "k": arr(D, KH), "v": arr(D, KH), "o": arr(NH, D), "gate": arr(D, F),
+                   "up": arr(D, F), "down": arr(F, D)} for _ in range(L)]
+    else:
+        layers = [{"qkv": arr(D, NH + 2 * KH), "o": arr(NH, D), "gate_up": arr(D, 2 * F), "down": arr(F, D)}
+                  for _ in range(L)]
     return head | {"layers": layers}
 
 
@@ -81,7 +87,7 @@ def make_forward(cfg, layout: str, dtype):
     NH, F = cfg.num_attention_heads * cfg.head_dim, cfg.intermediate_size
 
     def forward(w, x):
-        if layout == "unrolled_fused":
+        if layout.startswith("unrolled"):
             for lw in w["layers"]:
                 x = _layer(x, lw, NH, F, dtype)
         else:

@@ -288,7 +288,8 @@ def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: Attentio
     parts = [_partial_softmax(jnp.where(same[:, None, None, :], s_new, -jnp.inf), v_new)]  # diagonal kept
     if meta.block_tables.shape[1] > 0:  # static: a table with no columns has no context (model init)
         parts.append(_group_context(qg, k_cache, v_cache, layer, meta, window))
-        parts.append(_chunk_context(qg, k_cache, v_cache, layer, meta, min(Q_CHUNK, T), window))
+        if T > 1:  # a one-token bucket's only row is single-token: it never has B2 work items
+            parts.append(_chunk_context(qg, k_cache, v_cache, layer, meta, min(Q_CHUNK, T), window))
     return _merge(parts).reshape(T, N, H).astype(q.dtype)
 
 

@@ -4,7 +4,7 @@ Owns the parameters, the paged KV cache (donated to every step and returned by i
 one ahead-of-time compiled executable per `Bucket`, and the compilation counter.
 One step = two compiled calls with the logits kept on device: the model step per
 (tokens, context) bucket over the token ids and the step's `AttentionMetadata` (embed,
-scanned layers with K/V write + paged attention, LM head at its ``logits_indices``), then
+the layers with K/V write + paged attention, LM head at its ``logits_indices``), then
 the sampler over the step's `SamplingMetadata` per (row count, penalties or not,
 structured-output mask or not) (split so warm-up compiles the sampler a few times, not
 once per model bucket; the no-penalty variant takes no token history, the no-mask
@@ -14,10 +14,17 @@ step. The model step also returns the final hidden states of every packed token 
 (left on device); in a step with prompt logprobs (`StepInputs.prompt_targets`), a third
 call per token count T runs the LM head over them (`jaxinfer.models.llama.LMHead`, then
 `jaxinfer.sampler.prompt_logprobs`), read back with the sampled ids.
+
+Layer layouts (`jaxinfer.models.layer_layout`): on CPU, buckets of up to ``unroll_max_tokens``
+tokens (a lone stream's decode step) run the layers unrolled over per-layer weight arrays,
+split from the stacked ones once here; every other bucket runs them under ``nn.scan`` over
+the stacked arrays, which compiles several times faster. Both give the same logits. The
+per-layer copy costs the layer weights' bytes once more (0 disables it).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -31,11 +38,18 @@ from jaxinfer.attention import AttentionBackend, AttentionMetadata, kv_storage_d
 from jaxinfer.batch import StepInputs
 from jaxinfer.buckets import Bucket
 from jaxinfer.config import ModelConfig
+from jaxinfer.models.layer_layout import unstack_layers
 from jaxinfer.models.llama import HIDDEN, LlamaForCausalLM, LMHead
 from jaxinfer.sampler import prompt_logprobs, sample
 from jaxinfer.step_metadata import SamplingMetadata
 
 logger = logging.getLogger(__name__)
+
+# Buckets of up to this many tokens run unrolled layers on CPU (module docstring): the
+# one-token step of a lone stream, where the scanned stack cost most there
+# (benchmarks/decode_probe.py). Other platforms scan: not measured there, and the per-layer
+# copy would take accelerator memory the KV planner does not count.
+UNROLL_MAX_TOKENS = 1
 
 
 class CompileCounter:
@@ -105,11 +119,14 @@ class ModelRunner:
       shardings: optional (param shardings, kv sharding, replicated) for a mesh.
       kv_cache_dtype: "auto" (the model dtype) or "int8" / "fp8": an 8-bit cache with
         per-token scales (`jaxinfer.kv_quant.QuantKV`; its scales shard with the values).
+      unroll_max_tokens: buckets with at most this many tokens run the unrolled layers
+        over per-layer arrays (module docstring); 0: every bucket scans; None:
+        `UNROLL_MAX_TOKENS` on CPU, 0 on other platforms.
     """
 
     def __init__(self, cfg: ModelConfig, params, num_blocks: int, block_size: int, dtype: str = "float32",
                  backend: str = "xla", max_logprobs: int = 20, return_logits: bool = False, shardings=None,
-                 kv_cache_dtype: str = "auto"):
+                 kv_cache_dtype: str = "auto", unroll_max_tokens: int | None = None):
         CompileCounter.install()
         self.cfg = cfg
         self.dtype = jnp.dtype(dtype)
@@ -128,6 +145,11 @@ class ModelRunner:
         self._shardings = shardings
         self._replicated = shardings[2] if shardings else None
         self.params = params
+        if unroll_max_tokens is None:
+            unroll_max_tokens = UNROLL_MAX_TOKENS if jax.default_backend() == "cpu" else 0
+        self.unroll_max_tokens = unroll_max_tokens
+        # The unrolled layout shares every leaf but the layers' with the stacked tree.
+        self.layer_params = unstack_layers(params, cfg.num_hidden_layers) if self.unroll_max_tokens > 0 else None
         self.kv_shape = kv_cache_shape(cfg, num_blocks, block_size)
         self.kv_dtype = kv_storage_dtype(self.dtype, jax.default_backend())
         self.k_cache, self.v_cache = self._alloc_cache()
@@ -138,7 +160,9 @@ class ModelRunner:
         self.compile_seconds = 0.0
         # sharded: KV stays in its sharding across steps; logits gathered for the sampler
         out = {} if shardings is None else {"out_shardings": (shardings[2], shardings[1], shardings[1], shardings[2])}
-        self._jitted = jax.jit(self._model_step, donate_argnums=(1, 2), **out)
+        self._jitted = jax.jit(functools.partial(self._model_step, self.model), donate_argnums=(1, 2), **out)
+        unrolled = LlamaForCausalLM(cfg, attention, self.dtype, self.dtype, scan_layers=False)
+        self._jitted_unrolled = jax.jit(functools.partial(self._model_step, unrolled), donate_argnums=(1, 2), **out)
         self._jitted_head = jax.jit(self._prompt_step, **({} if shardings is None else {"out_shardings": shardings[2]}))
 
     def _alloc_cache(self):
@@ -149,8 +173,16 @@ class ModelRunner:
             make = jax.jit(lambda: kv_quant.alloc(self.kv_shape, self.kv_cache_dtype), out_shardings=kv_sharding)
         return make(), make()
 
-    def _model_step(self, params, k_cache, v_cache, token_ids, meta: AttentionMetadata):
-        (logits, k_cache, v_cache), state = self.model.apply(
+    def _unrolled(self, bucket: Bucket) -> bool:
+        return bucket.num_tokens <= self.unroll_max_tokens
+
+    def _step_params(self, bucket: Bucket):
+        """The params tree in the layout of ``bucket``'s executable."""
+        return self.layer_params if self._unrolled(bucket) else self.params
+
+    @staticmethod
+    def _model_step(model, params, k_cache, v_cache, token_ids, meta: AttentionMetadata):
+        (logits, k_cache, v_cache), state = model.apply(
             {"params": params}, token_ids, meta, k_cache, v_cache, meta.logits_indices, mutable=["intermediates"])
         return logits, k_cache, v_cache, state["intermediates"][HIDDEN][0]
 
@@ -174,10 +206,12 @@ class ModelRunner:
         bucket = inputs_like.bucket
         if bucket not in self._executables:
             t0 = time.perf_counter()
-            params_spec = jax.tree.map(
-                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), self.params)
+            params_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                                      sharding=getattr(x, "sharding", None)),
+                                       self._step_params(bucket))
             kv_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.k_cache)
-            self._executables[bucket] = self._jitted.lower(
+            jitted = self._jitted_unrolled if self._unrolled(bucket) else self._jitted
+            self._executables[bucket] = jitted.lower(
                 params_spec, kv_spec, kv_spec,
                 *_specs((inputs_like.token_ids, inputs_like.attention), self._replicated)).compile()
             self.num_compilations += 1
@@ -228,8 +262,8 @@ class ModelRunner:
             token_ids, meta, s = put_replicated(host, self._replicated)
         else:
             token_ids, meta, s = jax.device_put(host)
-        logits, self.k_cache, self.v_cache, hidden = self._executables[bucket](self.params, self.k_cache, self.v_cache,
-                                                                               token_ids, meta)
+        logits, self.k_cache, self.v_cache, hidden = self._executables[bucket](
+            self._step_params(bucket), self.k_cache, self.v_cache, token_ids, meta)
         out = self._samplers[key](logits, s)
         if inputs.prompt_targets is not None:
             targets = jax.device_put(inputs.prompt_targets, self._replicated)

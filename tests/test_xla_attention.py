@@ -57,6 +57,7 @@ def _reference(q, k_new, v_new, k_cache, v_cache, rows, tables, layer, scale, wi
     [(1, 1), (15, 1), (16, 1), (17, 1), (63, 1), (64, 1), (65, 1), (300, 1)],
     [(200, 1), (0, 5), (40, 10), (2, 1), (0, 1)],
     [(700, 1), (300, 7), (33, 70), (0, 3)],
+    [(300, 1)],  # a lone decode step: a one-token bucket, which has no B2 loop
 ])
 @pytest.mark.parametrize("window", [None, 1, 17, 100])
 def test_ragged_step_matches_float64_reference(rows, window):

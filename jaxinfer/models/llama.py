@@ -13,7 +13,10 @@ sliding window and their own RoPE base (5 local : 1 global in Gemma 3). The per-
 window and RoPE choice are looked up from the traced layer index inside the scan body.
 
 Layers are stacked and run under ``nn.scan`` so compile time does not grow with depth;
-the KV cache rides in the scan carry (never as scan xs/ys, which would copy it). Every
+the KV cache rides in the scan carry (never as scan xs/ys, which would copy it). With
+``scan_layers=False`` the same layers run unrolled, one module per layer over its own
+arrays (``layers_0 .. layers_{L-1}``, `jaxinfer.models.layer_layout`), the KV cache still
+one carried array indexed by layer: faster for a one-token step on XLA:CPU, slower to compile. Every
 layer keeps its whole context in the KV cache (sliding layers too); the window is a mask,
 so prefix caching and recompute after preemption need nothing special.
 
@@ -200,6 +203,7 @@ class LlamaForCausalLM(nn.Module):
     attention: AttentionBackend = AttentionBackend()
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
+    scan_layers: bool = True
 
     @nn.compact
     def __call__(self, token_ids, meta: AttentionMetadata, k_cache, v_cache, logits_indices):
@@ -209,15 +213,25 @@ class LlamaForCausalLM(nn.Module):
         if c.scale_embeddings:
             x = x * jnp.float32(c.hidden_size ** 0.5)
         rope = layer_rope_tables(meta.positions, c)
-        stack = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
-                        in_axes=(nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
-                        metadata_params={nn.PARTITION_NAME: "layers"})
         carry = (x, k_cache, v_cache, jnp.int32(0))
-        (x, k_cache, v_cache, _), _ = stack(c, self.attention, self.dtype, self.param_dtype,
-                                            name="layers")(carry, meta, rope)
+        if self.scan_layers:
+            stack = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
+                            in_axes=(nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
+                            metadata_params={nn.PARTITION_NAME: "layers"})
+            carry, _ = stack(c, self.attention, self.dtype, self.param_dtype, name="layers")(carry, meta, rope)
+        else:  # one module (and one set of [D, ...] arrays) per layer: `unstack_layers`
+            for i in range(c.num_hidden_layers):
+                carry, _ = DecoderLayer(c, self.attention, self.dtype, self.param_dtype,
+                                        name=layer_name(i))(carry, meta, rope)
+        x, k_cache, v_cache, _ = carry
         x = _norm(c, self.dtype, self.param_dtype)(name="final_norm")(x)  # row-wise: every T row, then gather
         self.sow("intermediates", HIDDEN, x)  # kept only when the caller asks (prompt logprobs read it)
         return lm_head_logits(c, self.dtype, self.param_dtype, x[logits_indices], embed), k_cache, v_cache
+
+
+def layer_name(i: int) -> str:
+    """Parameter-tree key of layer ``i`` in the unrolled layout (``scan_layers=False``)."""
+    return f"layers_{i}"
 
 
 HIDDEN = "final_hidden"  # the sown [T, D] float32 final-normed hidden states (``mutable=["intermediates"]``)
