@@ -12,7 +12,9 @@ Scenarios (closed loop; prompts are random token ids; ``ignore_eos`` so lengths 
     serve every one of them; static batching reserves ``max_model_len`` per member, so only
     ``pool / max_model_len`` of them fit and the rest fail with 503).
   * ``overload``: 4x the clients the KV pool holds, ``fixed``'s lengths, short queue.
-  * ``priority``: ``fixed``'s lengths, twice its clients against ``--max-num-seqs`` =
+  * ``priority``: ``sharegpt``'s lengths (varied lengths free slots one at a time; with
+    fixed lengths every slot frees in the same step, and a queue policy can only pick the
+    next wave), twice its clients against ``--max-num-seqs`` =
     ``--concurrency`` (so half of them queue: priority orders the queue, it cannot help
     when everything runs at once), 20% of the clients interactive (``"priority": 0``) and
     80% batch (``"priority": 5``), against a server with ``--scheduling-policy priority``;
@@ -177,10 +179,10 @@ def scenarios(a) -> dict[str, Scenario]:
                  ("jaxinfer", "jaxinfer-static")),
         Scenario("overload", 4 * a.concurrency, a.concurrency, wl(num_requests=2 * a.num_requests, **fixed),
                  ("jaxinfer", "jaxinfer-static")),
-        Scenario("priority", 2 * a.concurrency, a.concurrency, wl(num_requests=2 * a.num_requests, **fixed),
-                 ("jaxinfer",)),
-        Scenario("priority-fcfs", 2 * a.concurrency, a.concurrency, wl(num_requests=2 * a.num_requests, **fixed),
-                 ("jaxinfer",)),
+        Scenario("priority", 2 * a.concurrency, a.concurrency,
+                 dataclasses.replace(sharegpt, num_requests=2 * a.num_requests), ("jaxinfer",)),
+        Scenario("priority-fcfs", 2 * a.concurrency, a.concurrency,
+                 dataclasses.replace(sharegpt, num_requests=2 * a.num_requests), ("jaxinfer",)),
         Scenario("json8", max(8 // s, 1), max(8 // s, 1), wl(num_requests=a.num_requests, **fixed), ("jaxinfer",),
                  extra_body={"structured_outputs": {"json": JSON8_SCHEMA}}),
         Scenario("grounded1", 1, 1, wl(name="input-grounded", num_requests=a.single_requests,

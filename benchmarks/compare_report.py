@@ -43,8 +43,8 @@ def ratios(result_scenarios: dict) -> dict:
 
 def priority_ratios(result_scenarios: dict) -> dict:
     """The priority mix's pairs: ``interactive/batch`` (the two classes of the priority
-    run) and ``priority/fcfs`` (the priority run over the same mix under FCFS), each
-    `pair_ratios`; only those measured."""
+    run), ``priority/fcfs`` (the priority run over the same mix under FCFS) and, per
+    class, ``priority/fcfs <class>``, each `pair_ratios`; only those measured."""
     prio = result_scenarios.get("priority", {}).get("jaxinfer")
     fcfs = result_scenarios.get("priority-fcfs", {}).get("jaxinfer")
     out = {}
@@ -52,6 +52,9 @@ def priority_ratios(result_scenarios: dict) -> dict:
         out["interactive/batch"] = pair_ratios(prio["classes"]["interactive"], prio["classes"]["batch"])
     if prio is not None and fcfs is not None:
         out["priority/fcfs"] = pair_ratios(prio, fcfs)
+        if "classes" in prio and "classes" in fcfs:  # what the policy did for each class
+            for cls in prio["classes"]:
+                out[f"priority/fcfs {cls}"] = pair_ratios(prio["classes"][cls], fcfs["classes"][cls])
     return out
 
 

@@ -337,3 +337,24 @@ def test_llamacpp_source_gguf_follows_the_model():
     assert peer.source_gguf("smollm2-135m-instruct").name == "SmolLM2-135M-Instruct.Q4_1.gguf"
     with pytest.raises(ValueError, match="no GGUF known"):
         peer.source_gguf("weights/my-checkpoint")
+
+
+def test_priority_mix_warms_both_classes_then_starts_batch_before_interactive(monkeypatch):
+    """Both warm-ups end before any measured request; the interactive clients start after
+    the batch ones (submitted first they would lead the queue under FCFS too)."""
+    mix = load_benchmark("priority_mix")
+    events = []
+
+    async def fake_run(cfg, requests, warmup=()):
+        kind = "warm" if warmup else "measured"
+        events.append((kind, cfg.extra_body["priority"], time.monotonic()))
+        return [], 0.0
+
+    monkeypatch.setattr(mix.load, "run", fake_run)
+    monkeypatch.setattr(mix, "INTERACTIVE_DELAY_S", 0.05)
+    cfg = load.LoadConfig("http://x", "m", concurrency=10)
+    out = asyncio.run(mix._run_classes(cfg, list(range(10)), list(range(4))))
+    assert set(out) == {"interactive", "batch"}
+    assert [e[0] for e in events] == ["warm", "warm", "measured", "measured"]
+    measured = {prio: t for kind, prio, t in events if kind == "measured"}
+    assert measured[5] < measured[0] and measured[0] - measured[5] >= 0.04
