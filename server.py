@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
                             "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' (docs/speculative_decoding.md; "
                             "default: off)")
-    sched.add_argument("--max-queue-len", type=int, default=256, help="waiting requests before 429")
+    sched.add_argument("--max-queue-len", type=int, default=256, help="requests waiting beyond the free sequence slots (--max-num-seqs) before 429")
     sched.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
                        help="admission order: first come first served, or by the request's `priority` (lower "
                             "first, then arrival); under memory pressure the worst priority is preempted")

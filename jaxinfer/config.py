@@ -438,7 +438,8 @@ class SchedulerConfig:
       max_num_seqs: cap on running sequences per step.
       max_num_batched_tokens: per-step token budget (prefill chunks + decodes).
       max_model_len: prompt + output limit in tokens.
-      max_queue_len: bound on the waiting queue (server answers 429 past it).
+      max_queue_len: bound on the waiting queue: requests waiting beyond the free sequence
+        slots (`Scheduler.num_queued`); the server answers 429 past it.
       scheduler: "continuous" or "static" (`StaticScheduler`, the baseline).
       scheduling_policy: continuous only: "fcfs" (`ContinuousScheduler`, first come
         first served) or "priority" (`PriorityScheduler`: ``SamplingParams.priority``,

@@ -169,7 +169,8 @@ class LLMEngine:
         Raises:
           RequestError: empty prompt, ids outside the vocabulary, too long, never fits,
             duplicate id, more sequences than ``max_queue_len``.
-          QueueFullError: the waiting queue has no room for the whole group now.
+          QueueFullError: the waiting queue (requests beyond the free sequence slots) has no
+            room for the whole group now.
         """
         max_tokens = self.check_requests(specs)
         for spec, n in zip(specs, max_tokens):
@@ -194,9 +195,9 @@ class LLMEngine:
         if len(specs) > max_queue_len:  # could never be queued at once: not "retry later"
             raise RequestError(f"this request asks for {len(specs)} sequences (prompts x n); the server queues "
                                f"at most {max_queue_len} (--max-queue-len)", param="n")
-        waiting = self.num_waiting
-        if waiting + len(specs) > max_queue_len:
-            wait = self._drain.seconds_to_drain(waiting, time.monotonic())
+        # the queue is what waits beyond the free sequence slots (`Scheduler.num_queued`)
+        if self.num_waiting + len(specs) - self.scheduler.free_slots > max_queue_len:
+            wait = self._drain.seconds_to_drain(self.scheduler.num_queued, time.monotonic())
             raise QueueFullError(f"waiting queue is full ({max_queue_len} requests)", retry_after=wait)
         return max_tokens
 

@@ -131,6 +131,20 @@ class Scheduler(abc.ABC):
         """Requests holding KV blocks (for the fragmentation statistic)."""
         return self.running
 
+    @property
+    def free_slots(self) -> int:
+        """Sequence slots the next step can start waiting requests in (``max_num_seqs``
+        minus running requests)."""
+        return max(0, self.config.max_num_seqs - len(self.running))
+
+    @property
+    def num_queued(self) -> int:
+        """Waiting requests beyond the `free_slots`: those that will still wait after the
+        next step; what ``max_queue_len`` bounds. A burst that arrives between two steps
+        thus fills the free slots before anything counts as queued (counting every waiting
+        request turned a burst of 64 away at 8 queued while 32 slots stood empty)."""
+        return max(0, len(self.waiting) - self.free_slots)
+
     def expire(self, now: float) -> list[Request]:
         """Finish requests past their deadline (TIMEOUT) and waiting ones past their
         queue-wait limit (REJECTED); returns them."""

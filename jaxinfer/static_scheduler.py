@@ -62,6 +62,11 @@ class StaticScheduler(Scheduler):
         return self.batch
 
     @property
+    def free_slots(self) -> int:
+        """Slots the next batch can take: none while a batch is in flight, else a batch."""
+        return 0 if self.batch else self.config.max_num_seqs
+
+    @property
     def batch_deadline(self) -> float | None:
         """Monotonic time (s) at which the queued requests form a batch by timeout, or None
         (a batch is in flight or nothing waits). The engine thread sleeps until then."""

@@ -41,7 +41,7 @@ def test_engine_queue_full_carries_measured_retry_after():
         e.add_request(f"r{i}", [10 + i], sp)
     for _ in range(3):
         e.step()  # each step admits one request and finishes it
-    for i in range(4, 7):
+    for i in range(4, 8):  # 5 waiting: the free slot takes one, 4 are queued
         e.add_request(f"r{i}", [10 + i], sp)
     with pytest.raises(QueueFullError) as info:
         e.add_request("over", [99], sp)

@@ -17,7 +17,7 @@ def spec(rid: str, prompt=(1, 2, 3), **params) -> RequestSpec:
 
 @pytest.fixture()
 def router():
-    r = DataParallelRouter([fake_engine(max_queue_len=3), fake_engine(max_queue_len=3)])
+    r = DataParallelRouter([fake_engine(max_queue_len=3, max_num_seqs=1), fake_engine(max_queue_len=3, max_num_seqs=1)])
     yield r
     r.shutdown()
 
@@ -35,21 +35,21 @@ def test_add_requests_is_all_or_none(bad):
 
 
 def test_add_requests_checks_room_for_the_whole_group():
-    e = fake_engine(max_queue_len=3)
-    e.add_requests([spec("a"), spec("b")])
+    e = fake_engine(max_queue_len=3, max_num_seqs=1)
+    e.add_requests([spec("a"), spec("b"), spec("c")])  # one takes the free slot, 2 are queued
     with pytest.raises(QueueFullError):
-        e.add_requests([spec("c"), spec("d")])
+        e.add_requests([spec("d"), spec("e")])
     with pytest.raises(RequestError) as exc:  # could never be queued at once: a 400, not "retry later"
         fake_engine(max_queue_len=3).add_requests([spec(str(i)) for i in range(4)])
     assert exc.value.param == "n"
-    assert e.num_waiting == 2
+    assert e.num_waiting == 3
 
 
 def test_router_spreads_a_group_and_admits_it_all_or_none(router):
     router.add_requests([spec(str(i)) for i in range(4)])
     assert [e.num_waiting for e in router.engines] == [2, 2]
-    with pytest.raises(QueueFullError):  # 2 more fit (one per replica), 3 do not
-        router.add_requests([spec(f"x{i}") for i in range(3)])
+    with pytest.raises(QueueFullError):  # 4 more fit (3 queued + 1 free slot per replica), 5 do not
+        router.add_requests([spec(f"x{i}") for i in range(5)])
     with pytest.raises(RequestError):
         router.add_requests([spec("y"), spec("y")])
     with pytest.raises(RequestError):
@@ -58,3 +58,18 @@ def test_router_spreads_a_group_and_admits_it_all_or_none(router):
     while router.has_unfinished_requests():
         router.step()
     assert router.snapshot().finished["length"] == 4
+
+
+def test_a_burst_fills_the_free_slots_before_anything_counts_as_queued():
+    """Between two steps, requests up to the free sequence slots plus ``max_queue_len`` are
+    taken; one more is a 429 (counting every waiting request refused a burst while the
+    slots stood empty)."""
+    e = fake_engine(max_queue_len=2, max_num_seqs=4)
+    for i in range(6):  # 4 free slots + 2 queued
+        e.add_requests([spec(f"b{i}")])
+    with pytest.raises(QueueFullError):
+        e.add_requests([spec("over")])
+    e.step()  # the 4 start: 2 waiting, 0 free slots, 2 queued: still full
+    assert e.num_running == 4 and e.scheduler.num_queued == 2
+    with pytest.raises(QueueFullError):
+        e.add_requests([spec("over")])
