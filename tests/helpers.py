@@ -106,3 +106,39 @@ def borrowed_runner(engine, num_blocks: int | None = None, **cache_overrides):
         yield other
     finally:
         assert engine.reset_prefix_cache(), "owner engine must be idle while its runner is borrowed"
+
+
+def http_healthy(url: str) -> bool:
+    """``GET url/health`` answered 200 (False on any HTTP or connection error)."""
+    import httpx
+
+    try:
+        return httpx.get(url + "/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def post_completions_at_once(url: str, clients: int, max_tokens: int, join_s: float) -> tuple[dict, list]:
+    """``clients`` threads each POST one ``/v1/completions`` (prompt ``[1000 + i]``, odd ones
+    streamed); returns ({i: response or the exception raised}, the threads, joined for up
+    to ``join_s`` seconds each)."""
+    import threading
+
+    import httpx
+
+    results: dict = {}
+
+    def call(i: int) -> None:
+        body = {"prompt": [1000 + i], "max_tokens": max_tokens, "ignore_eos": True, "stream": i % 2 == 1}
+        try:
+            with httpx.Client(timeout=30) as c:
+                results[i] = c.post(url + "/v1/completions", json=body)
+        except BaseException as exc:  # noqa: BLE001 - the caller asserts on it
+            results[i] = exc
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_s)
+    return results, threads

@@ -23,6 +23,7 @@ import pytest
 
 from api_helpers import REPO, V, assert_error, fake_engine, free_port, sse_events, wait_until
 from fakes import FakeRunner
+from helpers import http_healthy
 from jaxinfer.api import engine_death
 from jaxinfer.api.model_registry import ModelRegistry, ServedModel
 from jaxinfer.async_engine import AsyncEngine, EngineDeadError, RequestSpec
@@ -68,13 +69,7 @@ def test_injected_step_failure_fails_every_client_and_exits_nonzero():
     url = f"http://127.0.0.1:{port}"
     proc = _start_server(port)
     try:
-        def healthy():
-            try:
-                return httpx.get(url + "/health", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        assert wait_until(healthy, 60, 0.1), proc.stdout.read1().decode() if proc.poll() is not None else "no health"
+        assert wait_until(lambda: http_healthy(url), 60, 0.1), proc.stdout.read1().decode() if proc.poll() is not None else "no health"
         seen = {"/live": set(), "/health": set()}
         stop = threading.Event()
         poller = threading.Thread(target=_poll_probes, args=(url, seen, stop), daemon=True)

@@ -15,14 +15,13 @@ import json
 import os
 import subprocess
 import sys
-import threading
 
 import httpx
 import numpy as np
 import pytest
 
 from api_helpers import REPO, assert_error, fake_engine, free_port, sse_events, wait_until
-from helpers import borrowed_runner, run_until_idle, tiny_config
+from helpers import borrowed_runner, http_healthy, post_completions_at_once, run_until_idle, tiny_config
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.engine import MAX_FAILED_PREPARES
 from jaxinfer.fault_injection import ENV_VAR, PHASE_ENV_VAR, PREPARE, STEP, InjectedStepFault, StepFault
@@ -114,28 +113,8 @@ def test_server_answers_the_failed_step_and_keeps_serving():
     proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "fake_server.py"), str(port), "30"], cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        def healthy():
-            try:
-                return httpx.get(url + "/health", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        assert wait_until(healthy, 60, 0.1), "no health"
-        results: dict[int, httpx.Response | BaseException] = {}
-
-        def call(i: int) -> None:
-            body = {"prompt": [1000 + i], "max_tokens": 100, "ignore_eos": True, "stream": i % 2 == 1}
-            try:
-                with httpx.Client(timeout=30) as c:
-                    results[i] = c.post(url + "/v1/completions", json=body)
-            except BaseException as exc:  # noqa: BLE001 - asserted on below
-                results[i] = exc
-
-        clients = [threading.Thread(target=call, args=(i,)) for i in range(12)]
-        for t in clients:
-            t.start()
-        for t in clients:
-            t.join(30)
+        assert wait_until(lambda: http_healthy(url), 60, 0.1), "no health"
+        results, clients = post_completions_at_once(url, 12, max_tokens=100, join_s=30)
         assert not any(t.is_alive() for t in clients), "a client was left hanging"
         failed = ok = 0
         for i, r in sorted(results.items()):

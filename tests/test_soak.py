@@ -7,11 +7,11 @@ import json
 import subprocess
 import sys
 
-import httpx
 import numpy as np
 import pytest
 
 from api_helpers import REPO, free_port, wait_until
+from helpers import http_healthy
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -122,13 +122,7 @@ def test_half_minute_smoke_against_a_server(tmp_path):
     server = subprocess.Popen([sys.executable, str(REPO / "tests" / "fake_server.py"), str(port), "5"], cwd=REPO,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        def healthy():
-            try:
-                return httpx.get(url + "/health", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        assert wait_until(healthy, 60, 0.1)
+        assert wait_until(lambda: http_healthy(url), 60, 0.1)
         # the fake engine queues 64 requests: a burst of 72 overflows it
         proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "soak.py"), "--url", url, "--server-pid",
                                str(server.pid), "--minutes", "0.5", "--warm-minutes", "0.1", "--cycle-s", "12",
