@@ -21,12 +21,17 @@ Scenarios (closed loop; prompts are random token ids; ``ignore_eos`` so lengths 
     TTFT per class (`benchmarks/priority_mix.py`).
   * ``priority-fcfs``: the same mix against the default FCFS server (the reference for
     the priority run's throughput and per-class TTFT).
-  * ``degradation`` (only when named in ``--scenarios``): ``overload``'s load on jaxinfer
-    alone and on ``jaxinfer-fallback``, the same server plus ``--fallback-model`` (default:
-    the same model, served a second time under the name ``fallback``, with its own KV pool)
-    and ``--degrade-ttft-slo`` (``--degrade-ttft-slo-s``). Reports P99 TTFT, 429 counts and
-    ``fallback_share``: the share of requests the fallback answered (from the server's
-    ``jaxinfer_request_success_total`` per model at the end of the run, warm-up included).
+  * ``degradation`` (only when named in ``--scenarios``): a burst of ``2 x --num-requests``
+    requests (``--degradation-input-len`` / ``--degradation-output-len``: 32 / 128, short
+    enough that a 2-core CPU prefills the whole burst well within a 10 s SLO) from
+    ``overload``'s clients, against ``overload``'s short queue: twice the sequence slots of
+    one model, so jaxinfer alone turns requests away (or they wait for a running request
+    to finish). Run on jaxinfer alone and on ``jaxinfer-fallback``, the same server plus
+    ``--fallback-model`` (default: the same model, served a second time under the name
+    ``fallback``, with its own slots and KV pool) and ``--degrade-ttft-slo``
+    (``--degrade-ttft-slo-s``). Reports P99 TTFT, 429 counts, ``fallback_share``: the share
+    of requests the fallback answered (from the server's ``jaxinfer_request_success_total``
+    per model at the end of the run, warm-up included), and the acceptance lines.
   * ``json8``: ``fixed8`` with every request constrained to a JSON schema (an array of at
     least `JSON8_MIN_ITEMS` objects, so each answer runs to its full length like
     ``fixed8``'s): structured-output throughput against ``fixed8``'s unconstrained one
@@ -95,8 +100,8 @@ def _sibling(name: str):
 llamacpp_peer = _sibling("llamacpp_peer")
 compare_report = _sibling("compare_report")
 priority_mix = _sibling("priority_mix")
-ratios, acceptance, compare_markdown = (compare_report.ratios, compare_report.acceptance,  # noqa: E402
-                                        compare_report.compare_markdown)
+ratios, acceptance, compare_markdown, fallback_share = (  # noqa: E402
+    compare_report.ratios, compare_report.acceptance, compare_report.compare_markdown, compare_report.fallback_share)
 
 from jaxinfer.bench import load, metadata, report, workloads  # noqa: E402
 from jaxinfer.bench.serve import run_benchmark  # noqa: E402
@@ -188,8 +193,9 @@ def scenarios(a) -> dict[str, Scenario]:
         Scenario("grounded1", 1, 1, wl(name="input-grounded", num_requests=a.single_requests,
                                        input_len=a.grounded_input_len, output_len=a.grounded_output_len, seed=a.seed),
                  ("jaxinfer", "jaxinfer-spec")),
-        Scenario("degradation", 4 * a.concurrency, a.concurrency, wl(num_requests=2 * a.num_requests, **fixed),
-                 ("jaxinfer", "jaxinfer-fallback")),
+        Scenario("degradation", 4 * a.concurrency, a.concurrency, wl(
+            name="fixed", num_requests=2 * a.num_requests, input_len=a.degradation_input_len,
+            output_len=a.degradation_output_len, seed=a.seed), ("jaxinfer", "jaxinfer-fallback")),
     ]
     return {sc.name: sc for sc in table}
 
@@ -350,6 +356,8 @@ def parse_args(argv=None):
                    help="degradation scenario: the fallback model (default: --model, served a second time)")
     p.add_argument("--degrade-ttft-slo-s", type=float, default=None,
                    help="degradation scenario: the server's --degrade-ttft-slo (default: --slo-ttft-ms)")
+    p.add_argument("--degradation-input-len", type=int, default=32, help="degradation scenario: prompt tokens")
+    p.add_argument("--degradation-output-len", type=int, default=128, help="degradation scenario: output tokens")
     p.add_argument("--llamacpp-threads", type=int, default=None, help="llama.cpp -t / -tb (default: CPU count)")
     p.add_argument("--batch-timeout-s", type=float, default=0.1, help="hf-transformers: batch formation wait")
     p.add_argument("--hf-threads", type=int, default=None, help="hf-transformers: torch threads (default torch's)")
@@ -398,21 +406,11 @@ def run_one(system: str, scen: Scenario, a, out: Path) -> tuple[dict, str]:
                                    **system_entry(c["summary"])} for name, c in run["classes"].items()}
     if share is not None:
         entry["fallback_share"] = share
+    if scen.name == "degradation":
+        entry["ttft_slo_s"] = a.degrade_ttft_slo_s  # what compare_report.degradation_acceptance compares with
     return entry, label
 
 
-def fallback_share(metrics_text: str) -> float | None:
-    """The share of the requests a jaxinfer server finished (stop or length) that its
-    ``fallback`` model answered, from its ``GET /metrics`` text (None before any finished)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    served = {}
-    for family in text_string_to_metric_families(metrics_text):
-        for s in family.samples:
-            if s.name == "jaxinfer_request_success_total" and s.labels.get("finished_reason") in ("stop", "length"):
-                served[s.labels["model_name"]] = served.get(s.labels["model_name"], 0) + s.value
-    total = sum(served.values())
-    return served.get(FALLBACK_NAME, 0) / total if total else None
 def _extra_body(system: str, scen: Scenario) -> dict | None:
     """Request fields for ``system`` in ``scen``: llama.cpp's, then the scenario's."""
     extra = dict(llamacpp_peer.REQUEST_EXTRA) if system == "llamacpp" else {}

@@ -84,7 +84,8 @@ ACCEPTANCE = (
 
 def acceptance(result_scenarios: dict, result_ratios: dict) -> list[dict]:
     """Each `ACCEPTANCE` line with its measured value and ``pass``: True / False, or None when
-    not measured (system or scenario not run). Single-system lines read jaxinfer's entry."""
+    not measured (system or scenario not run). Single-system lines read jaxinfer's entry;
+    the degradation lines follow (`degradation_acceptance`)."""
     out = []
     for text, scen, pair, qty, kind, target in ACCEPTANCE:
         if pair is not None:
@@ -95,7 +96,49 @@ def acceptance(result_scenarios: dict, result_ratios: dict) -> list[dict]:
         ok = None if value is None else (value >= target if kind == "min" else value <= target)
         out.append({"line": text, "scenario": scen, "quantity": f"{pair} {qty}" if pair else f"jaxinfer {qty}",
                     "target": f"{'>=' if kind == 'min' else '<='} {target:.3g}", "value": value, "pass": ok})
-    return out
+    return out + degradation_acceptance(result_scenarios)
+
+
+def degradation_acceptance(result_scenarios: dict) -> list[dict]:
+    """The degradation scenario's lines (issue 14), from its two entries and the SLO they
+    record (``ttft_slo_s``): with the fallback, 0 requests refused (anything but a 200
+    counts) and TTFT p99 / SLO <= 1; without it, the same load is an overload: requests
+    refused, or TTFT p99 / SLO > 1. None where not measured."""
+    runs = result_scenarios.get("degradation", {})
+    alone, fb = runs.get("jaxinfer"), runs.get("jaxinfer-fallback")
+
+    def refused(e):
+        return None if e is None else e["counts"]["total"] - e["counts"]["ok"]
+
+    def over_slo(e):
+        return None if e is None else e["ttft_ms"]["p99"] / 1000 / e["ttft_slo_s"]
+
+    def line(text, quantity, target, value, ok):
+        return {"line": text, "scenario": "degradation", "quantity": quantity, "target": target, "value": value,
+                "pass": None if value is None else ok}
+
+    fb_refused, fb_over, al_refused, al_over = refused(fb), over_slo(fb), refused(alone), over_slo(alone)
+    return [line("degradation, with the fallback: 0 requests refused", "jaxinfer-fallback refused", "<= 0",
+                 fb_refused, fb_refused == 0),
+            line("degradation, with the fallback: TTFT p99 within the SLO", "jaxinfer-fallback TTFT p99 / SLO",
+                 "<= 1", fb_over, fb_over is not None and fb_over <= 1),
+            line("degradation, without: the same load gives refusals (or TTFT p99 over the SLO)",
+                 "jaxinfer refused (TTFT p99 / SLO > 1 also passes)", "> 0", al_refused,
+                 al_refused is not None and (al_refused > 0 or al_over > 1))]
+
+
+def fallback_share(metrics_text: str, fallback_name: str = "fallback") -> float | None:
+    """The share of the requests a jaxinfer server finished (stop or length) that its
+    ``fallback_name`` model answered, from its ``GET /metrics`` text (None before any finished)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    served = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for s in family.samples:
+            if s.name == "jaxinfer_request_success_total" and s.labels.get("finished_reason") in ("stop", "length"):
+                served[s.labels["model_name"]] = served.get(s.labels["model_name"], 0) + s.value
+    total = sum(served.values())
+    return served.get(fallback_name, 0) / total if total else None
 
 
 def _fmt(v, spec: str = ".2f") -> str:

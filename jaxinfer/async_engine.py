@@ -23,9 +23,11 @@ Threading contract:
     (`jaxinfer.engine.LLMEngine._fail_step`).
   * `start_draining` (SIGTERM) refuses new requests while in-flight ones finish;
     `shutdown` aborts what is left and joins the thread.
-  * The engine thread feeds `ttft` (`jaxinfer.ttft_estimator.TTFTEstimator`: prompt
-    tokens still ahead, prefill rate measured from step timings), which any thread may
-    ask for a new request's expected time to first token (graceful degradation).
+  * `add` counts a group's prompts in `ttft` (`jaxinfer.ttft_estimator.TTFTEstimator`)
+    at once, before the engine thread takes them, so that every request of a burst sees
+    the ones handed over before it; the engine thread feeds the rest (outputs, finishes,
+    refusals, step timings). Any thread may ask it for a new request's expected time to
+    first token (graceful degradation).
 """
 from __future__ import annotations
 
@@ -235,6 +237,10 @@ class AsyncEngine:
         stream = OutputStream([s.request_id for s in specs], asyncio.get_running_loop())
         with self._lock:
             self.check_accepting()
+            max_model_len = self.engine.config.scheduler.max_model_len
+            for s in specs:  # counted now: the engine thread takes the group only between two steps
+                n = len(s.prompt_token_ids)
+                self.ttft.on_handed(s.request_id, n, s.params.max_tokens or max(1, max_model_len - n))
             self._inbox.put(("add", (list(specs), stream)))
         try:
             verdict = await stream.queue.get()
@@ -297,6 +303,7 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             engine = self._builder()
+            self.ttft.slots = engine.config.scheduler.max_num_seqs * engine.config.parallel.data_parallel_size
             with self._lock:
                 self.engine = engine
                 callbacks, self._ready_callbacks = self._ready_callbacks, None
@@ -326,14 +333,16 @@ class AsyncEngine:
                 if self._apply(cmd):
                     return
             steps = engine.num_steps
-            prefilled = engine.snapshot().prefill_tokens
+            before = engine.snapshot()
             t0 = time.perf_counter()
             self._fault.before_step()
             outputs = engine.step()
             seconds = time.perf_counter() - t0
             self._deliver(outputs)
             if engine.num_steps != steps:
-                self.ttft.on_step(seconds, engine.snapshot().prefill_tokens - prefilled)
+                after = engine.snapshot()
+                self.ttft.on_step(seconds, after.prefill_tokens - before.prefill_tokens,
+                                  max(before.num_running, after.num_running))
             if not outputs and engine.num_steps == steps and engine.has_unfinished_requests():
                 if self._wait_for_deadline():  # nothing could run: wait for a command or a deadline
                     return
@@ -363,17 +372,20 @@ class AsyncEngine:
         try:
             self.engine.add_requests(specs)
         except (RequestError, QueueFullError) as exc:
+            for spec in specs:
+                self.ttft.on_dropped(spec.request_id)
             self._post([(stream, exc)])
             return
         except Exception as exc:  # a bug in admission fails this group (HTTP 500), not the engine thread
             logger.exception("adding requests %s failed", [spec.request_id for spec in specs])
             for spec in specs:
                 self.engine.abort_request(spec.request_id)  # whatever part of the group got in
+                self.ttft.on_dropped(spec.request_id)
             self._post([(stream, exc)])
             return
         for spec in specs:
             self._streams[spec.request_id] = stream
-            self.ttft.on_added(spec.request_id, len(spec.prompt_token_ids))
+            self.ttft.on_added(spec.request_id, len(spec.prompt_token_ids), spec.params.max_tokens)
             if self.log_requests:
                 request_log.log_added(spec.request_id, len(spec.prompt_token_ids), spec.params)
         self._post([(stream, _ACCEPTED)])
@@ -384,7 +396,7 @@ class AsyncEngine:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue
-            self.ttft.on_output(out.request_id)
+            self.ttft.on_output(out.request_id, finished=out.finished)
             if out.finished:
                 del self._streams[out.request_id]
                 if self.log_requests:
@@ -402,7 +414,7 @@ class AsyncEngine:
                 stream.loop.call_soon_threadsafe(stream.put_batch, batch)
             except RuntimeError:  # its event loop is closed: nobody is listening
                 for rid in stream.request_ids:
-                    self.ttft.on_output(rid)
+                    self.ttft.on_dropped(rid)
                     if self._streams.pop(rid, None) is not None:
                         self.engine.abort_request(rid)
 

@@ -18,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from api_helpers import V, assert_error, client, expected_ids, fake_engine, server_config, tokenizer, wait_until
+from fakes import FakeRunner
 from helpers import tiny_config
 from jaxinfer import LLM
 from jaxinfer.api.app import create_app
@@ -284,3 +285,89 @@ def test_a_full_queue_sends_the_request_to_the_fallback_instead_of_a_429():
     assert moved.status_code == 200 and moved.headers[SERVED_BY_HEADER] == "small"
     assert moved.json()["choices"][0]["text"] == waiting.json()["choices"][0]["text"]  # same fake model
     assert_error(refused, 429)
+
+
+class GatedRunner(FakeRunner):
+    """`FakeRunner` whose steps wait for `gate` (set: run freely)."""
+
+    def __init__(self):
+        super().__init__(V)
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def execute(self, inputs):
+        self.gate.wait(30)
+        return super().execute(inputs)
+
+
+def test_a_burst_within_one_step_sees_itself_in_the_estimate():
+    """Six 30-token requests arrive while the primary is inside a step, behind 10 prompt
+    tokens, at a rate of 100 tokens/s and an SLO of 1.05 s: the first three fit (0.4, 0.7,
+    1.0 s), the other three move. Counted only once the engine thread took them (between
+    two steps), all six saw the same queue and stayed."""
+    runner = GatedRunner()
+    models = registry({"big": fake_engine(runner=runner), "small": fake_engine()}, slo=1.05)
+    app = create_app(models, server_config())
+    models.start()
+    big = models.get("big").async_engine
+    body = {"model": "big", "prompt": list(range(10, 40)), "max_tokens": 2}
+
+    async def go():
+        async with client(app) as http:
+            runner.gate.clear()
+            busy = asyncio.create_task(http.post("/v1/completions", json={
+                **body, "prompt": list(range(10, 20)), "allow_fallback": False}))
+            while not big.engine.num_running:  # the engine thread is in the step that waits for the gate
+                await asyncio.sleep(0.005)
+            big.ttft.rate = 100.0  # as if measured
+            burst = [asyncio.create_task(http.post("/v1/completions", json=body)) for _ in range(6)]
+            deadline = asyncio.get_running_loop().time() + 10
+            while big._inbox.qsize() + sum(t.done() for t in burst) < 6:  # every request was decided
+                if asyncio.get_running_loop().time() > deadline:
+                    break
+                await asyncio.sleep(0.005)
+            runner.gate.set()
+            return await busy, await asyncio.gather(*burst)
+
+    try:
+        busy, burst = run(go())
+    finally:
+        runner.gate.set()
+        models.shutdown()
+    assert busy.status_code == 200 and all(r.status_code == 200 for r in burst)
+    assert sorted(r.headers[SERVED_BY_HEADER] for r in burst) == ["big"] * 3 + ["small"] * 3
+    assert big.ttft.pending_tokens == 0
+    assert big.ttft.slots == 8  # max_num_seqs, set when the engine was built
+
+
+def test_a_request_moved_to_a_full_fallback_goes_back_to_its_own_queue():
+    """The estimate moves the request, the fallback's queue is full, the primary has room:
+    it is served by the primary (a 429 would turn away what the primary alone queues)."""
+    small = fake_engine(max_num_seqs=1, max_queue_len=1, step_delay=0.01)  # one runs, one waits
+    models = registry({"big": fake_engine(), "small": small})
+    models.get("big").async_engine.ttft = ControlledEstimate()
+    models.get("big").async_engine.ttft.forced = 10 * SLO
+    app = create_app(models, server_config())
+    models.start()
+    body = {"model": "small", "prompt": [5, 6, 7], "max_tokens": 2}
+
+    async def go():
+        async with client(app) as http:
+            running = asyncio.create_task(http.post("/v1/completions", json={**body, "max_tokens": 100}))
+            while small.num_running < 1:
+                await asyncio.sleep(0.005)
+            waiting = asyncio.create_task(http.post("/v1/completions", json=body))
+            while small.num_waiting < 1:
+                await asyncio.sleep(0.005)
+            back = await http.post("/v1/completions", json={**body, "model": "big"})
+            metrics = (await http.get("/metrics")).text
+            return await running, await waiting, back, metrics
+
+    try:
+        running, waiting, back, metrics = run(go())
+    finally:
+        models.shutdown()
+    assert running.status_code == waiting.status_code == 200
+    assert back.status_code == 200 and back.headers[SERVED_BY_HEADER] == "big"
+    key = ("jaxinfer_requests_degraded_total", (("fallback", "small"), ("model_name", "big")))
+    assert series(metrics)[key] == 0  # counted only when the fallback answers

@@ -67,7 +67,25 @@ def test_compare_ratios_and_acceptance_by_hand():
                                                 "git": {"commit": None}}, "scenarios": {},
                                    "ratios": r, "acceptance": compare.acceptance(scen, r)})
     assert "| fixed | jaxinfer/llamacpp | 1.50 | 0.40 | 1.25 |" in md
-    assert md.count("| FAIL |") == 2 and md.count("| not measured |") == 5  # fixed8, sharegpt x2, priority x2
+    assert md.count("| FAIL |") == 2 and md.count("| not measured |") == 8  # fixed8, sharegpt x2, priority x2,
+    # degradation x3
+
+
+def test_degradation_acceptance_by_hand():
+    compare = load_benchmark("compare")
+
+    def run(ttft_p99_ms, ok, total=64):
+        return {**entry(50.0, ttft_p99_ms, 300.0, ok=ok, total=total), "ttft_slo_s": 10.0}
+
+    lines = lambda scen: [(a["value"], a["pass"]) for a in compare.acceptance(scen, {})  # noqa: E731
+                          if a["scenario"] == "degradation"]
+    met = {"degradation": {"jaxinfer": run(4000.0, ok=40), "jaxinfer-fallback": run(9500.0, ok=64)}}
+    assert lines(met) == [(0, True), (pytest.approx(0.95), True), (24, True)]  # 24 refused alone
+    missed = {"degradation": {"jaxinfer": run(12000.0, ok=64), "jaxinfer-fallback": run(11000.0, ok=63)}}
+    assert lines(missed) == [(1, False), (pytest.approx(1.1), False), (0, True)]  # alone: 0 refused, p99 1.2x
+    easy = {"degradation": {"jaxinfer": run(8000.0, ok=64), "jaxinfer-fallback": run(5000.0, ok=64)}}
+    assert lines(easy)[2] == (0, False)  # the load was no overload for the primary alone
+    assert lines({}) == [(None, None)] * 3
 
 
 def test_priority_mix_ratios_and_acceptance_by_hand():
@@ -177,6 +195,8 @@ def test_compare_degradation_runs_overload_with_and_without_a_fallback():
     a = compare.parse_args(["--scenarios", "degradation", "--degrade-ttft-slo-s", "2.5"])
     (scen, systems), = compare.plan(a)
     assert systems == ["jaxinfer", "jaxinfer-fallback"] and scen.clients == 4 * a.concurrency
+    assert (scen.workload.num_requests, scen.workload.input_len, scen.workload.output_len) == (
+        2 * a.num_requests, a.degradation_input_len, a.degradation_output_len)  # a burst: every client at once
     parse = lambda system: server.build_parser().parse_args(compare.server_command(system, 8000, a, scen)[2:])  # noqa: E731
     alone, with_fallback = parse("jaxinfer"), parse("jaxinfer-fallback")
     assert [s.name for s in server.served_specs(alone)] == [a.model]

@@ -76,6 +76,46 @@ def test_a_stalled_queue_drives_the_estimate_up():
     assert zero.estimate(1) == math.inf
 
 
+def test_a_handed_request_counts_at_once_but_does_not_make_a_step_saturated():
+    est = TTFTEstimator(tau_s=1.0)
+    est.on_added("a", 64)
+    est.on_output("a")
+    est.on_step(0.1, 64)  # 640 tok/s, backlog cleared
+    est.on_handed("b", 320, 8)  # handed over during a step: the next request sees it
+    assert est.estimate(0) == pytest.approx(320 / 640)
+    est.on_step(0.1, 6)  # b was not the engine's yet: an unsaturated step, which lowers nothing
+    assert est.rate == pytest.approx(640.0)
+    est.on_added("b", 320, 8)  # the engine took it: counted once
+    assert est.pending_tokens == 320
+    est.on_step(0.1, 32)  # now saturated: the first saturated step is taken as is
+    assert est.rate == pytest.approx(320.0)
+    est.on_handed("c", 100)
+    est.on_dropped("c")  # refused: gone, and idempotent
+    est.on_dropped("c")
+    assert est.pending_tokens == 320
+
+
+def test_beyond_the_slots_a_request_waits_for_the_soonest_finish():
+    est = TTFTEstimator(tau_s=1.0, slots=2)
+    est.on_added("a", 10, 5)
+    est.on_added("b", 10, 8)
+    est.on_step(0.2, 20, running=1)  # not a full batch: says nothing about the slot wait
+    est.on_output("a")
+    est.on_output("b")  # first tokens: 4 and 7 to go
+    assert est.slot_wait() == math.inf  # every slot taken, no full-batch step measured yet
+    assert est.estimate(10) == math.inf
+    est.on_step(0.1, 0, running=2)
+    assert est.full_step_s == pytest.approx(0.1)
+    assert est.estimate(10) == pytest.approx(4 * 0.1 + 10 / est.rate)  # waits for a's last 4 steps
+    est.on_handed("c", 10, 3)  # c takes a's slot (free after 4 steps) until step 7; the next waits for b (7)
+    assert est.slot_wait() == pytest.approx(7 * 0.1)
+    est.on_output("a", finished=True)  # c holds a's slot now: the next new one waits for c (3)
+    assert est.slot_wait() == pytest.approx(3 * 0.1)
+    est.on_dropped("c")
+    assert est.slot_wait() == 0.0
+    assert TTFTEstimator().slot_wait() == 0.0  # slots unknown: no slot wait
+
+
 def test_model_specs_pair_names_and_add_the_fallback():
     specs = model_specs(["m", "m"], ["big", "small"], "small")
     assert [(s.path, s.name) for s in specs] == [("m", "big"), ("m", "small")]

@@ -2,10 +2,12 @@
 
 With ``--fallback-model F`` and ``--degrade-ttft-slo S``, a request for model M (not F)
 goes to F instead when its estimated time to first token on M exceeds S seconds
-(`jaxinfer.ttft_estimator.TTFTEstimator`: prefill tokens ahead of it / M's measured
-prefill rate), rather than waiting in M's queue or getting a 429 there; a request that M
-refuses because its waiting queue is full goes to F too (the serving layer asks
-`fallback_for` then). It stays on M when any of these holds:
+(`jaxinfer.ttft_estimator.TTFTEstimator`: the wait for a sequence slot, plus prefill
+tokens ahead of it / M's measured prefill rate), rather than waiting in M's queue or
+getting a 429 there; a request that M refuses because its waiting queue is full goes to
+F too (the serving layer asks `fallback_for` then), and one that F refuses because its
+queue is full goes back to M's queue (a fallback never turns away what M alone would
+have queued). It stays on M when any of these holds:
 
 * the request says ``"allow_fallback": false``;
 * M has no measured rate yet (no estimate), or the estimate is within S;
@@ -14,9 +16,12 @@ refuses because its waiting queue is full goes to F too (the serving layer asks
 * F is not ready (warming up, draining, dead).
 
 The answer's ``model`` field and its ``x-jaxinfer-served-by`` header name the model that
-answered; ``jaxinfer_requests_degraded_total`` counts the moves.
+answered; ``jaxinfer_requests_degraded_total`` counts the requests F answered for M.
 """
 from __future__ import annotations
+
+import contextlib
+from typing import Iterator
 
 from jaxinfer.api.model_registry import ModelRegistry, ServedModel
 
@@ -61,3 +66,17 @@ def choose(registry: ModelRegistry, requested: ServedModel, prompt_tokens: int, 
         return requested
     there = fallback.async_engine.ttft.estimate(prompt_tokens)  # its tokenizer may count otherwise: near enough
     return fallback if there is None or there < estimate else requested
+
+
+@contextlib.contextmanager
+def holding(model: ServedModel, key: str, prompt_tokens: int, max_tokens: int | None) -> Iterator[None]:
+    """Count a request that is moving to ``model`` in that model's estimate (under
+    ``key``, with ``prompt_tokens`` prompt tokens and at most ``max_tokens`` output tokens)
+    for the duration of the block: while the request is prepared for it, before the
+    engine is handed the real thing."""
+    ttft = model.async_engine.ttft
+    ttft.on_handed(key, prompt_tokens, max_tokens)
+    try:
+        yield
+    finally:
+        ttft.on_dropped(key)

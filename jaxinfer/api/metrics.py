@@ -94,8 +94,9 @@ class Metrics:
         self._rejected = Counter("jaxinfer_requests_rejected", "HTTP requests refused for overload or readiness.",
                                  [MODEL_LABEL, "reason"], registry=r)
         self._degraded = Counter("jaxinfer_requests_degraded",
-                                 "Requests moved to the fallback model because their estimated time to first "
-                                 "token exceeded --degrade-ttft-slo (model_name: the model asked for).",
+                                 "Requests the fallback model took instead of the model asked for (model_name): "
+                                 "their estimated time to first token exceeded --degrade-ttft-slo, or that "
+                                 "model's queue was full.",
                                  [MODEL_LABEL, "fallback"], registry=r)
         for m in models:
             for h in (self.ttft, self.tpot, self.e2e, self.queue_time, self.prefill_time, self.decode_time,

@@ -157,36 +157,39 @@ async def _admit(job: _Job, job_on: JobOn, ctx: ServingContext, *,
     """Add the request's engine requests to its model, or to the fallback model when
     degradation moves it there: before adding when the TTFT estimate exceeds the SLO
     (`degrade.choose`), or when the model's waiting queue turns out full (instead of a 429).
+    A request moved to a fallback whose queue is full goes back to its own model's queue:
+    a fallback never turns away a request that its model alone would have queued.
 
     Returns:
       (the job as served, its engine requests, their stream).
     Raises:
-      APIError: 429 (queue full and no fallback for it), 400 (refused by the engine), 503.
+      APIError: 429 (the queue of every model it may go to is full), 400 (refused by the
+        engine), 503.
     """
+    requested = job.model
     allow = job.request.allow_fallback is not False
     tokens = sum(len(p.token_ids) for p in job.prompts) * job.params.n
-    target = degrade.choose(ctx.models, job.model, tokens, allow_fallback=allow, chat=chat)
-    if target is not job.model:
-        job = await _moved(job, target, job_on, ctx)
-    try:
-        return await _add(job, ctx)
-    except QueueFullError as exc:
-        fallback = degrade.fallback_for(ctx.models, job.model, allow_fallback=allow, chat=chat)
-        if fallback is None:
-            raise _queue_full_error(exc, job, ctx) from exc
-    job = await _moved(job, fallback, job_on, ctx)
-    try:
-        return await _add(job, ctx)
-    except QueueFullError as exc:
-        raise _queue_full_error(exc, job, ctx) from exc
-
-
-async def _moved(job: _Job, target: ServedModel, job_on: JobOn, ctx: ServingContext) -> _Job:
-    """The same request prepared for ``target`` (the fallback; counted as degraded)."""
-    moved = await job_on(target)
-    ctx.metrics.count_degraded(job.model.name, target.name)
-    logger.debug("%s: %s -> fallback %s", job.fmt.id, job.model.name, target.name)
-    return moved
+    target = degrade.choose(ctx.models, requested, tokens, allow_fallback=allow, chat=chat)
+    fallback = degrade.fallback_for(ctx.models, requested, allow_fallback=allow, chat=chat)
+    order = [target] + [m for m in (requested, fallback) if m is not None and m is not target]
+    for i, model in enumerate(order):
+        candidate = job
+        if model is not requested:
+            # counted on the fallback while its tokenizer prepares the request (an await), so the
+            # rest of a burst sees it there; released just before `_add` counts it for real
+            with degrade.holding(model, f"{job.fmt.id}-moving", tokens, job.params.max_tokens):
+                candidate = await job_on(model)
+        try:
+            added = await _add(candidate, ctx)
+        except QueueFullError as exc:
+            if i + 1 == len(order):
+                raise _queue_full_error(exc, candidate, ctx) from exc
+            continue
+        if model is not requested:
+            ctx.metrics.count_degraded(requested.name, model.name)
+            logger.debug("%s: %s -> fallback %s", job.fmt.id, requested.name, model.name)
+        return added
+    raise AssertionError("unreachable: the last model's QueueFullError is raised")
 
 
 async def _add(job: _Job, ctx: ServingContext) -> tuple[_Job, list[RequestSpec], OutputStream]:
