@@ -47,7 +47,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare import device_label  # noqa: E402
+from machine_info import device_label  # noqa: E402
 
 from jaxinfer.bench import chat_workload as cw  # noqa: E402
 from jaxinfer.bench import metadata  # noqa: E402

@@ -68,14 +68,11 @@ Full run: ``make bench`` (``python benchmarks/compare.py``); smoke run: ``--quic
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import importlib.util
 import json
-import math
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -100,10 +97,19 @@ def _sibling(name: str):
 llamacpp_peer = _sibling("llamacpp_peer")
 compare_report = _sibling("compare_report")
 priority_mix = _sibling("priority_mix")
+compare_scenarios = _sibling("compare_scenarios")
+machine_info = _sibling("machine_info")
 ratios, acceptance, compare_markdown, fallback_share = (  # noqa: E402
     compare_report.ratios, compare_report.acceptance, compare_report.compare_markdown, compare_report.fallback_share)
+Scenario, scenarios, num_blocks, queue_limits = (compare_scenarios.Scenario, compare_scenarios.scenarios,
+                                                 compare_scenarios.num_blocks, compare_scenarios.queue_limits)
+SCENARIOS, DEFAULT_SCENARIOS, PRIORITY_SCENARIOS, FALLBACK_NAME = (
+    compare_scenarios.SCENARIOS, compare_scenarios.DEFAULT_SCENARIOS, compare_scenarios.PRIORITY_SCENARIOS,
+    compare_scenarios.FALLBACK_NAME)
+device_label, gpu_info, cpu_busy_fraction = (machine_info.device_label, machine_info.gpu_info,
+                                            machine_info.cpu_busy_fraction)
 
-from jaxinfer.bench import load, metadata, report, workloads  # noqa: E402
+from jaxinfer.bench import load, metadata, report  # noqa: E402
 from jaxinfer.bench.serve import run_benchmark  # noqa: E402
 from jaxinfer.config import ModelConfig, SchedulerConfig  # noqa: E402
 
@@ -113,106 +119,6 @@ SYSTEMS = ("jaxinfer", "jaxinfer-static", "jaxinfer-before", "jaxinfer-fallback"
            "hf-transformers")
 DEFAULT_SYSTEMS = ("jaxinfer", "jaxinfer-static", "jaxinfer-fallback", "llamacpp")  # transformers: ~15 min more per scenario
 SERVER_DEFAULT_MAX_NUM_SEQS = SchedulerConfig().max_num_seqs
-
-
-@dataclasses.dataclass(frozen=True)
-class Scenario:
-    """One closed-loop scenario.
-
-    Attributes:
-      name: key in compare.json.
-      clients: closed-loop clients (concurrent requests offered).
-      pool_clients: requests of ``--input-len`` + ``--output-len`` tokens the shared jaxinfer
-        KV pool holds, and the batch size of static batching / transformers (``clients``
-        except for overload).
-      workload: requests to send (lengths in tokens).
-      systems: systems that run it (when selected).
-      extra_body: fields added to every request of the scenario (structured outputs).
-    """
-
-    name: str
-    clients: int
-    pool_clients: int
-    workload: workloads.WorkloadConfig
-    systems: tuple[str, ...]
-    extra_body: dict | None = None
-
-    @property
-    def same_kv_budget(self) -> bool:
-        """Two jaxinfer configurations run it, so both get the same explicit ``--num-blocks``
-        (with a fallback model: per model, the fallback's pool comes on top)."""
-        return "jaxinfer-static" in self.systems or "jaxinfer-fallback" in self.systems
-
-    @property
-    def overloaded(self) -> bool:
-        """A short queue: excess clients get 429 (or, with a fallback, go there)."""
-        return self.name in ("overload", "degradation")
-
-
-SCENARIOS = ("single", "fixed8", "fixed", "sharegpt", "c128", "overload", "priority", "priority-fcfs", "json8",
-             "grounded1", "degradation")
-PRIORITY_SCENARIOS = ("priority", "priority-fcfs")  # the interactive / batch mix (benchmarks/priority_mix.py)
-DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s not in ("grounded1", "degradation"))  # these run when named
-FALLBACK_NAME = "fallback"  # the served name of the degradation scenario's fallback model
-JSON8_MIN_ITEMS = 64
-JSON8_SCHEMA = {"type": "object", "properties": {"rows": {
-    "type": "array", "minItems": JSON8_MIN_ITEMS, "items": {"type": "object", "properties": {
-        "id": {"type": "integer", "minimum": 0}, "label": {"enum": ["red", "green", "blue"]},
-        "note": {"type": "string", "maxLength": 24}}, "required": ["id", "label", "note"],
-        "additionalProperties": False}}}, "required": ["rows"], "additionalProperties": False}
-
-
-def scenarios(a) -> dict[str, Scenario]:
-    """The scenario table for the parsed arguments (``--quick`` shrinks clients and lengths)."""
-    s = 8 if a.quick else 1  # quick: fewer clients
-    fixed = dict(name="fixed", input_len=a.input_len, output_len=a.output_len, seed=a.seed)
-    wl = workloads.WorkloadConfig
-    sharegpt = wl(name="sharegpt", num_requests=a.num_requests, max_input_len=a.max_model_len // 2,
-                  max_output_len=a.max_model_len // 2 - 1, seed=a.seed)
-    c128 = max(128 // s, 1)
-    table = [
-        Scenario("single", 1, 1, wl(name="fixed", num_requests=a.single_requests, input_len=a.single_input_len,
-                                    output_len=a.single_output_len, seed=a.seed),
-                 ("jaxinfer", "jaxinfer-before", "llamacpp", "hf-transformers")),
-        Scenario("fixed8", max(8 // s, 1), max(8 // s, 1), wl(num_requests=a.num_requests, **fixed),
-                 ("jaxinfer", "jaxinfer-before", "llamacpp", "hf-transformers")),
-        Scenario("fixed", a.concurrency, a.concurrency, wl(num_requests=a.num_requests, **fixed),
-                 ("jaxinfer", "jaxinfer-static", "jaxinfer-before", "jaxinfer-spec", "llamacpp", "hf-transformers")),
-        Scenario("sharegpt", a.concurrency, a.concurrency, sharegpt,
-                 ("jaxinfer", "jaxinfer-static", "jaxinfer-before", "llamacpp", "hf-transformers")),
-        Scenario("c128", c128, c128, wl(num_requests=max(a.num_requests, c128), **fixed),
-                 ("jaxinfer", "jaxinfer-static")),
-        Scenario("overload", 4 * a.concurrency, a.concurrency, wl(num_requests=2 * a.num_requests, **fixed),
-                 ("jaxinfer", "jaxinfer-static")),
-        Scenario("priority", 2 * a.concurrency, a.concurrency,
-                 dataclasses.replace(sharegpt, num_requests=2 * a.num_requests), ("jaxinfer",)),
-        Scenario("priority-fcfs", 2 * a.concurrency, a.concurrency,
-                 dataclasses.replace(sharegpt, num_requests=2 * a.num_requests), ("jaxinfer",)),
-        Scenario("json8", max(8 // s, 1), max(8 // s, 1), wl(num_requests=a.num_requests, **fixed), ("jaxinfer",),
-                 extra_body={"structured_outputs": {"json": JSON8_SCHEMA}}),
-        Scenario("grounded1", 1, 1, wl(name="input-grounded", num_requests=a.single_requests,
-                                       input_len=a.grounded_input_len, output_len=a.grounded_output_len, seed=a.seed),
-                 ("jaxinfer", "jaxinfer-spec")),
-        Scenario("degradation", 4 * a.concurrency, a.concurrency, wl(
-            name="fixed", num_requests=2 * a.num_requests, input_len=a.degradation_input_len,
-            output_len=a.degradation_output_len, seed=a.seed), ("jaxinfer", "jaxinfer-fallback")),
-    ]
-    return {sc.name: sc for sc in table}
-
-
-def num_blocks(scen: Scenario, a, block_size: int = 16) -> int:
-    """KV pool blocks holding ``pool_clients`` requests of ``input_len + output_len`` tokens,
-    + the null block (ShareGPT-like requests vary around that; the longest need more)."""
-    return scen.pool_clients * math.ceil((a.input_len + a.output_len) / block_size) + 1
-
-
-def queue_limits(scen: Scenario, a) -> tuple[int, float]:
-    """(max queue length, max queue wait s). Every scenario but overload queues every client
-    (nobody should be turned away at the designed load); overload keeps a short queue so
-    excess clients get 429 + Retry-After at once, which keeps admitted requests' TTFT bounded."""
-    if scen.overloaded:
-        return a.overload_queue_len, a.max_queue_wait
-    return max(a.max_queue_len, scen.clients), a.timeout_s
 
 
 def jaxinfer_command(system: str, port: int, a, scen: Scenario) -> list[str]:
@@ -269,25 +175,6 @@ def display_command(cmd: list[str]) -> str:
                 break
         out.append(part)
     return " ".join(p if p.startswith("$LLAMACPP_HOME") else shlex.quote(p) for p in out)
-
-
-def device_label() -> str:
-    """``<gpu-name>`` from nvidia-smi, else ``cpu<cores>``."""
-    gpu = gpu_info()
-    return gpu["name"].lower().replace(" ", "-") if gpu else f"cpu{os.cpu_count()}"
-
-
-def gpu_info() -> dict | None:
-    """The first GPU's name and memory (MiB) from nvidia-smi, or None without one."""
-    if not shutil.which("nvidia-smi"):
-        return None
-    try:
-        line = subprocess.check_output(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-                                       text=True).splitlines()[0]
-        name, mem = (x.strip() for x in line.split(","))
-        return {"name": name, "memory_mib": int(mem)}
-    except (subprocess.CalledProcessError, OSError, ValueError, IndexError):
-        return None
 
 
 def system_info(system: str, cmd: list[str]) -> dict:
@@ -498,22 +385,6 @@ def _write_scenario_plot(out: Path, scen: str, labels) -> None:
         series.append((system, [RequestResult(**{k: v for k, v in r.items() if k != "tpot"}) for r in raw]))
     if series:
         report.plot_cdfs(out / f"{scen}_cdf.png", series)
-
-
-def cpu_busy_fraction(interval_s: float = 1.0) -> float | None:
-    """Share of all CPU time (0-1) that was not idle over the next ``interval_s`` seconds,
-    from ``/proc/stat`` (idle + iowait count as idle); None where there is no ``/proc/stat``."""
-    def sample() -> tuple[int, int]:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        return sum(fields[:8]), fields[3] + fields[4]  # total (without guest, already in user), idle + iowait
-
-    try:
-        t0, i0 = sample()
-        time.sleep(interval_s)
-        t1, i1 = sample()
-    except (OSError, ValueError, IndexError):
-        return None
-    return 1.0 - (i1 - i0) / (t1 - t0) if t1 > t0 else None
 
 
 if __name__ == "__main__":

@@ -25,9 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare import device_label, system_entry  # noqa: E402
+from compare import system_entry  # noqa: E402
 from llamacpp_peer import free_port  # noqa: E402
 from llamacpp_peer import running as running_server  # noqa: E402
+from machine_info import device_label  # noqa: E402
 
 from jaxinfer.bench import load, metadata, report, workloads  # noqa: E402
 from jaxinfer.bench.serve import run_benchmark  # noqa: E402

@@ -50,7 +50,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import soak_report  # noqa: E402
-from compare import device_label  # noqa: E402
+from machine_info import device_label  # noqa: E402
 from llamacpp_peer import free_port, wait_healthy  # noqa: E402
 
 from jaxinfer.bench import metadata  # noqa: E402

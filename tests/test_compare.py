@@ -181,7 +181,8 @@ def test_compare_plan_selects_systems_per_scenario():
     assert scen["c128"].workload.num_requests >= 128
     json8 = scen["json8"]  # fixed8 with a schema on every request, sent only to jaxinfer
     assert (json8.clients, json8.workload) == (8, scen["fixed8"].workload)
-    assert compare._extra_body("jaxinfer", json8) == {"structured_outputs": {"json": compare.JSON8_SCHEMA}}
+    assert compare._extra_body("jaxinfer", json8) == {
+        "structured_outputs": {"json": compare.compare_scenarios.JSON8_SCHEMA}}
     assert compare._extra_body("jaxinfer", single) is None
 
 
@@ -334,12 +335,12 @@ def test_cpu_busy_fraction_sees_a_busy_core():
 
     if not Path("/proc/stat").exists():
         pytest.skip("no /proc/stat")
-    compare = load_benchmark("compare")
+    machine_info = load_benchmark("machine_info")
     proc = multiprocessing.get_context("spawn").Process(target=_spin, args=(3.0,))
     proc.start()
     try:
         time.sleep(0.5)
-        busy = compare.cpu_busy_fraction(1.0)
+        busy = machine_info.cpu_busy_fraction(1.0)
     finally:
         proc.join()
     assert 0.8 / os.cpu_count() <= busy <= 1.0

@@ -18,7 +18,8 @@ import pytest
 from conftest import load_reference
 from jaxinfer.checkpoint import load_params, param_shapes, save_params
 from jaxinfer.config import ModelConfig
-from jaxinfer.convert import build_tree, convert, main, unpermute_qk
+from jaxinfer.convert import build_tree, convert, main
+from jaxinfer.convert_sources import unpermute_qk
 from jaxinfer.tokenizer import Tokenizer
 from jaxinfer.weights import DEFAULT_GGUF_SHA256, resolve_model
 

@@ -151,7 +151,7 @@ def test_transformers5_rope_parameters_shape():
      "high_freq_factor > low_freq_factor"),
 ])
 def test_unsupported_rope_scaling_is_refused_by_name(rs, named, tmp_path):
-    from jaxinfer.convert import hf_config as convert_hf_config
+    from jaxinfer.convert_sources import hf_config as convert_hf_config
 
     with pytest.raises(ValueError, match=named):
         ModelConfig.from_dict(hf_dict(rs))

@@ -1,0 +1,113 @@
+"""The serving comparison's scenario table: `Scenario` and `scenarios` (each scenario's clients,
+workload and systems; ``--quick`` shrinks them), and what a scenario asks of a jaxinfer server's
+sizing: `num_blocks` (one KV budget for every jaxinfer configuration) and `queue_limits`.
+
+What each scenario measures is described in `compare.py`'s module docstring; `compare.py` runs
+them. Plain Python (the load generator's `jaxinfer.bench.workloads`); no JAX import.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from jaxinfer.bench import workloads
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """One closed-loop scenario.
+
+    Attributes:
+      name: key in compare.json.
+      clients: closed-loop clients (concurrent requests offered).
+      pool_clients: requests of ``--input-len`` + ``--output-len`` tokens the shared jaxinfer
+        KV pool holds, and the batch size of static batching / transformers (``clients``
+        except for overload).
+      workload: requests to send (lengths in tokens).
+      systems: systems that run it (when selected).
+      extra_body: fields added to every request of the scenario (structured outputs).
+    """
+
+    name: str
+    clients: int
+    pool_clients: int
+    workload: workloads.WorkloadConfig
+    systems: tuple[str, ...]
+    extra_body: dict | None = None
+
+    @property
+    def same_kv_budget(self) -> bool:
+        """Two jaxinfer configurations run it, so both get the same explicit ``--num-blocks``
+        (with a fallback model: per model, the fallback's pool comes on top)."""
+        return "jaxinfer-static" in self.systems or "jaxinfer-fallback" in self.systems
+
+    @property
+    def overloaded(self) -> bool:
+        """A short queue: excess clients get 429 (or, with a fallback, go there)."""
+        return self.name in ("overload", "degradation")
+
+
+SCENARIOS = ("single", "fixed8", "fixed", "sharegpt", "c128", "overload", "priority", "priority-fcfs", "json8",
+             "grounded1", "degradation")
+PRIORITY_SCENARIOS = ("priority", "priority-fcfs")  # the interactive / batch mix (benchmarks/priority_mix.py)
+DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s not in ("grounded1", "degradation"))  # these run when named
+FALLBACK_NAME = "fallback"  # the served name of the degradation scenario's fallback model
+JSON8_MIN_ITEMS = 64
+JSON8_SCHEMA = {"type": "object", "properties": {"rows": {
+    "type": "array", "minItems": JSON8_MIN_ITEMS, "items": {"type": "object", "properties": {
+        "id": {"type": "integer", "minimum": 0}, "label": {"enum": ["red", "green", "blue"]},
+        "note": {"type": "string", "maxLength": 24}}, "required": ["id", "label", "note"],
+        "additionalProperties": False}}}, "required": ["rows"], "additionalProperties": False}
+
+
+def scenarios(a) -> dict[str, Scenario]:
+    """The scenario table for the parsed arguments (``--quick`` shrinks clients and lengths)."""
+    s = 8 if a.quick else 1  # quick: fewer clients
+    fixed = dict(name="fixed", input_len=a.input_len, output_len=a.output_len, seed=a.seed)
+    wl = workloads.WorkloadConfig
+    sharegpt = wl(name="sharegpt", num_requests=a.num_requests, max_input_len=a.max_model_len // 2,
+                  max_output_len=a.max_model_len // 2 - 1, seed=a.seed)
+    c128 = max(128 // s, 1)
+    table = [
+        Scenario("single", 1, 1, wl(name="fixed", num_requests=a.single_requests, input_len=a.single_input_len,
+                                    output_len=a.single_output_len, seed=a.seed),
+                 ("jaxinfer", "jaxinfer-before", "llamacpp", "hf-transformers")),
+        Scenario("fixed8", max(8 // s, 1), max(8 // s, 1), wl(num_requests=a.num_requests, **fixed),
+                 ("jaxinfer", "jaxinfer-before", "llamacpp", "hf-transformers")),
+        Scenario("fixed", a.concurrency, a.concurrency, wl(num_requests=a.num_requests, **fixed),
+                 ("jaxinfer", "jaxinfer-static", "jaxinfer-before", "jaxinfer-spec", "llamacpp", "hf-transformers")),
+        Scenario("sharegpt", a.concurrency, a.concurrency, sharegpt,
+                 ("jaxinfer", "jaxinfer-static", "jaxinfer-before", "llamacpp", "hf-transformers")),
+        Scenario("c128", c128, c128, wl(num_requests=max(a.num_requests, c128), **fixed),
+                 ("jaxinfer", "jaxinfer-static")),
+        Scenario("overload", 4 * a.concurrency, a.concurrency, wl(num_requests=2 * a.num_requests, **fixed),
+                 ("jaxinfer", "jaxinfer-static")),
+        Scenario("priority", 2 * a.concurrency, a.concurrency,
+                 dataclasses.replace(sharegpt, num_requests=2 * a.num_requests), ("jaxinfer",)),
+        Scenario("priority-fcfs", 2 * a.concurrency, a.concurrency,
+                 dataclasses.replace(sharegpt, num_requests=2 * a.num_requests), ("jaxinfer",)),
+        Scenario("json8", max(8 // s, 1), max(8 // s, 1), wl(num_requests=a.num_requests, **fixed), ("jaxinfer",),
+                 extra_body={"structured_outputs": {"json": JSON8_SCHEMA}}),
+        Scenario("grounded1", 1, 1, wl(name="input-grounded", num_requests=a.single_requests,
+                                       input_len=a.grounded_input_len, output_len=a.grounded_output_len, seed=a.seed),
+                 ("jaxinfer", "jaxinfer-spec")),
+        Scenario("degradation", 4 * a.concurrency, a.concurrency, wl(
+            name="fixed", num_requests=2 * a.num_requests, input_len=a.degradation_input_len,
+            output_len=a.degradation_output_len, seed=a.seed), ("jaxinfer", "jaxinfer-fallback")),
+    ]
+    return {sc.name: sc for sc in table}
+
+
+def num_blocks(scen: Scenario, a, block_size: int = 16) -> int:
+    """KV pool blocks holding ``pool_clients`` requests of ``input_len + output_len`` tokens,
+    + the null block (ShareGPT-like requests vary around that; the longest need more)."""
+    return scen.pool_clients * math.ceil((a.input_len + a.output_len) / block_size) + 1
+
+
+def queue_limits(scen: Scenario, a) -> tuple[int, float]:
+    """(max queue length, max queue wait s). Every scenario but overload queues every client
+    (nobody should be turned away at the designed load); overload keeps a short queue so
+    excess clients get 429 + Retry-After at once, which keeps admitted requests' TTFT bounded."""
+    if scen.overloaded:
+        return a.overload_queue_len, a.max_queue_wait
+    return max(a.max_queue_len, scen.clients), a.timeout_s
