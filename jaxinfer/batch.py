@@ -24,7 +24,11 @@ from jaxinfer.step_metadata import AttentionMetadata, SamplingMetadata, from_arr
 
 Q_CHUNK = 64  # queries per context work item of the XLA attention path (B2)
 GROUP_BLOCKS = 4  # blocks per context group of a single-token row (XLA path, B1)
-GROUPS_PER_ITER = 32  # context groups one B1 loop iteration reads (capped by the rows)
+GROUPS_PER_ITER = 32  # context groups one B1 loop iteration reads at most
+# ... and at least, however few rows the bucket has. More than 1 measured no faster for a
+# lone stream (benchmarks/onestream_probe.py: the gathered blocks cost, not the loop's
+# iterations); kept as the probe's knob.
+MIN_GROUPS_PER_ITER = 1
 PENALTY_FIELDS = ("hist_ids", "num_prompt", "num_hist")  # sent only when a row uses penalties
 MASK_FIELD = "bitmask"  # sent only when a row has a structured-output constraint
 
@@ -35,8 +39,9 @@ def num_work_items(num_tokens: int, num_rows: int) -> int:
 
 
 def groups_per_iter(num_rows: int) -> int:
-    """Context groups per B1 loop iteration for a bucket of ``num_rows`` rows."""
-    return min(GROUPS_PER_ITER, num_rows)
+    """Context groups per B1 loop iteration for a bucket of ``num_rows`` rows: one per row,
+    within [`MIN_GROUPS_PER_ITER`, `GROUPS_PER_ITER`]."""
+    return min(GROUPS_PER_ITER, max(MIN_GROUPS_PER_ITER, num_rows))
 
 
 def num_context_groups(num_rows: int, ctx_blocks: int) -> int:

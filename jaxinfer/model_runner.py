@@ -51,6 +51,13 @@ logger = logging.getLogger(__name__)
 # copy would take accelerator memory the KV planner does not count.
 UNROLL_MAX_TOKENS = 1
 
+# On one device the step's numpy inputs go straight into the compiled executables, whose
+# C++ call path copies them in: ``jax.device_put`` of the same ~18-35 small arrays first
+# cost ~1-1.6 ms per step on the 2-core CPU against ~0.05 ms (benchmarks/onestream_probe.py,
+# 3% of a lone stream's decode step). A mesh still places them with `put_replicated`.
+# False: ``jax.device_put`` first (the earlier path; the probe's A/B).
+HOST_INPUTS_DIRECT = True
+
 
 class CompileCounter:
     """Counts XLA backend compilations process-wide (``/jax/core/compile/backend_compile_duration``).
@@ -98,6 +105,15 @@ def _sampler_variants(s: SamplingMetadata) -> list[SamplingMetadata]:
     if s.has_bitmask:
         variants += [dataclasses.replace(v, bitmask=None) for v in variants]
     return variants
+
+
+def greedy_only(s: SamplingMetadata, vocab_size: int) -> bool:
+    """Whether the step's sampler would return the argmax of the raw logits for every row
+    (host-side, from the step's arrays alone, so every process of a multi-host run decides
+    alike): no row samples, asks for logprobs, uses penalties, a structured-output mask or
+    a logit bias (`jaxinfer.sampler.sample` then changes nothing before its argmax)."""
+    return not (s.any_sampled or s.any_logprobs or s.has_history or s.has_bitmask
+                or bool(np.any(s.bias_ids < vocab_size)))
 
 
 def kv_cache_shape(cfg: ModelConfig, num_blocks: int, block_size: int) -> tuple[int, ...]:
@@ -148,6 +164,7 @@ class ModelRunner:
         if unroll_max_tokens is None:
             unroll_max_tokens = UNROLL_MAX_TOKENS if jax.default_backend() == "cpu" else 0
         self.unroll_max_tokens = unroll_max_tokens
+        self.greedy_fast_path = True  # `greedy_only` steps skip the sampler executable (`execute`)
         # The unrolled layout shares every leaf but the layers' with the stacked tree.
         self.layer_params = unstack_layers(params, cfg.num_hidden_layers) if self.unroll_max_tokens > 0 else None
         self.kv_shape = kv_cache_shape(cfg, num_blocks, block_size)
@@ -159,7 +176,8 @@ class ModelRunner:
         self.num_compilations = 0
         self.compile_seconds = 0.0
         # sharded: KV stays in its sharding across steps; logits gathered for the sampler
-        out = {} if shardings is None else {"out_shardings": (shardings[2], shardings[1], shardings[1], shardings[2])}
+        rep = shardings[2] if shardings else None
+        out = {} if shardings is None else {"out_shardings": (rep, rep, shardings[1], shardings[1], rep)}
         self._jitted = jax.jit(functools.partial(self._model_step, self.model), donate_argnums=(1, 2), **out)
         unrolled = LlamaForCausalLM(cfg, attention, self.dtype, self.dtype, scan_layers=False)
         self._jitted_unrolled = jax.jit(functools.partial(self._model_step, unrolled), donate_argnums=(1, 2), **out)
@@ -184,7 +202,8 @@ class ModelRunner:
     def _model_step(model, params, k_cache, v_cache, token_ids, meta: AttentionMetadata):
         (logits, k_cache, v_cache), state = model.apply(
             {"params": params}, token_ids, meta, k_cache, v_cache, meta.logits_indices, mutable=["intermediates"])
-        return logits, k_cache, v_cache, state["intermediates"][HIDDEN][0]
+        greedy_ids = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # the sampler's ids in a `greedy_only` step
+        return logits, greedy_ids, k_cache, v_cache, state["intermediates"][HIDDEN][0]
 
     def _head_params(self, params) -> dict:
         """The parameters the LM head reads (`LMHead`)."""
@@ -249,22 +268,39 @@ class ModelRunner:
     def execute(self, inputs: StepInputs) -> dict[str, np.ndarray]:
         """Run one step (model then sampler, logits stay on device; then the prompt-logprobs
         pass when ``inputs.prompt_targets`` is set, its results under ``prompt_*`` keys); one
-        read back."""
+        read back.
+
+        Returns:
+          ``token_ids [R] int32``; the sampler's logprob outputs (`jaxinfer.sampler.sample`)
+          only when a row asks for logprobs (``any_logprobs``); ``logits [R, V]`` with
+          ``return_logits``; ``prompt_*`` with prompt targets. A `greedy_only` step (with
+          ``greedy_fast_path``) takes its ids from the model step's own argmax and runs no
+          sampler (nor copies its metadata): the same ids, as the sampler would only take
+          that argmax of the unchanged logits.
+        """
         bucket = inputs.bucket
         key = _sampler_key(bucket.num_seqs, inputs.sampling)
         if bucket not in self._executables or key not in self._samplers or bucket.num_tokens not in self._prompt_heads:
             logger.warning("compiling bucket %s outside warm-up", bucket)
             self.compile(inputs)
-        host = (inputs.token_ids, inputs.attention, inputs.sampling)
+        greedy = self.greedy_fast_path and greedy_only(inputs.sampling, self.cfg.vocab_size)
+        host = (inputs.token_ids, inputs.attention) + (() if greedy else (inputs.sampling,))
         if self._replicated is not None:
             from jaxinfer.sharding import put_replicated
 
-            token_ids, meta, s = put_replicated(host, self._replicated)
+            dev = put_replicated(host, self._replicated)
+        elif HOST_INPUTS_DIRECT:
+            dev = host
         else:
-            token_ids, meta, s = jax.device_put(host)
-        logits, self.k_cache, self.v_cache, hidden = self._executables[bucket](
-            self._step_params(bucket), self.k_cache, self.v_cache, token_ids, meta)
-        out = self._samplers[key](logits, s)
+            dev = jax.device_put(host)
+        logits, greedy_ids, self.k_cache, self.v_cache, hidden = self._executables[bucket](
+            self._step_params(bucket), self.k_cache, self.v_cache, *dev[:2])
+        if greedy:
+            out = {"token_ids": greedy_ids, **({"logits": logits} if self.return_logits else {})}
+        else:
+            out = self._samplers[key](logits, dev[2])
+            if not inputs.sampling.any_logprobs:  # nobody reads them: read back the ids (and logits) alone
+                out = {k: v for k, v in out.items() if k in ("token_ids", "logits")}
         if inputs.prompt_targets is not None:
             targets = jax.device_put(inputs.prompt_targets, self._replicated)
             scored = self._prompt_heads[bucket.num_tokens](self._head_params(self.params), hidden, targets)
