@@ -16,7 +16,8 @@ from jaxinfer.builder import kv_bytes_per_block, plan_num_blocks
 from jaxinfer.config import CacheConfig
 from jaxinfer.kv_quant import dequantize, quantize, scale_values
 from jaxinfer.model_runner import CompileCounter
-from jaxinfer.models.quant import dequantize as dequantize_weight, qdot, quantize_array, quantize_params, scale_shape
+from jaxinfer.models.quant import (dequantize as dequantize_weight, qdot, quantize_array, quantize_params, scale_shape,
+                                   tied_head_logits)
 from jaxinfer.params import init_params
 from pallas_kernels import ragged_paged_attention
 from test_pallas_kernels import make_batch, numpy_attention
@@ -80,6 +81,37 @@ def test_qdot_close_to_float_matmul(rows):
         a = np.abs(x).max(1, keepdims=True) / 127
         bound = bound + a / 2 * np.abs(w).sum(0, keepdims=True) + a / 2 * se.sum(0, keepdims=True) / 2
     assert (np.abs(got - want) <= bound * 1.01 + 1e-5).all()
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_vocab_chunked_tied_head_equals_the_whole_table(rows):
+    """The tied int8 head computed a chunk of (strided) vocabulary rows per loop iteration
+    puts every logit in its column: equal to the whole-table `qdot`. A vocabulary with no
+    divisor near the chunk (389 is prime) takes the whole table."""
+    rng = np.random.default_rng(4)
+    x = jnp.asarray(rng.standard_normal((rows, 64)).astype(np.float32))
+    for vocab, chunks in ((384, (64, 100, 0)), (389, (64,))):  # 384: 6 iterations of 64, 4 of 96, whole
+        q, s = quantize_array(jnp.asarray(rng.standard_normal((vocab, 64)).astype(np.float32)), 1, group=32)
+        whole = np.asarray(qdot(x, q, s, (1,), jnp.float32))
+        for chunk in chunks:
+            got = np.asarray(tied_head_logits(x, q, s, jnp.float32, chunk=chunk))
+            np.testing.assert_allclose(got, whole, rtol=1e-5, atol=1e-5, err_msg=f"V={vocab} chunk={chunk}")
+
+
+def test_vocab_chunked_tied_head_with_the_vocabulary_split_over_devices():
+    """Tensor parallelism splits the table's vocabulary axis: the chunked head (each
+    iteration's rows split with it) gives the single-device logits."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    assert len(jax.devices()) >= 2
+    rng = np.random.default_rng(5)
+    q, s = quantize_array(jnp.asarray(rng.standard_normal((512, 64)).astype(np.float32)), 1, group=32)
+    x = jnp.asarray(rng.standard_normal((3, 64)).astype(np.float32))
+    mesh = Mesh(np.array(jax.devices()[:2]), ("model",))
+    split = NamedSharding(mesh, P("model", None))
+    f = jax.jit(lambda x, q, s: tied_head_logits(x, q, s, jnp.float32, chunk=64))
+    got = f(jax.device_put(x, NamedSharding(mesh, P())), jax.device_put(q, split), jax.device_put(s, split))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(f(x, q, s)), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["int8", "fp8"])

@@ -41,6 +41,12 @@ SCALE_DTYPE = jnp.bfloat16
 # rows kept float32's first 16 greedy tokens on 3 of 9 oracle prompts with per-channel
 # scales (docs/quantization.md); `qdot` takes the threshold per call.
 W8A8_MIN_ROWS = 1 << 30
+# The tied LM head dequantizes the int8 table this many vocabulary rows at a time, in a
+# loop, so each float chunk stays in cache instead of a float copy of the whole [V, D]
+# table being written and read back every step (`tied_head_logits`; docs/quantization.md).
+# 0: the whole table at once. Read when the step is traced.
+HEAD_CHUNK = 1024
+HEAD_BLOCKS = 8  # each chunk is this many runs of consecutive rows (`tied_head_logits`)
 _DUMMY_STD = 0.02  # std of the random weights `init_params` draws; the dummy int8 init matches it
 
 
@@ -188,8 +194,49 @@ class QEmbed(nn.Module):
         return dequantize(self.embedding[ids], self.scale[ids], 1)
 
     def attend(self, x):
-        """Tied LM head: x [R, D] -> logits [R, V] float32."""
-        return qdot(x, self.embedding, self.scale, (1,), self.dtype)
+        """Tied LM head: x [R, D] -> logits [R, V] float32 (`tied_head_logits`)."""
+        return tied_head_logits(x, self.embedding, self.scale, self.dtype)
+
+
+def tied_head_logits(x: jax.Array, table: jax.Array, scale: jax.Array, dtype, chunk: int | None = None
+                     ) -> jax.Array:
+    """Logits of a tied LM head over an int8 table with row-group scales, a chunk of the
+    vocabulary at a time.
+
+    XLA:CPU does not fuse a weight's dequantization into its dot: over the whole table it
+    writes a float copy of all [V, D] every step and reads it back. Here a loop
+    (``lax.map``) dequantizes c = `group_size` (V, chunk) rows per iteration and multiplies
+    them (`qdot`), so the float chunk stays in cache. The table is viewed as
+    ``[b, V / c, c / b, D]`` with b = `HEAD_BLOCKS` (or c's largest divisor below it) and
+    iteration j takes ``[:, j]``: b runs of c / b consecutive rows. The vocabulary's outer
+    factor b is never looped over, so a vocabulary split over up to b devices (tensor
+    parallelism) splits every iteration's rows instead of the loop. The arithmetic per
+    logit is `qdot`'s.
+
+    Args:
+      x: [R, D] float. table: int8 [V, D]; scale: [V, D / g] (`quantize_array` along axis 1).
+      dtype: the dtype ``table`` is dequantized to. chunk: rows per iteration (None:
+        `HEAD_CHUNK`; 0 or >= V: the whole table in one `qdot`, as also when V has no
+        divisor between chunk / 2 and chunk).
+    Returns:
+      [R, V] float32.
+    """
+    chunk = HEAD_CHUNK if chunk is None else chunk
+    V, D = table.shape
+    c = group_size(V, chunk) if chunk else V
+    n = V // c
+    if n == 1 or 2 * c < min(chunk, V):
+        return qdot(x, table, scale, (1,), dtype)
+    b = group_size(c, HEAD_BLOCKS)
+    t, s = table.reshape(b, n, c // b, D), scale.reshape(b, n, c // b, scale.shape[1])
+
+    def one(j):  # logits of rows i * V / b + j * c / b + k (i < b, k < c / b): [R, b, c / b]
+        tj = jax.lax.dynamic_index_in_dim(t, j, 1, keepdims=False)
+        sj = jax.lax.dynamic_index_in_dim(s, j, 1, keepdims=False)
+        return qdot(x, tj, sj, (2,), dtype)
+
+    y = jax.lax.map(one, jnp.arange(n))  # [n, R, b, c / b]
+    return jnp.transpose(y, (1, 2, 0, 3)).reshape(x.shape[0], V)
 
 
 def _contract_axes(path: tuple[str, ...]) -> tuple[int, ...] | None:
