@@ -309,6 +309,7 @@ def test_a_burst_within_one_step_sees_itself_in_the_estimate():
     models = registry({"big": fake_engine(runner=runner), "small": fake_engine()}, slo=1.05)
     app = create_app(models, server_config())
     models.start()
+    assert models.wait_ready()  # the gated step below reads the built engine
     big = models.get("big").async_engine
     body = {"model": "big", "prompt": list(range(10, 40)), "max_tokens": 2}
 
