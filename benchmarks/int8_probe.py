@@ -50,35 +50,54 @@ _COMP = re.compile(r"^(?:ENTRY )?%?([\w.-]+) .*\{\s*$")
 
 
 def hlo_int8_readers(text: str) -> dict:
-    """The instructions of optimized HLO ``text`` that take an ``s8`` operand.
+    """The instructions of optimized HLO ``text`` that take an ``s8`` operand (operands are
+    printed by name: their types are looked up from their definitions).
 
     Returns:
-      {"readers": [{computation, name, op, kind, out, bytes_out}], "dots": n, "ynn_fusions": n}
-      where ``bytes_out`` is the bytes the instruction writes per execution.
+      {"readers": [{computation, name, op, kind, out, operands, bytes_out}], "dots": n,
+      "ynn_fusions": n} where ``bytes_out`` is what the instruction writes per execution.
     """
-    readers, comp, dots, ynn = [], None, 0, 0
+    lines, types = [], {}
+    comp = None
     for line in text.splitlines():
         m = _COMP.match(line)
         if m and " = " not in line.split("{")[0]:
             comp = m.group(1)
             continue
         m = _INSTR.match(line)
-        if not m:
-            continue
-        name, dtype, dims, op, rest = m.groups()
+        if m:
+            types[m.group(1)] = f"{m.group(2)}[{m.group(3)}]"
+            lines.append((comp, m.groups()))
+    readers, dots, ynn = [], 0, 0
+    for comp, (name, dtype, dims, op, rest) in lines:
         dots += op == "dot"
         ynn += "__ynn_fusion" in rest
-        operands = rest.split(")", 1)[0] if op != "fusion" else rest.split("), kind=", 1)[0]
-        if "s8[" not in operands:
+        if op in ("parameter", "get-tuple-element", "tuple", "bitcast", "while", "copy"):
             continue
-        shape = [int(d) for d in dims.split(",") if d]
+        operands = [types.get(o, "?") for o in re.findall(r"%([\w.-]+)", rest.split("), ", 1)[0])]
+        if not any(t.startswith("s8[") for t in operands):
+            continue
         kind = re.search(r"kind=(\w+)", rest)
         custom = re.search(r'"kind":"(\w+)"', rest)
         readers.append({"computation": comp, "name": name, "op": op,
                         "kind": (kind.group(1) if kind else "") + (f"/{custom.group(1)}" if custom else ""),
-                        "out": f"{dtype}[{dims}]", "operands": re.findall(r"\w+\[[\d,]*\]", operands),
-                        "bytes_out": math.prod(shape) * _ITEMSIZE.get(dtype, 4)})
+                        "out": f"{dtype}[{dims}]", "operands": operands,
+                        "bytes_out": math.prod(int(d) for d in dims.split(",") if d) * _ITEMSIZE.get(dtype, 4)})
     return {"readers": readers, "dots": dots, "ynn_fusions": ynn}
+
+
+def summarize(h: dict) -> dict:
+    """Per computation that is not itself a fusion body (the entry, a while body: the layer
+    scan runs its body once per layer, the vocabulary loop once per chunk): the fusions
+    reading int8 grouped by (kind, output type), with their count and bytes written."""
+    groups = {}
+    for r in h["readers"]:
+        if r["op"] != "fusion" or r["computation"].startswith("fused_computation"):
+            continue
+        g = groups.setdefault(r["computation"], {}).setdefault(f'{r["kind"]} {r["out"]}', {"count": 0, "bytes": 0})
+        g["count"] += 1
+        g["bytes"] += r["bytes_out"]
+    return {"dots": h["dots"], "ynn_fusions": h["ynn_fusions"], "int8_reading_fusions": groups}
 
 
 def capture(llm, batch: int, prompt_len: int):
@@ -216,11 +235,8 @@ def main() -> None:
            "ms": ms, "f32_over_int8_step": ratios, "hlo": hlo}
     if not a.no_heads:
         out["head_quality"] = quality
+    out["hlo_summary"] = {name: summarize(h) for name, h in hlo.items()}
     print(json.dumps({k: v for k, v in out.items() if k != "hlo"}, indent=1))
-    for name, h in hlo.items():
-        print(name, "dots", h["dots"], "ynn", h["ynn_fusions"])
-        for r in h["readers"]:
-            print("  ", r["computation"], r["op"], r["kind"], r["out"], r["bytes_out"], r["operands"])
     if a.out:
         Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
 
