@@ -210,7 +210,7 @@ def main() -> None:
                 (Path(a.hlo_dir) / f"{name}.hlo.txt").write_text(text)
 
             def call(exe=exe, engine=engine, params=runner._step_params(inputs.bucket), dev=dev, name=name):
-                logits, k, v, h = exe(params, *caches[engine], *dev)
+                logits, _greedy_ids, k, v, h = exe(params, *caches[engine], *dev)  # `ModelRunner._model_step`
                 caches[engine][:] = [k, v]
                 hidden.setdefault(name, h[dev[1].logits_indices])
                 return logits
