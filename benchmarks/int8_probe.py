@@ -30,9 +30,7 @@ import functools
 import json
 import math
 import re
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -119,18 +117,10 @@ def capture(llm, batch: int, prompt_len: int):
 
 
 def interleaved_ms(fns: dict, reps: int) -> dict:
-    """Median and min ms of each zero-argument callable, every repetition calling all once
-    in rotating order (the first call of each, untimed, before)."""
-    names, times = list(fns), {n: [] for n in fns}
-    for n in names:
-        jax.block_until_ready(fns[n]())
-    for r in range(reps):
-        for j in range(len(names)):
-            n = names[(r + j) % len(names)]
-            t0 = time.perf_counter()
-            jax.block_until_ready(fns[n]())
-            times[n].append(time.perf_counter() - t0)
-    return {n: {"median": round(1e3 * statistics.median(t), 3), "min": round(1e3 * min(t), 3)} for n, t in times.items()}
+    """`decode_probe.interleaved_ms` (median and min ms, rotating order), rounded to µs."""
+    from decode_probe import interleaved_ms as measure  # a sibling script: benchmarks/ is on sys.path
+
+    return {n: {k: round(v, 3) for k, v in t.items()} for n, t in measure(fns, reps).items()}
 
 
 def head_variants(embed_q: dict, table32) -> dict:
