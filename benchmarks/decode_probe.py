@@ -81,7 +81,7 @@ def compile_step(runner, model, params, model_a):
     return exe, time.perf_counter() - t0
 
 
-def no_attention(backend, q, k_new, v_new, k_cache, v_cache, layer, meta, sm_scale, window=None):
+def no_attention(backend, q, k_new, v_new, k_cache, v_cache, layer, meta, sm_scale, window=None, plan=None):
     """`paged_attention` without the attention: the K/V write only, q passed through."""
     from jaxinfer.attention import write_kv
 

@@ -261,9 +261,16 @@ def pieces(e, req, args) -> dict:
     argmax_same = {n: bool(np.argmax(np.asarray(v)) == np.argmax(ref)) for n, v in logits.items()
                    if n.startswith("step_groups")}
     return {"bucket": str(inputs.bucket), "context": row.start, "interleaved_ms": ms, "compile_s": compile_s,
-            "num_groups_used": int(inputs.attention.num_groups), "runner_min_groups_per_iter": min_groups,
+            "num_groups_used": num_groups_used(inputs, e.layout.block_size), "runner_min_groups_per_iter": min_groups,
             "max_abs_logit_diff_vs_step": diffs,
             "lm_head_vr_max_abs_diff": lm_head_vr_diff, "argmax_same_as_step": argmax_same}
+
+
+def num_groups_used(inputs, block_size: int) -> int:
+    """B1 context groups the step's XLA work plan uses (derived as the model step does)."""
+    from jaxinfer.xla_work_plan import plan_xla_work
+
+    return int(plan_xla_work(inputs.attention, block_size).num_groups)
 
 
 def async_layer(e, prompt: list[int], tokens: int, requests: int) -> dict:

@@ -1,6 +1,8 @@
 """Paged attention inside the jitted step: the KV write, and the switch point between the
-XLA (pure jnp) path and the Pallas kernel, both reading exactly the step's
-`jaxinfer.step_metadata.AttentionMetadata` (registered here as a pytree).
+XLA (pure jnp) path and the Pallas kernel, both reading the step's standard ragged contract
+`jaxinfer.step_metadata.AttentionMetadata` (registered here as a pytree). The XLA path also
+walks work lists that the step derives from that contract once, before the layer loop
+(`jaxinfer.xla_work_plan.XlaWorkPlan`); the host sends none.
 
 KV cache layout (per engine): ``k_cache, v_cache [L, num_blocks, block_size, K, H]``,
 all layers stacked so the layer scan carries it in place (donated to the step); a
@@ -21,7 +23,7 @@ XLA path (CPU default): attention of a token = softmax over
 merged with one shared max (log-sum-exp). A sliding-window layer (``window`` W, a traced
 per-layer scalar) also masks keys with ``q_pos - k_pos >= W`` in all three parts
 (`_in_window`); its pages below the window are still walked (masked), as the work lists
-are shared by all layers. A step of fresh prefills reads no pages, a
+(one plan per step) are shared by all layers. A step of fresh prefills reads no pages, a
 decode token reads its sequence's context once (rounded up to a group), and a fresh
 prefill mixed into a decode batch costs no extra context reads: the bytes read track the
 real context, whatever the bucket's table width or the longest row.
@@ -34,6 +36,7 @@ Einsum letters: T tokens, K kv heads, G query heads per kv head, H head dim, S c
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +46,9 @@ from jaxinfer import kv_quant
 from jaxinfer.batch import GROUP_BLOCKS, Q_CHUNK, groups_per_iter
 from jaxinfer.kv_quant import QuantKV
 from jaxinfer.step_metadata import AttentionMetadata
+
+if TYPE_CHECKING:  # jaxinfer.xla_work_plan imports this module (for the registered AttentionMetadata)
+    from jaxinfer.xla_work_plan import XlaWorkPlan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,11 +172,11 @@ def _in_window(q_pos, k_pos, window):
     return True if window is None else (q_pos - k_pos) < window
 
 
-def _group_context(qg, k_cache, v_cache, layer, meta, window=None):
+def _group_context(qg, k_cache, v_cache, layer, meta, plan, window=None):
     """B1: each single-token row's query against its cached context, scattered back to [T].
 
-    The context is cut into groups of `GROUP_BLOCKS` blocks; the host lists only the groups
-    each row's context fills (``group_row``, ``group_index``, sorted by row), so a row of
+    The context is cut into groups of `GROUP_BLOCKS` blocks; the plan lists only the groups
+    each row's context fills (``plan.group_row``, ``plan.group_index``, sorted by row), so a row of
     200 tokens next to one of 2,000 reads 200, not 2,000, and bucket padding is never
     read. A loop iteration takes ``groups_per_iter`` groups of any rows, gathers their
     blocks (one gather by (layer, block), no per-layer copy) and folds their
@@ -184,15 +190,16 @@ def _group_context(qg, k_cache, v_cache, layer, meta, window=None):
     c, P = GROUP_BLOCKS, groups_per_iter(R)
     span = c * bs
     tables = jnp.pad(meta.block_tables, ((0, 1), (0, -W % c)))  # row R: the padding groups' null row
-    q = jnp.concatenate([qg[jnp.minimum(meta.row_last, T - 1)], jnp.zeros((1, K, G, H), qg.dtype)])
-    ctx_len = jnp.concatenate([meta.row_ctx_len, jnp.zeros((1,), jnp.int32)])
-    q_pos = jnp.concatenate([meta.positions[jnp.minimum(meta.row_last, T - 1)], jnp.zeros((1,), jnp.int32)])
+    last = jnp.minimum(plan.row_last, T - 1)
+    q = jnp.concatenate([qg[last], jnp.zeros((1, K, G, H), qg.dtype)])
+    ctx_len = jnp.concatenate([plan.row_ctx_len, jnp.zeros((1,), jnp.int32)])
+    q_pos = jnp.concatenate([meta.positions[last], jnp.zeros((1,), jnp.int32)])
     segs = dict(num_segments=R + 1, indices_are_sorted=True)
 
     def body(j, carry):
         m, l, acc = carry
-        rows = jax.lax.dynamic_slice_in_dim(meta.group_row, j * P, P)
-        grp = jax.lax.dynamic_slice_in_dim(meta.group_index, j * P, P)
+        rows = jax.lax.dynamic_slice_in_dim(plan.group_row, j * P, P)
+        grp = jax.lax.dynamic_slice_in_dim(plan.group_index, j * P, P)
         blocks = tables[rows[:, None], grp[:, None] * c + jnp.arange(c)]  # [P, c]
         k = gather_pages(k_cache, layer, blocks).reshape(P, span, K, H)
         v = gather_pages(v_cache, layer, blocks).reshape(P, span, K, H)
@@ -209,15 +216,15 @@ def _group_context(qg, k_cache, v_cache, layer, meta, window=None):
                 acc * scale[..., None] + jax.ops.segment_sum(pv, rows, **segs))
 
     init = (jnp.full((R + 1, K, G), -jnp.inf), jnp.zeros((R + 1, K, G)), jnp.zeros((R + 1, K, G, H)))
-    m, l, a = jax.lax.fori_loop(0, (meta.num_groups + P - 1) // P, body, init)
-    to = lambda init, x: init.at[meta.row_last].set(x[:R], mode="drop")  # noqa: E731
+    m, l, a = jax.lax.fori_loop(0, (plan.num_groups + P - 1) // P, body, init)
+    to = lambda init, x: init.at[plan.row_last].set(x[:R], mode="drop")  # noqa: E731
     return (to(jnp.full((T, K, G), -jnp.inf), m), to(jnp.zeros((T, K, G)), l), to(jnp.zeros((T, K, G, H)), a))
 
 
 CHUNK_CTX_BLOCKS = 16  # blocks of context one B2 inner iteration reads
 
 
-def _chunk_context(qg, k_cache, v_cache, layer, meta, q_chunk: int, window=None):
+def _chunk_context(qg, k_cache, v_cache, layer, meta, plan, q_chunk: int, window=None):
     """B2: loop over work items; each is <= q_chunk queries of one row vs that row's context.
 
     An item walks its row's context `CHUNK_CTX_BLOCKS` blocks at a time with an online
@@ -235,7 +242,7 @@ def _chunk_context(qg, k_cache, v_cache, layer, meta, q_chunk: int, window=None)
     init = (jnp.full((T + q_chunk, K, G), -jnp.inf), jnp.zeros((T + q_chunk, K, G)), jnp.zeros((T + q_chunk, K, G, H)))
 
     def item(i, acc):
-        row, start, n = meta.item_row[i], meta.item_start[i], meta.item_len[i]
+        row, start, n = plan.item_row[i], plan.item_start[i], plan.item_len[i]
         q = jax.lax.dynamic_slice_in_dim(qp, start, q_chunk)
         live = jnp.arange(q_chunk) < n
         q_pos = jax.lax.dynamic_slice_in_dim(pos_p, start, q_chunk)[:, None]
@@ -246,10 +253,10 @@ def _chunk_context(qg, k_cache, v_cache, layer, meta, q_chunk: int, window=None)
             vc = gather_pages(v_cache, layer, blocks).reshape(span, K, H)
             s = jnp.einsum("qkgh,skh->qkgs", q, kc.astype(jnp.float32))
             k_pos = (j * span + jnp.arange(span))[None, :]
-            valid = (k_pos < meta.row_ctx_len[row]) & live[:, None] & _in_window(q_pos, k_pos, window)
+            valid = (k_pos < plan.row_ctx_len[row]) & live[:, None] & _in_window(q_pos, k_pos, window)
             return _fold(carry, jnp.where(valid[:, None, None, :], s, -jnp.inf), vc)
 
-        part = jax.lax.fori_loop(0, (meta.row_ctx_len[row] + span - 1) // span, step,
+        part = jax.lax.fori_loop(0, (plan.row_ctx_len[row] + span - 1) // span, step,
                                  (jnp.full((q_chunk, K, G), -jnp.inf), jnp.zeros((q_chunk, K, G)),
                                   jnp.zeros((q_chunk, K, G, H))))
         out = []
@@ -259,19 +266,20 @@ def _chunk_context(qg, k_cache, v_cache, layer, meta, q_chunk: int, window=None)
             out.append(jax.lax.dynamic_update_slice_in_dim(old, jnp.where(keep, new, cur), start, 0))
         return tuple(out)
 
-    m, l, a = jax.lax.fori_loop(0, meta.num_items, item, init)
+    m, l, a = jax.lax.fori_loop(0, plan.num_items, item, init)
     return m[:T], l[:T], a[:T]
 
 
-def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: AttentionMetadata, sm_scale: float,
-                        window=None):
+def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: AttentionMetadata, plan: XlaWorkPlan,
+                        sm_scale: float, window=None):
     """Ragged paged attention in pure jnp (same semantics as the Pallas kernel).
 
     Args:
       q: [T, N, H] queries. k_new, v_new: [T, K, H] this step's keys/values.
       k_cache, v_cache: [L, NB, bs, K, H] pages (the cached context is read from them).
-      layer: [] int32 layer index. meta: `AttentionMetadata` (the cached context: positions
-        below ``row_ctx_len``, through the work lists).
+      layer: [] int32 layer index. meta: `AttentionMetadata` (positions, block tables).
+      plan: the step's `jaxinfer.xla_work_plan.XlaWorkPlan` (`plan_xla_work` of ``meta``): the
+        cached context (positions below ``plan.row_ctx_len``) is read through its work lists.
       sm_scale: softmax scale (H ** -0.5).
       window: [] int32 sliding window of this layer (keys with ``q_pos - k_pos < window``
         are seen), or None (static) for full causal attention.
@@ -283,13 +291,13 @@ def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: Attentio
     K = k_new.shape[1]
     qg = q.astype(jnp.float32).reshape(T, K, N // K, H) * sm_scale
     s_new = jnp.einsum("tkgh,ukh->tkgu", qg, k_new.astype(jnp.float32))
-    same = (meta.token_seq[:, None] == meta.token_seq[None, :]) & (meta.positions[None, :] <= meta.positions[:, None])
+    same = (plan.token_seq[:, None] == plan.token_seq[None, :]) & (meta.positions[None, :] <= meta.positions[:, None])
     same = same & _in_window(meta.positions[:, None], meta.positions[None, :], window)
     parts = [_partial_softmax(jnp.where(same[:, None, None, :], s_new, -jnp.inf), v_new)]  # diagonal kept
     if meta.block_tables.shape[1] > 0:  # static: a table with no columns has no context (model init)
-        parts.append(_group_context(qg, k_cache, v_cache, layer, meta, window))
+        parts.append(_group_context(qg, k_cache, v_cache, layer, meta, plan, window))
         if T > 1:  # a one-token bucket's only row is single-token: it never has B2 work items
-            parts.append(_chunk_context(qg, k_cache, v_cache, layer, meta, min(Q_CHUNK, T), window))
+            parts.append(_chunk_context(qg, k_cache, v_cache, layer, meta, plan, min(Q_CHUNK, T), window))
     return _merge(parts).reshape(T, N, H).astype(q.dtype)
 
 
@@ -345,7 +353,7 @@ def pallas_paged_attention(q, k_cache, v_cache, layer, meta: AttentionMetadata, 
 
 
 def paged_attention(backend: AttentionBackend, q, k_new, v_new, k_cache, v_cache, layer,
-                    meta: AttentionMetadata, sm_scale: float, window=None):
+                    meta: AttentionMetadata, sm_scale: float, window=None, plan: XlaWorkPlan | None = None):
     """Write this step's K/V into the pages and attend: the one switch point.
 
     Args:
@@ -353,14 +361,21 @@ def paged_attention(backend: AttentionBackend, q, k_new, v_new, k_cache, v_cache
       q: [T, N, H]; k_new, v_new: [T, K, H]; k_cache, v_cache: [L, NB, bs, K, H];
       layer: [] int32; sm_scale: softmax scale (``H ** -0.5``).
       window: [] int32 sliding window of this layer, or None (static) for full causal attention.
+      plan: the step's `jaxinfer.xla_work_plan.XlaWorkPlan`, computed once per step by the
+        caller; the XLA backend needs it, the Pallas kernel plans its own work (None).
 
     Returns:
       (out [T, N, H], k_cache, v_cache) with the new K/V written.
+
+    Raises:
+      ValueError: the XLA backend without a plan.
     """
     k_cache = write_kv(k_cache, layer, meta.slot_mapping, k_new)
     v_cache = write_kv(v_cache, layer, meta.slot_mapping, v_new)
     if backend.name == "xla":
-        out = xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta, sm_scale, window)
+        if plan is None:
+            raise ValueError("the XLA attention path needs the step's XlaWorkPlan (jaxinfer.xla_work_plan)")
+        out = xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta, plan, sm_scale, window)
     else:
         out = pallas_paged_attention(q, k_cache, v_cache, layer, meta, sm_scale, backend.interpret, backend.mesh,
                                      window)

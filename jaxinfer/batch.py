@@ -2,14 +2,19 @@
 
 Packs the scheduled requests' new tokens back to back, pads every array to the step's
 `Bucket`, and lays out per-row sampling options, so the jitted step sees only fixed
-shapes: the typed `jaxinfer.step_metadata.AttentionMetadata` and `SamplingMetadata`. One
-block-table rule whatever the attention backend: a row's table covers its whole context
+shapes: the typed `jaxinfer.step_metadata.AttentionMetadata` (the standard ragged contract;
+no attention work lists, which the XLA path derives inside the step) and `SamplingMetadata`.
+One block-table rule whatever the attention backend: a row's table covers its whole context
 including this step's tokens (`_rows_width`). A request verifying speculative drafts
 takes one single-token row per position (`step_rows`). Plain numpy; no JAX import.
 
-Padding conventions: padding tokens have ``token_seq = -1``, position 0 and write slot 0
-(the null block); padding rows have empty block tables (block 0), ``kv_len = 0`` and
-greedy sampling; padded token-id lists use ``vocab_size`` (dropped by scatters).
+Also home of the XLA attention path's tiling constants and of the static bounds of its
+work lists per bucket (`num_work_items`, `num_context_groups`), read by
+`jaxinfer.xla_work_plan` and `jaxinfer.attention` at trace time.
+
+Padding conventions: padding tokens lie past ``query_start_loc[num_seqs]``, with position 0
+and write slot 0 (the null block); padding rows have no tokens, empty block tables (block 0),
+``kv_len = 0`` and greedy sampling; padded token-id lists use ``vocab_size`` (dropped by scatters).
 """
 from __future__ import annotations
 
@@ -61,7 +66,7 @@ class StepInputs:
     Attributes:
       bucket: the step's static shape.
       token_ids: [T] int32 packed new tokens (padding 0).
-      attention: positions, slots, block tables, ragged work lists and the logits rows
+      attention: positions, slots, block tables, row offsets and lengths, and the logits rows
         (`jaxinfer.step_metadata.AttentionMetadata`), the model's only other input.
       sampling: per-row options, the penalty history only in steps where some row uses
         penalties (it was ~90% of a decode step's input bytes when always sent; vLLM v1
@@ -201,15 +206,9 @@ def _assemble(b: Bucket, a: dict[str, np.ndarray], prompt_targets: np.ndarray | 
 def _empty_arrays(b: Bucket, layout: BatchLayout, penalties: bool, mask: bool) -> dict[str, np.ndarray]:
     """All-padding arrays of bucket ``b`` by field name, which `prepare_rows` fills."""
     T, R, W, V = b.num_tokens, b.num_seqs, b.ctx_blocks, layout.vocab_size
-    C = num_work_items(T, R)
-    NG = num_context_groups(R, W)
     i32, f32 = np.int32, np.float32
     a = {
-        "token_ids": np.zeros(T, i32), "positions": np.zeros(T, i32), "token_seq": np.full(T, -1, i32),
-        "slot_mapping": np.zeros(T, i32), "row_ctx_len": np.zeros(R, i32), "row_last": np.full(R, T, i32),
-        "item_row": np.zeros(C, i32), "item_start": np.zeros(C, i32), "item_len": np.zeros(C, i32),
-        "num_items": np.zeros((), i32),
-        "group_row": np.full(NG, R, i32), "group_index": np.zeros(NG, i32), "num_groups": np.zeros((), i32),
+        "token_ids": np.zeros(T, i32), "positions": np.zeros(T, i32), "slot_mapping": np.zeros(T, i32),
         "block_tables": np.zeros((R, W), i32), "query_start_loc": np.zeros(R + 1, i32),
         "kv_lens": np.zeros(R, i32), "num_seqs": np.zeros((), i32), "logits_indices": np.zeros(R, i32),
         "temperature": np.ones(R, f32), "top_p": np.ones(R, f32), "top_k": np.full(R, V, i32),
@@ -236,18 +235,7 @@ def _fill_tokens(a, i: int, offset: int, row: Row, layout: BatchLayout) -> None:
     sl = slice(offset, offset + n)
     a["token_ids"][sl] = tokens
     a["positions"][sl] = pos
-    a["token_seq"][sl] = i
     a["slot_mapping"][sl] = blocks[pos // bs] * bs + pos % bs
-    a["row_ctx_len"][i] = start
-    if n == 1:
-        a["row_last"][i] = offset  # decode-like row: context read once per row (B1)
-        _add_context_groups(a, i, start, layout.block_size)
-    elif start > 0:  # multi-token row with context: work items of <= q_chunk queries (B2)
-        q_chunk = min(Q_CHUNK, len(a["token_ids"]))
-        for s in range(0, n, q_chunk):
-            k = int(a["num_items"])
-            a["item_row"][k], a["item_start"][k], a["item_len"][k] = i, offset + s, min(q_chunk, n - s)
-            a["num_items"][...] = k + 1
     width = a["block_tables"].shape[1]
     used = min(len(blocks), width)
     a["block_tables"][i, :used] = blocks[:used]
@@ -255,17 +243,6 @@ def _fill_tokens(a, i: int, offset: int, row: Row, layout: BatchLayout) -> None:
     a["query_start_loc"][i + 1] = offset + n
     a["kv_lens"][i] = start + n
     a["logits_indices"][i] = offset + n - 1
-
-
-def _add_context_groups(a, i: int, ctx_len: int, block_size: int) -> None:
-    """Append row ``i``'s B1 context groups (`GROUP_BLOCKS` blocks each, only as many as
-    its cached context fills), so a step reads each row's real context, not the bucket's
-    width or the longest row's."""
-    n = -(-ctx_len // (GROUP_BLOCKS * block_size))
-    k = int(a["num_groups"])
-    a["group_row"][k:k + n] = i
-    a["group_index"][k:k + n] = np.arange(n)
-    a["num_groups"][...] = k + n
 
 
 def _fill_sampling(a, i: int, row: Row, layout: BatchLayout) -> None:

@@ -20,11 +20,9 @@ from jaxinfer.models.llama import LlamaForCausalLM
 def _dummy_call_args(cfg: ModelConfig):
     i32 = jnp.int32
     z1 = jnp.zeros((1,), i32)
-    meta = AttentionMetadata(positions=z1, token_seq=z1, slot_mapping=z1, row_ctx_len=z1, row_last=z1,
-                             item_row=z1, item_start=z1, item_len=z1, num_items=jnp.zeros((), i32),
-                             group_row=z1, group_index=z1, num_groups=jnp.zeros((), i32),
-                             block_tables=jnp.zeros((1, 0), i32), query_start_loc=jnp.zeros((2,), i32),
-                             kv_lens=z1, num_seqs=jnp.zeros((), i32), logits_indices=z1)
+    meta = AttentionMetadata(positions=z1, slot_mapping=z1, block_tables=jnp.zeros((1, 0), i32),
+                             query_start_loc=jnp.zeros((2,), i32), kv_lens=z1, num_seqs=jnp.zeros((), i32),
+                             logits_indices=z1)
     kv = jnp.zeros((cfg.num_hidden_layers, 1, 16, cfg.num_key_value_heads, cfg.head_dim), jnp.float32)
     return z1, meta, kv, kv, z1
 

@@ -26,23 +26,19 @@ Array = Any  # numpy.ndarray on the host, jax.Array inside the step
 class AttentionMetadata:
     """Per-step inputs of attention and of the logits gather (shapes bucketed).
 
+    The standard ragged contract only, no work lists: the Pallas kernel reads these fields as
+    they are, and the XLA path derives its work lists from them inside the step
+    (`jaxinfer.xla_work_plan`).
+
     One block-table rule for both backends: ``block_tables`` covers each row's whole
     context *including this step's tokens*, so W >= ceil(kv_len / block_size) for every
     row. The Pallas kernel reads up to ``kv_lens`` after the new K/V are written; the XLA
-    path reads only the cached positions (< ``row_ctx_len``) from the pages and takes the
-    new tokens from the fresh K/V.
+    path reads only the cached positions (< ``kv_lens`` minus the row's new tokens) from the
+    pages and takes the new tokens from the fresh K/V.
 
     Attributes:
       positions: [T] int32 absolute position of each token (padding 0).
-      token_seq: [T] int32 row of each token; -1 for padding tokens.
       slot_mapping: [T] int32 cache slot each new K/V is written to (padding 0, the null block).
-      row_ctx_len: [R] int32 cached context length of each row (padding 0).
-      row_last: [R] int32 packed index of a single-token row's token (XLA B1); T otherwise.
-      item_row, item_start, item_len: [C] int32 XLA B2 work items: row, first packed
-        token, number of queries (<= `jaxinfer.batch.Q_CHUNK`); num_items: [] int32 in use.
-      group_row, group_index: [NG] int32 XLA B1 context groups (row R for padding), sorted
-        by row: group g of a row covers its table columns [g*GROUP_BLOCKS, (g+1)*GROUP_BLOCKS);
-        num_groups: [] int32 groups in use.
       block_tables: [R, W] int32 block ids of each row's context and new tokens (padding 0).
       query_start_loc: [R+1] int32 first packed token of each row; the tail repeats the end.
       kv_lens: [R] int32 context length including this step's tokens (padding 0).
@@ -51,17 +47,7 @@ class AttentionMetadata:
     """
 
     positions: Array
-    token_seq: Array
     slot_mapping: Array
-    row_ctx_len: Array
-    row_last: Array
-    item_row: Array
-    item_start: Array
-    item_len: Array
-    num_items: Array
-    group_row: Array
-    group_index: Array
-    num_groups: Array
     block_tables: Array
     query_start_loc: Array
     kv_lens: Array

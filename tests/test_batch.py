@@ -67,7 +67,8 @@ def test_block_table_covers_each_rows_new_tokens():
         need = -(-(req.num_computed_tokens + n) // 16)
         assert inputs.bucket.ctx_blocks >= need
         np.testing.assert_array_equal(meta.block_tables[i, :need], req.block_ids[:need])
-        assert meta.kv_lens[i] == req.num_computed_tokens + n and meta.row_ctx_len[i] == req.num_computed_tokens
+        assert meta.kv_lens[i] == req.num_computed_tokens + n
+        assert meta.query_start_loc[i + 1] - meta.query_start_loc[i] == n
 
 
 def test_step_inputs_round_trip_through_flat_arrays():

@@ -1,8 +1,8 @@
 """The XLA paged-attention path against a float64 numpy reference (full causal and sliding
 windows), on ragged steps packed
 by the real `batch` code: decodes of very different context lengths (block and group
-edges included), a continuing prefill chunk and a fresh prefill in one step; and the
-B1 work list covers each row's real context only."""
+edges included), a continuing prefill chunk and a fresh prefill in one step, its work
+lists derived from the metadata as the model step derives them (`jaxinfer.xla_work_plan`)."""
 import types
 
 import jax.numpy as jnp
@@ -13,6 +13,7 @@ from jaxinfer import batch as B
 from jaxinfer.attention import AttentionMetadata, xla_paged_attention
 from jaxinfer.buckets import Bucket, BucketLadders
 from jaxinfer.step_metadata import from_arrays
+from jaxinfer.xla_work_plan import plan_xla_work
 
 BS, K, G, H, L = 16, 2, 3, 8, 2
 LAYOUT = B.BatchLayout(BucketLadders(64, 16, 64), BS, 100, 1024, 4)
@@ -31,6 +32,7 @@ def _pack(rows, width):
         req = types.SimpleNamespace(num_computed_tokens=ctx, all_token_ids=[0] * (ctx + n), block_ids=blocks)
         B._fill_tokens(a, i, offset, B.Row(req, ctx, req.all_token_ids[ctx:ctx + n]), LAYOUT)
         offset += n
+    a["num_seqs"][...] = len(rows)
     return a, tables, next_block
 
 
@@ -72,21 +74,7 @@ def test_ragged_step_matches_float64_reference(rows, window):
     meta = from_arrays(AttentionMetadata, {k: jnp.asarray(v) for k, v in a.items()})
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     got = xla_paged_attention(f32(q), f32(k_new), f32(v_new), f32(k_cache), f32(v_cache), jnp.int32(1), meta,
-                              H ** -0.5, None if window is None else jnp.int32(window))
+                              plan_xla_work(meta, BS), H ** -0.5, None if window is None else jnp.int32(window))
     want = _reference(q, k_new, v_new, k_cache, v_cache, rows, tables, 1, H ** -0.5, window)
     np.testing.assert_allclose(np.asarray(got), want, atol=2e-5, rtol=1e-4)
 
-
-def test_context_groups_cover_each_rows_real_context_only():
-    """B1 reads at most one partly used group per row: a 2,000-token row beside short rows
-    does not make the short rows read 2,000 (the bytes stay near the real context)."""
-    rows = [(2000, 1)] + [(200, 1)] * 7
-    a, _, _ = _pack(rows, 128)
-    span = B.GROUP_BLOCKS * BS
-    n = int(a["num_groups"])
-    read_tokens = n * span
-    real_tokens = sum(ctx for ctx, _ in rows)
-    assert n == sum(-(-ctx // span) for ctx, _ in rows)
-    assert read_tokens <= 1.3 * real_tokens
-    assert list(a["group_row"][:n]) == sorted(a["group_row"][:n])
-    assert (a["group_row"][n:] == len(rows)).all()

@@ -55,6 +55,7 @@ from jaxinfer.attention import AttentionBackend, AttentionMetadata, paged_attent
 from jaxinfer.config import ModelConfig
 from jaxinfer.models.quant import QDenseGeneral, QEmbed
 from jaxinfer.models.rope import apply_rope, layer_rope_tables, select_rope
+from jaxinfer.xla_work_plan import XlaWorkPlan, plan_xla_work
 
 _init = nn.initializers.normal(0.02)
 # Matmul operands in the model dtype (bf16 or f32), accumulation and output in float32:
@@ -124,7 +125,7 @@ class Attention(nn.Module):
     param_dtype: jnp.dtype
 
     @nn.compact
-    def __call__(self, x, k_cache, v_cache, layer, meta: AttentionMetadata, cos, sin):
+    def __call__(self, x, k_cache, v_cache, layer, meta: AttentionMetadata, plan: XlaWorkPlan | None, cos, sin):
         c = self.cfg
         dense = functools.partial(_dense, c, self.dtype, self.param_dtype)
         q = dense((c.num_attention_heads, c.head_dim), ("embed", "heads", "head_dim"), "q_proj")(x)
@@ -135,7 +136,7 @@ class Attention(nn.Module):
             q, k = head_norm(name="q_norm")(q), head_norm(name="k_norm")(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out, k_cache, v_cache = paged_attention(self.attention, q, k, v, k_cache, v_cache, layer, meta,
-                                                c.sm_scale, layer_window(c, layer))
+                                                c.sm_scale, layer_window(c, layer), plan=plan)
         o = dense(c.hidden_size, ("heads", "head_dim", "embed"), "o_proj", n_in=2)(out)
         return o, k_cache, v_cache
 
@@ -161,7 +162,8 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     """One pre-norm transformer block (with sandwich norms when configured); the scan body.
-    Carry: (x, k_cache, v_cache, layer)."""
+    Carry: (x, k_cache, v_cache, layer); broadcast: the step's metadata, its XLA work plan
+    (None on the Pallas backend) and the RoPE tables."""
 
     cfg: ModelConfig
     attention: AttentionBackend
@@ -169,14 +171,14 @@ class DecoderLayer(nn.Module):
     param_dtype: jnp.dtype
 
     @nn.compact
-    def __call__(self, carry, meta: AttentionMetadata, rope):
+    def __call__(self, carry, meta: AttentionMetadata, plan: XlaWorkPlan | None, rope):
         x, k_cache, v_cache, layer = carry
         c = self.cfg
         norm = _norm(c, self.dtype, self.param_dtype)
         cos, sin = select_rope(rope, c, layer)
         a, k_cache, v_cache = Attention(c, self.attention, self.dtype, self.param_dtype,
                                         name="attn")(norm(name="input_norm")(x), k_cache, v_cache, layer, meta,
-                                                     cos, sin)
+                                                     plan, cos, sin)
         if c.sandwich_norm:
             a = norm(name="attn_out_norm")(a)
         x = x + a
@@ -194,7 +196,9 @@ class LlamaForCausalLM(nn.Module):
       [L, NB, bs, K, H]. logits_indices: [R] int32 rows of T whose logits are needed.
 
     Returns:
-      (logits [R, V] float32, k_cache, v_cache). Applied with ``mutable=["intermediates"]``
+      (logits [R, V] float32, k_cache, v_cache). On the XLA attention backend the step's
+      work lists (`jaxinfer.xla_work_plan.plan_xla_work`) are derived here from ``meta``,
+      once, before the layer loop. Applied with ``mutable=["intermediates"]``
       it also sows `HIDDEN`: the final-normed hidden states of all T tokens [T, D] float32,
       from which `LMHead` gives the logits of any token (prompt logprobs).
     """
@@ -213,16 +217,17 @@ class LlamaForCausalLM(nn.Module):
         if c.scale_embeddings:
             x = x * jnp.float32(c.hidden_size ** 0.5)
         rope = layer_rope_tables(meta.positions, c)
+        plan = plan_xla_work(meta, k_cache.shape[2]) if self.attention.name == "xla" else None  # once per step
         carry = (x, k_cache, v_cache, jnp.int32(0))
         if self.scan_layers:
             stack = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
-                            in_axes=(nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
+                            in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
                             metadata_params={nn.PARTITION_NAME: "layers"})
-            carry, _ = stack(c, self.attention, self.dtype, self.param_dtype, name="layers")(carry, meta, rope)
+            carry, _ = stack(c, self.attention, self.dtype, self.param_dtype, name="layers")(carry, meta, plan, rope)
         else:  # one module (and one set of [D, ...] arrays) per layer: `unstack_layers`
             for i in range(c.num_hidden_layers):
                 carry, _ = DecoderLayer(c, self.attention, self.dtype, self.param_dtype,
-                                        name=layer_name(i))(carry, meta, rope)
+                                        name=layer_name(i))(carry, meta, plan, rope)
         x, k_cache, v_cache, _ = carry
         x = _norm(c, self.dtype, self.param_dtype)(name="final_norm")(x)  # row-wise: every T row, then gather
         self.sow("intermediates", HIDDEN, x)  # kept only when the caller asks (prompt logprobs read it)
