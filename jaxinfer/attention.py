@@ -175,14 +175,14 @@ def _in_window(q_pos, k_pos, window):
 def _group_context(qg, k_cache, v_cache, layer, meta, plan, window=None):
     """B1: each single-token row's query against its cached context, scattered back to [T].
 
-    The context is cut into groups of `GROUP_BLOCKS` blocks; the plan lists only the groups
-    each row's context fills (``plan.group_row``, ``plan.group_index``, sorted by row), so a row of
-    200 tokens next to one of 2,000 reads 200, not 2,000, and bucket padding is never
-    read. A loop iteration takes ``groups_per_iter`` groups of any rows, gathers their
-    blocks (one gather by (layer, block), no per-layer copy) and folds their
+    The context is cut into groups of `GROUP_BLOCKS` blocks; the step's plan lists only the
+    groups each row's context fills (``plan.group_row``, ``plan.group_index``, sorted by
+    row), so a row of 200 tokens next to one of 2,000 reads 200, not 2,000, and bucket
+    padding is never read. A loop iteration takes ``groups_per_iter`` groups of any rows,
+    gathers their blocks (one gather by (layer, block), no per-layer copy) and folds their
     scores into each row's running (max, sum, weighted values) with segment reductions:
     the online softmax of FlashAttention (Dao et al., 2022), over a ragged work list as in
-    vLLM's ragged paged attention. Iterations run only up to ``num_groups``.
+    vLLM's ragged paged attention. Iterations run only up to ``plan.num_groups``.
     """
     T, K, G, H = qg.shape
     R, W = meta.block_tables.shape
@@ -362,7 +362,8 @@ def paged_attention(backend: AttentionBackend, q, k_new, v_new, k_cache, v_cache
       layer: [] int32; sm_scale: softmax scale (``H ** -0.5``).
       window: [] int32 sliding window of this layer, or None (static) for full causal attention.
       plan: the step's `jaxinfer.xla_work_plan.XlaWorkPlan`, computed once per step by the
-        caller; the XLA backend needs it, the Pallas kernel plans its own work (None).
+        caller; the XLA backend needs it, the Pallas backend takes None (its kernel reads
+        ``meta`` as it is).
 
     Returns:
       (out [T, N, H], k_cache, v_cache) with the new K/V written.
@@ -370,11 +371,11 @@ def paged_attention(backend: AttentionBackend, q, k_new, v_new, k_cache, v_cache
     Raises:
       ValueError: the XLA backend without a plan.
     """
+    if backend.name == "xla" and plan is None:
+        raise ValueError("the XLA attention path needs the step's XlaWorkPlan (jaxinfer.xla_work_plan)")
     k_cache = write_kv(k_cache, layer, meta.slot_mapping, k_new)
     v_cache = write_kv(v_cache, layer, meta.slot_mapping, v_new)
     if backend.name == "xla":
-        if plan is None:
-            raise ValueError("the XLA attention path needs the step's XlaWorkPlan (jaxinfer.xla_work_plan)")
         out = xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta, plan, sm_scale, window)
     else:
         out = pallas_paged_attention(q, k_cache, v_cache, layer, meta, sm_scale, backend.interpret, backend.mesh,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxinfer import batch as B
-from jaxinfer.attention import AttentionMetadata, xla_paged_attention
+from jaxinfer.attention import AttentionBackend, AttentionMetadata, paged_attention, xla_paged_attention
 from jaxinfer.buckets import Bucket, BucketLadders
 from jaxinfer.step_metadata import from_arrays
 from jaxinfer.xla_work_plan import plan_xla_work
@@ -78,3 +78,13 @@ def test_ragged_step_matches_float64_reference(rows, window):
     want = _reference(q, k_new, v_new, k_cache, v_cache, rows, tables, 1, H ** -0.5, window)
     np.testing.assert_allclose(np.asarray(got), want, atol=2e-5, rtol=1e-4)
 
+
+
+def test_xla_backend_refuses_a_step_without_its_work_plan():
+    """The plan is the model step's to compute once; attention never derives it per layer."""
+    a, _, nb = _pack([(20, 1)], 4)
+    meta = from_arrays(AttentionMetadata, {k: jnp.asarray(v) for k, v in a.items()})
+    q, kv = jnp.zeros((1, K * G, H)), jnp.zeros((1, K, H))
+    cache = jnp.zeros((L, nb, BS, K, H))
+    with pytest.raises(ValueError, match="XlaWorkPlan"):
+        paged_attention(AttentionBackend("xla"), q, kv, kv, cache, cache, jnp.int32(0), meta, H ** -0.5)
