@@ -2,7 +2,7 @@
 
 Lifecycle of a request:
   1. ``add_requests`` (the one admission path; ``add_request`` is a group of one)
-     validates a group on the host (non-empty prompt, ids in the vocabulary,
+     validates a group on the host (`jaxinfer.admission`: non-empty prompt, ids in the vocabulary,
      prompt + max_tokens within ``max_model_len`` and within the whole KV pool, bounded
      queue) and raises `RequestError` / `QueueFullError` before any device work: all
      of the group is queued, or none.
@@ -32,6 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
+from jaxinfer import admission
 from jaxinfer import batch as batch_mod
 from jaxinfer import prompt_logprobs
 from jaxinfer.block_manager import BlockManager
@@ -40,7 +41,7 @@ from jaxinfer.config import EngineConfig, ModelConfig
 from jaxinfer.drain_rate import DrainRate
 from jaxinfer.engine_protocol import RequestSpec
 from jaxinfer.engine_snapshot import EngineSnapshot
-from jaxinfer.errors import CONTEXT_LENGTH_EXCEEDED, SHORTEN_HINT, QueueFullError, RequestError
+from jaxinfer.errors import RequestError
 from jaxinfer.fault_injection import PREPARE, StepFault
 from jaxinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from jaxinfer.request import FinishReason, Request
@@ -185,20 +186,14 @@ class LLMEngine:
         Raises:
           RequestError, QueueFullError: as `add_requests`.
         """
-        ids = [s.request_id for s in specs]
-        counts = collections.Counter(ids)  # not ids.count per id: quadratic in the group size
-        for rid in ids:
-            if rid in self.requests or counts[rid] > 1:
-                raise RequestError(f"duplicate request id {rid!r}", param="request_id")
-        max_tokens = [self._validate(s.prompt_token_ids, s.params) for s in specs]
-        max_queue_len = self.config.scheduler.max_queue_len
-        if len(specs) > max_queue_len:  # could never be queued at once: not "retry later"
-            raise RequestError(f"this request asks for {len(specs)} sequences (prompts x n); the server queues "
-                               f"at most {max_queue_len} (--max-queue-len)", param="n")
-        # the queue is what waits beyond the free sequence slots (`Scheduler.num_queued`)
-        if self.num_waiting + len(specs) - self.scheduler.free_slots > max_queue_len:
-            wait = self._drain.seconds_to_drain(self.scheduler.num_queued, time.monotonic())
-            raise QueueFullError(f"waiting queue is full ({max_queue_len} requests)", retry_after=wait)
+        admission.check_ids(specs, self.requests)
+        max_tokens = [admission.check_prompt(s.prompt_token_ids, s.params, vocab_size=self.model_config.vocab_size,
+                                             config=self.config, block_manager=self.block_manager,
+                                             grammar_engine=self.grammar_engine) for s in specs]
+        admission.check_room(len(specs), max_queue_len=self.config.scheduler.max_queue_len,
+                             num_waiting=self.num_waiting, free_slots=self.scheduler.free_slots,
+                             retry_after=lambda: self._drain.seconds_to_drain(self.scheduler.num_queued,
+                                                                               time.monotonic()))
         return max_tokens
 
     def _enqueue(self, spec: RequestSpec, max_tokens: int) -> None:
@@ -235,47 +230,6 @@ class LLMEngine:
 
             self._grammar = GrammarEngine(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
         return self._grammar
-
-    def _validate(self, ids: list[int], params: SamplingParams) -> int:
-        """Check one prompt and its options against this engine; returns the effective
-        max_tokens. Raises `RequestError`."""
-        V = self.model_config.vocab_size
-        limit = self.config.scheduler.max_model_len
-        if len(ids) == 0:
-            raise RequestError("the prompt is empty (0 tokens)", param="prompt")
-        if any(not isinstance(t, (int, np.integer)) or isinstance(t, bool) or not 0 <= t < V for t in ids):
-            raise RequestError(f"prompt token ids must be integers in [0, {V})", param="prompt")
-        if len(ids) >= limit:
-            raise RequestError(f"prompt has {len(ids)} tokens; the limit is {limit - 1} "
-                               f"(max_model_len {limit}, at least one token must be generated); {SHORTEN_HINT}",
-                               param="prompt", code=CONTEXT_LENGTH_EXCEEDED)
-        pool_tokens = self.block_manager.num_usable_blocks * self.block_manager.block_size
-        if params.max_tokens is None:  # unset: as much as the context and the whole pool allow
-            max_tokens = min(limit, pool_tokens) - len(ids)
-            if max_tokens < 1:
-                raise RequestError(f"prompt has {len(ids)} tokens; the KV pool holds {pool_tokens} tokens in all, "
-                                   f"leaving no room to generate; {SHORTEN_HINT}", param="prompt",
-                                   code=CONTEXT_LENGTH_EXCEEDED)
-        else:
-            max_tokens = params.max_tokens
-        if len(ids) + max_tokens > limit:
-            raise RequestError(f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = {len(ids) + max_tokens} "
-                               f"exceeds max_model_len ({limit}); lower max_tokens or {SHORTEN_HINT}",
-                               param="max_tokens", code=CONTEXT_LENGTH_EXCEEDED)
-        need = self.block_manager.blocks_needed(len(ids) + max_tokens)
-        if need > self.block_manager.num_usable_blocks:
-            raise RequestError(f"prompt + max_tokens needs {need} KV blocks; the whole pool has "
-                               f"{self.block_manager.num_usable_blocks}: it can never fit; lower max_tokens or "
-                               f"{SHORTEN_HINT}", param="max_tokens", code=CONTEXT_LENGTH_EXCEEDED)
-        params.check_token_ids(V)
-        if params.structured_outputs is not None:  # compiles (then cached), so a bad grammar is refused here
-            self.grammar_engine().matcher(params.structured_outputs)
-        if len(params.logit_bias) > self.config.max_logit_bias:
-            raise RequestError(f"at most {self.config.max_logit_bias} logit_bias entries", param="logit_bias")
-        for name in ("logprobs", "prompt_logprobs"):
-            if getattr(params, name) is not None and getattr(params, name) > self.config.max_logprobs:
-                raise RequestError(f"{name} must be <= {self.config.max_logprobs}", param=name)
-        return max_tokens
 
     def abort_request(self, request_id: str) -> None:
         """Finish a request now (client gone); its blocks are freed immediately. Unknown ids are ignored."""
