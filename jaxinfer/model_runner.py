@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import threading
 import time
 
@@ -49,7 +50,26 @@ logger = logging.getLogger(__name__)
 # one-token step of a lone stream, where the scanned stack cost most there
 # (benchmarks/decode_probe.py). Other platforms scan: not measured there, and the per-layer
 # copy would take accelerator memory the KV planner does not count.
+# ``JAXINFER_UNROLL_MAX_TOKENS=0`` (environment) scans every bucket: it saves the per-layer
+# copy (the layer weights' bytes once more) and the unrolled buckets' slower compiles
+# (~37 s of a cold warm-up of the default model), at a slower lone-stream decode step.
 UNROLL_MAX_TOKENS = 1
+UNROLL_ENV_VAR = "JAXINFER_UNROLL_MAX_TOKENS"
+
+
+def default_unroll_max_tokens() -> int:
+    """``unroll_max_tokens`` when the caller gives none: `UNROLL_ENV_VAR` if set, else
+    `UNROLL_MAX_TOKENS` on CPU and 0 on other platforms.
+
+    Raises:
+      ValueError: the variable is not a non-negative integer.
+    """
+    env = os.environ.get(UNROLL_ENV_VAR)
+    if env is None:
+        return UNROLL_MAX_TOKENS if jax.default_backend() == "cpu" else 0
+    if not env.strip().isdigit():
+        raise ValueError(f"{UNROLL_ENV_VAR}={env!r}: expected a non-negative integer")
+    return int(env)
 
 # On one device the step's numpy inputs go straight into the compiled executables, whose
 # C++ call path copies them in: ``jax.device_put`` of the same ~18-35 small arrays first
@@ -137,7 +157,7 @@ class ModelRunner:
         per-token scales (`jaxinfer.kv_quant.QuantKV`; its scales shard with the values).
       unroll_max_tokens: buckets with at most this many tokens run the unrolled layers
         over per-layer arrays (module docstring); 0: every bucket scans; None:
-        `UNROLL_MAX_TOKENS` on CPU, 0 on other platforms.
+        `default_unroll_max_tokens` (the environment, else `UNROLL_MAX_TOKENS` on CPU).
     """
 
     def __init__(self, cfg: ModelConfig, params, num_blocks: int, block_size: int, dtype: str = "float32",
@@ -161,9 +181,7 @@ class ModelRunner:
         self._shardings = shardings
         self._replicated = shardings[2] if shardings else None
         self.params = params
-        if unroll_max_tokens is None:
-            unroll_max_tokens = UNROLL_MAX_TOKENS if jax.default_backend() == "cpu" else 0
-        self.unroll_max_tokens = unroll_max_tokens
+        self.unroll_max_tokens = default_unroll_max_tokens() if unroll_max_tokens is None else unroll_max_tokens
         self.greedy_fast_path = True  # `greedy_only` steps skip the sampler executable (`execute`)
         # The unrolled layout shares every leaf but the layers' with the stacked tree.
         self.layer_params = unstack_layers(params, cfg.num_hidden_layers) if self.unroll_max_tokens > 0 else None

@@ -1,10 +1,15 @@
-"""Test-session setup: 8 fake CPU devices for mesh tests, a shared compilation cache,
+"""Test-session setup: 8 fake CPU devices for mesh tests, scanned layers (below),
 and fixtures for the real default model, Gemma 3 270M and their reference outputs (``tests/data/``)."""
 from __future__ import annotations
 
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# Every bucket scans in this suite, server subprocesses included (`jaxinfer.model_runner`):
+# the unrolled one-token buckets compile ~7x slower, paid by every real-model engine.
+# The default layout (unrolled on CPU) runs where it is the point: tests/test_oracle.py
+# (the greedy oracle) and tests/test_layer_layout.py (unrolled == scanned).
+os.environ.setdefault("JAXINFER_UNROLL_MAX_TOKENS", "0")
 
 from pathlib import Path  # noqa: E402
 
@@ -53,3 +58,4 @@ def gemma3_oracle() -> dict:
     import json
 
     return json.loads((DATA / "gemma3" / "gemma3_270m_greedy.json").read_text())
+

@@ -3,7 +3,8 @@ unrolled one-token step against the scanned one.
 
 References: the stacked arrays themselves (each per-layer array is that layer's slice),
 the Megatron shard shapes written out by hand, and the same engine with every bucket
-scanned (`jaxinfer.model_runner.UNROLL_MAX_TOKENS` = 0).
+scanned (``JAXINFER_UNROLL_MAX_TOKENS=0``). The variable's parsing and the CPU default are
+checked too (the suite itself scans by default, tests/conftest.py).
 """
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def test_unstacked_layers_keep_their_tensor_parallel_axes():
 
 
 def _generate(unroll: int, monkeypatch):
-    monkeypatch.setattr(model_runner, "UNROLL_MAX_TOKENS", unroll)
+    monkeypatch.setenv(model_runner.UNROLL_ENV_VAR, str(unroll))
     llm = LLM("tiny", model_config=CFG, params=init_params(CFG, seed=0, scale=8.0), tokenizer=None,
               max_model_len=64, max_num_seqs=4, max_num_batched_tokens=32, num_blocks=24, warmup=False,
               return_logits=True, enable_prefix_caching=False)
@@ -70,3 +71,14 @@ def test_unrolled_decode_step_matches_the_scanned_one(monkeypatch):
     assert tokens == ref_tokens
     for a, b in zip(logits, ref_logits):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
+def test_unroll_default_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(model_runner.UNROLL_ENV_VAR, raising=False)
+    assert model_runner.default_unroll_max_tokens() == model_runner.UNROLL_MAX_TOKENS == 1  # CPU default
+    monkeypatch.setenv(model_runner.UNROLL_ENV_VAR, "0")
+    assert model_runner.default_unroll_max_tokens() == 0
+    for bad in ("-1", "one", ""):
+        monkeypatch.setenv(model_runner.UNROLL_ENV_VAR, bad)
+        with pytest.raises(ValueError, match="non-negative integer"):
+            model_runner.default_unroll_max_tokens()

@@ -2,8 +2,9 @@
 
 float32: every record's greedy tokens exactly (one at a time, all in one call, and with
 a pool so small that preemption happens); last-prompt-position logits within 1e-3; chat
-prompts rebuilt exactly. bfloat16: identical up to the first near-tie (top-2 gap < 0.1),
-where our token must be in the reference top-5. Run with JAXINFER_TEST_BACKEND=pallas to
+prompts rebuilt exactly; all in the default layer layout (unrolled one-token steps).
+bfloat16: identical up to the first near-tie (top-2 gap < 0.1), where our token must be
+in the reference top-5. Run with JAXINFER_TEST_BACKEND=pallas to
 check the Pallas attention backend (interpret mode on CPU).
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 import numpy as np
 import pytest
 
-from jaxinfer import LLM, SamplingParams
+from jaxinfer import LLM, SamplingParams, model_runner
 from helpers import borrowed_runner, run_until_idle
 
 pytestmark = pytest.mark.real_model
@@ -28,7 +29,13 @@ def make_llm(smollm2_dir, dtype):
 
 @pytest.fixture(scope="module")
 def llm(smollm2_dir):
-    return make_llm(smollm2_dir, "float32")
+    """float32 in the engine's default layer layout (unrolled one-token buckets on CPU); the
+    rest of the suite scans every bucket (tests/conftest.py)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(model_runner.UNROLL_ENV_VAR, raising=False)
+        llm = make_llm(smollm2_dir, "float32")
+    assert llm.engine.runner.unroll_max_tokens == model_runner.UNROLL_MAX_TOKENS > 0
+    return llm
 
 
 def records(oracle):
