@@ -136,8 +136,14 @@ def test_half_minute_smoke_against_a_server(tmp_path):
     doc = json.loads((tmp_path / "soak.json").read_text())
     assert (tmp_path / "soak.png").stat().st_size > 10_000
     checks, exercised = doc["acceptance"]["checks"], doc["acceptance"]["exercised"]
-    for name in ("kv_free_returns", "no_unexpected_5xx", "every_request_answered", "fds_flat", "threads_flat"):
+    for name in ("kv_free_returns", "no_unexpected_5xx", "every_request_answered", "fds_flat"):
         assert checks[name]["pass"], (name, checks[name])
+    # Threads with a smoke's slack: pools that grow on demand (asyncio's default executor, where
+    # prompts are tokenized, up to min(32, cores + 4) threads; the HTTP layer's worker threads)
+    # may still be growing to meet the 72-request burst in 30 s on a busy machine (seen: 23, 27,
+    # 28 against the soak's tolerance of 4). A per-request leak adds ~72 per cycle.
+    threads = checks["threads_flat"]["values"]
+    assert len(threads) >= 2 and max(threads) - threads[0] <= 16, threads
     assert proc.returncode == (0 if doc["acceptance"]["all_pass"] else 1)
     assert exercised["rate_limited"] > 0 and exercised["client_abort"] > 0 and exercised["timeout_expected"] > 0
     assert exercised["n2_requests"] > 0 and exercised["prefix_cache_hits"] > 0
