@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,6 +41,7 @@ from jaxinfer.haproxy_config import BACKEND, BALANCES, HealthCheck, Upstream, re
 
 SERVER_SCRIPT = Path(__file__).resolve().parents[1] / "server.py"
 OWN_SERVER_FLAGS = ("--host", "--port", "--instance-id")  # the launcher sets these per instance
+MAX_SOCKET_PATH = 97  # HAProxy 2.6 refuses a longer ``stats socket`` path ("too long (max 97)")
 
 
 class ClusterError(RuntimeError):
@@ -124,9 +127,14 @@ class Cluster:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    @property
+    @functools.cached_property
     def admin_socket(self) -> Path:
-        return self.run_dir / "haproxy.sock"
+        """``<run_dir>/haproxy.sock``, or, where that path is longer than HAProxy accepts
+        (`MAX_SOCKET_PATH`), the same name in a private folder under /tmp."""
+        path = (self.run_dir / "haproxy.sock").absolute()
+        if len(str(path)) <= MAX_SOCKET_PATH:
+            return path
+        return Path(tempfile.mkdtemp(prefix="jaxinfer-", dir="/tmp" if os.path.isdir("/tmp") else None)) / path.name
 
     @property
     def state_path(self) -> Path:
@@ -183,6 +191,8 @@ class Cluster:
                 proc.kill()
                 proc.wait()
         self.admin_socket.unlink(missing_ok=True)
+        if self.admin_socket.parent != self.run_dir.absolute():  # the private /tmp folder of a long run_dir
+            shutil.rmtree(self.admin_socket.parent, ignore_errors=True)
         self.state_path.unlink(missing_ok=True)
 
     def __enter__(self) -> "Cluster":

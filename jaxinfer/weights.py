@@ -18,6 +18,7 @@ against its sha256. The GGUF has no chat template.
 """
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
@@ -111,11 +112,22 @@ def ensure_default_weights(weights_dir: str | Path = "weights", out: str | Path 
 
 
 def _ensure_converted(fetch_gguf, out: Path, weights_dir, dtype, force: bool, note: str) -> Path:
-    """Convert ``fetch_gguf(weights_dir)`` into ``out`` unless it is already there (same dtype, no force)."""
+    """Convert ``fetch_gguf(weights_dir)`` into ``out`` unless it is already there (same dtype, no force).
+
+    Processes that ask at once (several servers of a cluster, or test workers, starting on a
+    fresh machine) take turns on an exclusive lock file beside ``out``: the first downloads
+    and converts, the others then find the conversion complete.
+    """
     if _convert.is_complete(out) and not force and dtype is None:
         log.info("%s is already converted; nothing to do", out)
         return out
-    return _convert.convert(fetch_gguf(weights_dir), out, dtype=dtype, force=force, source_note=note)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the process dies)
+        if _convert.is_complete(out) and not force and dtype is None:
+            log.info("%s was converted by another process meanwhile", out)
+            return out
+        return _convert.convert(fetch_gguf(weights_dir), out, dtype=dtype, force=force, source_note=note)
 
 
 def gemma3_gguf(weights_dir: str | Path = "weights") -> Path:

@@ -30,3 +30,17 @@ def test_ports_must_be_distinct():
 def test_rolling_restart_without_a_running_cluster_says_so(tmp_path, capsys):
     assert cluster.main(["--rolling-restart", "--run-dir", str(tmp_path)]) == 1
     assert f"no running cluster found in {tmp_path}" in capsys.readouterr().err
+
+
+def test_admin_socket_moves_to_a_short_path_when_run_dir_is_long(tmp_path):
+    short = cluster.Cluster(1, port=8000, ports=[8001], run_dir=tmp_path / "r")
+    long_dir = tmp_path / ("x" * 100)
+    moved = cluster.Cluster(1, port=8000, ports=[8001], run_dir=long_dir)
+    if len(str(short.admin_socket)) <= cluster.MAX_SOCKET_PATH:
+        assert short.admin_socket == (tmp_path / "r" / "haproxy.sock").absolute()
+    sock = moved.admin_socket
+    assert len(str(sock)) <= cluster.MAX_SOCKET_PATH and sock.name == "haproxy.sock"
+    assert moved.admin_socket == sock  # one path for the cluster's lifetime
+    assert sock.parent.is_dir() and not str(sock).startswith(str(long_dir))
+    moved.stop()  # nothing started: removes the private folder
+    assert not sock.parent.exists()

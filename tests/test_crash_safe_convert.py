@@ -151,3 +151,29 @@ def test_damaged_checkpoint_without_manifest_names_the_folder(tmp_path):
     assert err.value.path == path
     assert_clear(err, path)
     json.loads((path / "_CHECKPOINT_METADATA").read_text())  # only the damaged file was touched
+
+
+def test_concurrent_first_uses_convert_once(tmp_path, monkeypatch):
+    """A second process asking while the first converts waits on the lock, then finds the
+    conversion complete and converts nothing (`jaxinfer.weights._ensure_converted`)."""
+    import fcntl
+    import threading
+
+    from jaxinfer import weights
+
+    out, done, calls = tmp_path / "model", threading.Event(), []
+    monkeypatch.setattr(weights._convert, "is_complete", lambda p: done.is_set())
+    monkeypatch.setattr(weights._convert, "convert", lambda *a, **k: calls.append(a) or out)
+    with open(tmp_path / ".model.lock", "w") as held:  # "the first process", mid-conversion
+        fcntl.flock(held, fcntl.LOCK_EX)
+        waiter = threading.Thread(target=weights._ensure_converted,
+                                  args=(lambda d: tmp_path / "x.gguf", out, tmp_path, None, False, "note"))
+        waiter.start()
+        waiter.join(1.0)
+        assert waiter.is_alive()  # blocked on the lock
+        done.set()  # the first process finished its conversion
+    waiter.join(10.0)
+    assert not waiter.is_alive() and calls == []
+    done.clear()  # nothing converted yet, no one else converting: this process converts
+    weights._ensure_converted(lambda d: tmp_path / "x.gguf", tmp_path / "other", tmp_path, None, False, "n")
+    assert len(calls) == 1
