@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 WEIGHTS := weights/smollm2-135m-instruct/.complete
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist): 2 on the 2-core CI machine, where compiles (single-threaded) of
+# one overlap the other's steps; --dist loadfile keeps each module's shared engine in one process.
+TEST_WORKERS ?= 2
 N ?= 3
 
 .PHONY: setup serve cluster test test-fast bench bench-quick roofline offline-bench soak weights clean
@@ -29,11 +32,14 @@ serve: setup
 cluster: setup
 	$(PY) -m jaxinfer.cluster --instances $(N) $(ARGS)
 
+# tests/test_api_fuzz.py runs on its own: its schemathesis cases share one node id, and under
+# pytest-xdist only one of the nine ran.
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --ignore=tests/test_api_fuzz.py $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_api_fuzz.py
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not real_model and not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not real_model and not slow" $(PYTEST_ARGS)
 
 # The serving comparison (benchmarks/compare.py): jaxinfer continuous and static batching and
 # llama.cpp's server in one run. The first run also builds llama.cpp (benchmarks/llamacpp_peer.py,
