@@ -24,7 +24,7 @@ first use) at a context of about ``--prompt-len`` tokens, then measures:
      direct numpy inputs (the earlier runner); and the model
      step with B1 attention reading at least G context groups per loop iteration for each
      G of ``--groups`` (inputs prepared and the step compiled with
-     `jaxinfer.batch.MIN_GROUPS_PER_ITER` = G), with the largest logit difference from the
+     `jaxinfer.xla_work_plan.MIN_GROUPS_PER_ITER` = G), with the largest logit difference from the
      runner's own step;
   4. ``async``: requests of ``--async-tokens`` tokens through `AsyncEngine` (the server's
      engine thread and its asyncio hand-off; no HTTP): per-token interval seen on the event
@@ -128,17 +128,17 @@ def engine_ab(e, steps: int, before_groups: int) -> dict:
     """`LLMEngine.step` alternating, step by step, between this commit's settings and the
     ones before it (B1 reading `before_groups` context groups per loop iteration, no greedy
     fast path), each with its own compiled decode step; per-step milliseconds."""
-    from jaxinfer import batch as B
     from jaxinfer import model_runner as MR
+    from jaxinfer import xla_work_plan as XW
 
     runner = e.runner
     orig = runner._executables
     configs = {"before": (before_groups, False, False),
-               "after": (B.MIN_GROUPS_PER_ITER, runner.greedy_fast_path, MR.HOST_INPUTS_DIRECT)}
+               "after": (XW.MIN_GROUPS_PER_ITER, runner.greedy_fast_path, MR.HOST_INPUTS_DIRECT)}
     exes = {}
 
     def use(name):
-        B.MIN_GROUPS_PER_ITER, runner.greedy_fast_path, MR.HOST_INPUTS_DIRECT = configs[name]
+        XW.MIN_GROUPS_PER_ITER, runner.greedy_fast_path, MR.HOST_INPUTS_DIRECT = configs[name]
         runner._executables = exes.setdefault(name, {})
 
     for name in configs:  # compile each configuration's decode bucket (one untimed step each)
@@ -172,6 +172,7 @@ def last_row(req):
 def pieces(e, req, args) -> dict:
     """Interleaved medians of the compiled pieces of ``req``'s next decode step (module docstring)."""
     from jaxinfer import batch as B
+    from jaxinfer import xla_work_plan as XW
     from jaxinfer.model_runner import _sampler_key
     from jaxinfer.models import llama
 
@@ -192,16 +193,16 @@ def pieces(e, req, args) -> dict:
         model_args["step_no_attn"] = model_a
     finally:
         llama.paged_attention = real
-    min_groups = B.MIN_GROUPS_PER_ITER
+    min_groups = XW.MIN_GROUPS_PER_ITER
     try:
         for g in args.groups:
-            B.MIN_GROUPS_PER_ITER = g
+            XW.MIN_GROUPS_PER_ITER = g
             inp = B.prepare_rows([row], e.layout)
             a = jax.device_put((inp.token_ids, inp.attention))
             exes[f"step_groups_{g}"], compile_s[f"step_groups_{g}"] = compile_step(runner, make(), params, a)
             model_args[f"step_groups_{g}"] = a
     finally:
-        B.MIN_GROUPS_PER_ITER = min_groups
+        XW.MIN_GROUPS_PER_ITER = min_groups
     logits = {}
 
     def run(n):
@@ -334,10 +335,10 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from jaxinfer import LLM, SamplingParams
-    from jaxinfer import batch as B
+    from jaxinfer import xla_work_plan as XW
 
     if args.after_groups is not None:
-        B.MIN_GROUPS_PER_ITER = args.after_groups
+        XW.MIN_GROUPS_PER_ITER = args.after_groups
     llm = LLM(args.model, dtype="float32", num_blocks=args.num_blocks, warmup=False, use_tqdm=False)
     e = llm.engine
     prompt = np.random.RandomState(0).randint(256, 16000, args.prompt_len).tolist()

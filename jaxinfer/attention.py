@@ -1,8 +1,9 @@
 """Paged attention inside the jitted step: the KV write, and the switch point between the
 XLA (pure jnp) path and the Pallas kernel, both reading the step's standard ragged contract
-`jaxinfer.step_metadata.AttentionMetadata` (registered here as a pytree). The XLA path also
-walks work lists that the step derives from that contract once, before the layer loop
-(`jaxinfer.xla_work_plan.XlaWorkPlan`); the host sends none.
+`jaxinfer.step_metadata.AttentionMetadata` (registered as a pytree by `jaxinfer.xla_work_plan`,
+imported here). The XLA path also walks work lists that the step derives from that contract
+once, before the layer loop (`jaxinfer.xla_work_plan.XlaWorkPlan`, with the path's tiling
+constants); the host sends none.
 
 KV cache layout (per engine): ``k_cache, v_cache [L, num_blocks, block_size, K, H]``,
 all layers stacked so the layer scan carries it in place (donated to the step); a
@@ -36,19 +37,15 @@ Einsum letters: T tokens, K kv heads, G query heads per kv head, H head dim, S c
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 
 from jaxinfer import kv_quant
-from jaxinfer.batch import GROUP_BLOCKS, Q_CHUNK, groups_per_iter
 from jaxinfer.kv_quant import QuantKV
 from jaxinfer.step_metadata import AttentionMetadata
-
-if TYPE_CHECKING:  # jaxinfer.xla_work_plan imports this module (for the registered AttentionMetadata)
-    from jaxinfer.xla_work_plan import XlaWorkPlan
+from jaxinfer.xla_work_plan import GROUP_BLOCKS, Q_CHUNK, XlaWorkPlan, groups_per_iter  # registers AttentionMetadata
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,10 +69,6 @@ class AttentionBackend:
     def __post_init__(self) -> None:
         if self.name not in ("xla", "pallas"):
             raise ValueError(f"unknown attention backend {self.name!r} (expected 'xla' or 'pallas')")
-
-
-# The step's attention contract (`jaxinfer.step_metadata`, host side JAX-free) as a pytree.
-jax.tree_util.register_dataclass(AttentionMetadata)
 
 
 # bfloat16 caches on CPU are stored as their uint16 bits (`kv_storage_dtype`): XLA:CPU

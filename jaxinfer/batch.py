@@ -8,10 +8,6 @@ One block-table rule whatever the attention backend: a row's table covers its wh
 including this step's tokens (`_rows_width`). A request verifying speculative drafts
 takes one single-token row per position (`step_rows`). Plain numpy; no JAX import.
 
-Also home of the XLA attention path's tiling constants and of the static bounds of its
-work lists per bucket (`num_work_items`, `num_context_groups`), read by
-`jaxinfer.xla_work_plan` and `jaxinfer.attention` at trace time.
-
 Padding conventions: padding tokens lie past ``query_start_loc[num_seqs]``, with position 0
 and write slot 0 (the null block); padding rows have no tokens, empty block tables (block 0),
 ``kv_len = 0`` and greedy sampling; padded token-id lists use ``vocab_size`` (dropped by scatters).
@@ -27,34 +23,10 @@ from jaxinfer import prompt_logprobs
 from jaxinfer.buckets import Bucket, BucketLadders
 from jaxinfer.step_metadata import AttentionMetadata, SamplingMetadata, from_arrays, to_arrays
 
-Q_CHUNK = 64  # queries per context work item of the XLA attention path (B2)
-GROUP_BLOCKS = 4  # blocks per context group of a single-token row (XLA path, B1)
-GROUPS_PER_ITER = 32  # context groups one B1 loop iteration reads at most
-# ... and at least, however few rows the bucket has. More than 1 measured no faster for a
-# lone stream (benchmarks/onestream_probe.py: the gathered blocks cost, not the loop's
-# iterations); kept as the probe's knob.
-MIN_GROUPS_PER_ITER = 1
 PENALTY_FIELDS = ("hist_ids", "num_prompt", "num_hist")  # sent only when a row uses penalties
 MASK_FIELD = "bitmask"  # sent only when a row has a structured-output constraint
 
 
-def num_work_items(num_tokens: int, num_rows: int) -> int:
-    """Static bound on context work items of a bucket (each row may add a partial one)."""
-    return -(-num_tokens // min(Q_CHUNK, num_tokens)) + num_rows
-
-
-def groups_per_iter(num_rows: int) -> int:
-    """Context groups per B1 loop iteration for a bucket of ``num_rows`` rows: one per row,
-    within [`MIN_GROUPS_PER_ITER`, `GROUPS_PER_ITER`]."""
-    return min(GROUPS_PER_ITER, max(MIN_GROUPS_PER_ITER, num_rows))
-
-
-def num_context_groups(num_rows: int, ctx_blocks: int) -> int:
-    """Static bound on B1 context groups of a bucket: every row's whole table width in
-    groups of `GROUP_BLOCKS`, rounded up to whole loop iterations."""
-    n = num_rows * -(-ctx_blocks // GROUP_BLOCKS)
-    p = groups_per_iter(num_rows)
-    return max(p, -(-n // p) * p)
 from jaxinfer.request import Request
 from jaxinfer.scheduler import SchedulerOutput
 

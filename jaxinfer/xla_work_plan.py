@@ -7,9 +7,13 @@ The host sends only the standard ragged step contract (`jaxinfer.step_metadata.A
 once per step, before its layer loop (`jaxinfer.models.llama.LlamaForCausalLM`), and every
 layer reads the same plan.
 
+Also the XLA path's tiling constants (`Q_CHUNK`, `GROUP_BLOCKS`, `GROUPS_PER_ITER`,
+`MIN_GROUPS_PER_ITER`), read by `jaxinfer.attention` at trace time, and the pytree registration
+of `AttentionMetadata` (the host-side `jaxinfer.step_metadata` imports no JAX).
+
 The plan's array lengths follow the bucket only (T tokens, R rows, W table columns): the static
-bounds `jaxinfer.batch.num_work_items` and `jaxinfer.batch.num_context_groups`, so a step's
-executable depends on its bucket and nothing else.
+bounds `num_work_items` and `num_context_groups`, so a step's executable depends on its bucket
+and nothing else.
 """
 from __future__ import annotations
 
@@ -18,8 +22,37 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxinfer.batch import GROUP_BLOCKS, Q_CHUNK, num_context_groups, num_work_items
-from jaxinfer.attention import AttentionMetadata  # registered as a pytree there
+from jaxinfer.step_metadata import AttentionMetadata
+
+Q_CHUNK = 64  # queries per context work item of the XLA attention path (B2)
+GROUP_BLOCKS = 4  # blocks per context group of a single-token row (XLA path, B1)
+GROUPS_PER_ITER = 32  # context groups one B1 loop iteration reads at most
+# ... and at least, however few rows the bucket has. More than 1 measured no faster for a
+# lone stream (benchmarks/onestream_probe.py: the gathered blocks cost, not the loop's
+# iterations); kept as the probe's knob.
+MIN_GROUPS_PER_ITER = 1
+
+# The step's attention contract as a pytree (it crosses jit boundaries as the step's input).
+jax.tree_util.register_dataclass(AttentionMetadata)
+
+
+def num_work_items(num_tokens: int, num_rows: int) -> int:
+    """Static bound on context work items of a bucket (each row may add a partial one)."""
+    return -(-num_tokens // min(Q_CHUNK, num_tokens)) + num_rows
+
+
+def groups_per_iter(num_rows: int) -> int:
+    """Context groups per B1 loop iteration for a bucket of ``num_rows`` rows: one per row,
+    within [`MIN_GROUPS_PER_ITER`, `GROUPS_PER_ITER`]."""
+    return min(GROUPS_PER_ITER, max(MIN_GROUPS_PER_ITER, num_rows))
+
+
+def num_context_groups(num_rows: int, ctx_blocks: int) -> int:
+    """Static bound on B1 context groups of a bucket: every row's whole table width in
+    groups of `GROUP_BLOCKS`, rounded up to whole loop iterations."""
+    n = num_rows * -(-ctx_blocks // GROUP_BLOCKS)
+    p = groups_per_iter(num_rows)
+    return max(p, -(-n // p) * p)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,11 +64,11 @@ class XlaWorkPlan:
       row_ctx_len: [R] cached context length of each row, ``kv_lens - n`` for a row of n new
         tokens (0 for padding rows).
       row_last: [R] packed index of a single-token row's token (B1 query); T for other rows.
-      item_row, item_start, item_len: [C] B2 work items (C = `jaxinfer.batch.num_work_items`)
+      item_row, item_start, item_len: [C] B2 work items (C = `num_work_items`)
         of the multi-token rows with context, in row order: row, first packed token, number of
         queries (<= ``min(Q_CHUNK, T)``); 0, 0, 0 past num_items.
       num_items: [] B2 items in use.
-      group_row, group_index: [NG] B1 context groups (NG = `jaxinfer.batch.num_context_groups`)
+      group_row, group_index: [NG] B1 context groups (NG = `num_context_groups`)
         of the single-token rows, sorted by row: group g of a row covers its table columns
         [g * GROUP_BLOCKS, (g + 1) * GROUP_BLOCKS); row R and index 0 past num_groups.
       num_groups: [] B1 groups in use.

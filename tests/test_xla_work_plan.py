@@ -9,6 +9,7 @@ import pytest
 
 from jaxinfer import batch as B
 from jaxinfer.buckets import Bucket, BucketLadders
+from jaxinfer import xla_work_plan as XW
 from jaxinfer.xla_work_plan import plan_xla_work
 
 BS = 16
@@ -30,11 +31,11 @@ def _rows(spec):
 def _host_plan(spec, bucket: Bucket) -> dict[str, np.ndarray]:
     """The plan as the host built it before it moved into the step (one row at a time)."""
     T, R, W = bucket.num_tokens, bucket.num_seqs, bucket.ctx_blocks
-    q_chunk, span = min(B.Q_CHUNK, T), B.GROUP_BLOCKS * BS
+    q_chunk, span = min(XW.Q_CHUNK, T), XW.GROUP_BLOCKS * BS
     p = {"token_seq": np.full(T, -1), "row_ctx_len": np.zeros(R), "row_last": np.full(R, T),
-         "item_row": np.zeros(B.num_work_items(T, R)), "item_start": np.zeros(B.num_work_items(T, R)),
-         "item_len": np.zeros(B.num_work_items(T, R)), "group_row": np.full(B.num_context_groups(R, W), R),
-         "group_index": np.zeros(B.num_context_groups(R, W))}
+         "item_row": np.zeros(XW.num_work_items(T, R)), "item_start": np.zeros(XW.num_work_items(T, R)),
+         "item_len": np.zeros(XW.num_work_items(T, R)), "group_row": np.full(XW.num_context_groups(R, W), R),
+         "group_index": np.zeros(XW.num_context_groups(R, W))}
     items, groups, offset = 0, 0, 0
     for i, (ctx, n) in enumerate(spec):
         p["token_seq"][offset:offset + n] = i
@@ -91,7 +92,7 @@ def test_context_groups_cover_each_rows_real_context_only():
     spec = [(2000, 1)] + [(200, 1)] * 7
     inputs = B.prepare_rows(_rows(spec), LAYOUT, greedy=True)
     plan = plan_jit(inputs.attention, BS)
-    span = B.GROUP_BLOCKS * BS
+    span = XW.GROUP_BLOCKS * BS
     n = int(plan.num_groups)
     real_tokens = sum(ctx for ctx, _ in spec)
     assert n == sum(-(-ctx // span) for ctx, _ in spec)
