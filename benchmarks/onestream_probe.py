@@ -98,7 +98,7 @@ class StepTimers:
 def engine_breakdown(e, steps: int) -> dict:
     """Decode ``steps`` steps of the one running request; per-step milliseconds by phase."""
     detok = []
-    text_stop = e._text_stop
+    text_stop = e.output_processor.text_stop
 
     def timed_text_stop(req):
         t0 = time.perf_counter()
@@ -106,7 +106,7 @@ def engine_breakdown(e, steps: int) -> dict:
         detok.append(time.perf_counter() - t0)
         return out
 
-    e._text_stop = timed_text_stop
+    e.output_processor.text_stop = timed_text_stop
     phases0 = dict(e.stats.phase_seconds)
     step_times = {False: [], True: []}
     with StepTimers(e.runner) as timers:
@@ -115,7 +115,7 @@ def engine_breakdown(e, steps: int) -> dict:
             t0 = time.perf_counter()
             e.step()
             step_times[timers.sync].append(time.perf_counter() - t0)
-    e._text_stop = text_stop
+    del e.output_processor.text_stop  # the method again
     phases = {k: 1e3 * (v - phases0[k]) / steps for k, v in e.stats.phase_seconds.items()}
     host = phases["schedule"] + phases["prepare"] + phases["mask"] + phases["update"]
     return {"step_ms_median": med_ms(step_times[False]), "step_ms_median_sync_split": med_ms(step_times[True]),

@@ -9,9 +9,9 @@ Lifecycle of a request:
   2. It waits in the scheduler's queue (FCFS or by priority) until the watermark admits it.
   3. Each ``step``: **schedule** (expire deadlines, top up running requests, preempt the
      policy's victim on memory pressure, admit waiting ones) -> **execute** (pack into a bucket,
-     one jitted call, sampled ids back once) -> **update** (append tokens, stop rules,
-     incremental detokenization and stop strings, logprobs; prompt logprobs of the prompt
-     positions the step computed, `jaxinfer.prompt_logprobs`). A step with structured-output
+     one jitted call, sampled ids back once) -> **update** (`jaxinfer.output_processor`: append
+     tokens, stop rules, incremental detokenization and stop strings, logprobs; prompt logprobs
+     of the prompt positions the step computed, `jaxinfer.prompt_logprobs`). A step with structured-output
      rows also has a **mask** phase between pack and call: the grammar engine
      (`jaxinfer.grammar`) fills those rows' token bitmask, and update advances their
      matchers (a matcher whose grammar is complete finishes its request with ``stop``).
@@ -34,7 +34,6 @@ import numpy as np
 
 from jaxinfer import admission
 from jaxinfer import batch as batch_mod
-from jaxinfer import prompt_logprobs
 from jaxinfer.block_manager import BlockManager
 from jaxinfer.buckets import BucketLadders
 from jaxinfer.config import EngineConfig, ModelConfig
@@ -43,7 +42,8 @@ from jaxinfer.engine_protocol import RequestSpec
 from jaxinfer.engine_snapshot import EngineSnapshot
 from jaxinfer.errors import RequestError
 from jaxinfer.fault_injection import PREPARE, StepFault
-from jaxinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from jaxinfer.output_processor import OutputProcessor
+from jaxinfer.outputs import RequestOutput
 from jaxinfer.request import FinishReason, Request
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.scheduler import SchedulerOutput, make_scheduler
@@ -115,7 +115,6 @@ class LLMEngine:
         self._drain = DrainRate()  # admissions per second, for Retry-After
         self._drain.record(time.monotonic(), 0)  # the measurement starts now
         self._admitted_seen = 0
-        self._detok: dict[str, object] = {}
         self._pending_outputs: list[RequestOutput] = []
         self._rng = np.random.default_rng(config.seed)
         self._grammar = None  # jaxinfer.grammar.GrammarEngine, made at the first constrained request
@@ -123,6 +122,8 @@ class LLMEngine:
         self.speculator = make_speculator(config.speculative, sc, self.block_manager,
                                           proposer_factory(self.layout) if proposer_factory else None)
         self.eos_token_ids = frozenset(model_config.eos_token_ids)
+        self.output_processor = OutputProcessor(self.scheduler, self.stats, self.requests, tokenizer,
+                                                self.eos_token_ids, config.return_logits, lambda: self.speculator)
         self.prepare_fault = StepFault.from_env(phase=PREPARE)  # the JAXINFER_FAIL_PHASE=prepare test hook
         self._failed_prepares = 0  # consecutive steps whose preparation raised (`_fail_step`)
         pool_tokens = self.block_manager.num_usable_blocks * cc.block_size
@@ -208,12 +209,7 @@ class LLMEngine:
         if params.structured_outputs is not None:
             req.matcher = self.grammar_engine().matcher(params.structured_outputs)
         self.requests[spec.request_id] = req
-        if self.tokenizer is not None:
-            from jaxinfer.tokenizer import IncrementalDetokenizer
-
-            self._detok[spec.request_id] = IncrementalDetokenizer(
-                self.tokenizer, req.prompt_token_ids, skip_special_tokens=params.skip_special_tokens,
-                stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output)
+        self.output_processor.add(req)
         self.stats.prompt_tokens += req.num_prompt_tokens
         self.scheduler.add_request(req)
 
@@ -238,7 +234,7 @@ class LLMEngine:
             return
         self.scheduler.finish(req, FinishReason.ABORT)
         self.stats.aborted += 1
-        self._pending_outputs.append(self._finish_output(req))
+        self._pending_outputs.append(self.output_processor.finish(req))
 
     def reset_prefix_cache(self) -> bool:
         """Drop all cached prefix blocks (as vLLM's ``reset_prefix_cache``); only when idle.
@@ -264,7 +260,7 @@ class LLMEngine:
         for req in sched.finished:
             self.stats.timeouts += req.finish_reason == FinishReason.TIMEOUT
             self.stats.rejected += req.finish_reason == FinishReason.REJECTED
-            outputs.append(self._finish_output(req))
+            outputs.append(self.output_processor.finish(req))
         phases = self.stats.phase_seconds
         t1 = time.perf_counter()
         phases["schedule"] += t1 - t0
@@ -289,7 +285,7 @@ class LLMEngine:
                 if self.speculator is not None:
                     self.speculator.observe(inputs)
                 t3 = time.perf_counter()
-                outputs.extend(self._update(sched, result))
+                outputs.extend(self.output_processor.process(sched, result))
                 self.stats.num_steps += 1
                 self.stats.prefill_tokens += prefill
                 phases["prepare"] += tm - t1
@@ -335,7 +331,7 @@ class LLMEngine:
         for req, _ in sched.scheduled:
             req.draft_token_ids = []
             self.scheduler.finish(req, FinishReason.FAILED)
-            outputs.append(self._finish_output(req))
+            outputs.append(self.output_processor.finish(req))
         self.stats.failed_steps += 1
         return outputs
 
@@ -357,61 +353,6 @@ class LLMEngine:
         self.stats.mask_steps += 1
         self.stats.mask_rows += len(rows)
 
-    def _advance_matcher(self, req: Request) -> None:
-        """Feed the new token to the request's grammar; finish it once the grammar is complete."""
-        tok = req.output_token_ids[-1]
-        if req.is_finished and tok in self.eos_token_ids:
-            return
-        if not req.matcher.consume_token(tok):  # cannot happen under the mask; keep the text, stop
-            logger.warning("request %s: grammar rejected token %d: %s", req.request_id, tok,
-                           req.matcher.get_error()[:200])
-        if not req.is_finished and (req.matcher.is_stopped() or req.matcher.is_error()):
-            self.scheduler.finish(req, FinishReason.STOP)
-
-    def _update(self, sched: SchedulerOutput, result: dict) -> list[RequestOutput]:
-        if "prompt_logprob" in result:  # before update advances num_computed_tokens
-            offset = 0
-            for row in batch_mod.step_rows(sched):  # packed order (a request's verification rows too)
-                prompt_logprobs.record(row.req, result, offset, len(row.tokens), self.tokenizer)
-                offset += len(row.tokens)
-        ids = result["token_ids"]
-        first_row, sampled, row = {}, [], 0
-        for req, _ in sched.scheduled:  # one row per request, or k + 1 verification rows
-            first_row[id(req)] = row
-            k = len(req.draft_token_ids)
-            sampled.append(int(ids[row]) if not k else self.speculator.verify(req, ids[row:row + k + 1].tolist()))
-            row += k + 1
-        before = {id(req): req.num_output_tokens for req, _ in sched.scheduled}
-        got = self.scheduler.update(sched, sampled, self._text_stop)
-        outputs = []
-        for req in got:
-            i = first_row[id(req)]
-            for j in range(req.num_output_tokens - before[id(req)]):  # a row per new token
-                self.stats.generation_tokens += 1
-                tok = req.output_token_ids[before[id(req)] + j]
-                if req.matcher is not None:
-                    self._advance_matcher(req)
-                self._record_logprobs(req, result, i + j, tok)
-                if self.config.return_logits:
-                    req.logits.append(np.asarray(result["logits"][i + j]))
-            outputs.append(self._finish_output(req) if req.is_finished else self._output(req))
-        return outputs
-
-    def _text_stop(self, req: Request) -> str | None:
-        """Advance the request's text by its newest token; the stop string it matched, if any."""
-        detok = self._detok.get(req.request_id)
-        return None if detok is None else detok.step([req.output_token_ids[-1]])
-
-    def _record_logprobs(self, req: Request, result: dict, i: int, tok: int) -> None:
-        """Append the logprobs of ``tok``, sampled in result row ``i`` (when requested)."""
-        n = req.params.logprobs
-        if n is None:
-            return
-        entry = prompt_logprobs.token_entry(tok, result["logprob"][i], result["rank"][i], result["top_ids"][i],
-                                            result["top_logprobs"][i], n, self.tokenizer)  # masked tokens are -inf
-        req.cumulative_logprob += entry[tok].logprob
-        req.logprobs.append(entry)
-
     def _sample_fragmentation(self) -> None:
         """KV fragmentation = (reserved slots - slots holding tokens) / reserved slots."""
         bs = self.block_manager.block_size
@@ -432,32 +373,6 @@ class LLMEngine:
             reserved += n
             filled += min(r.num_computed_tokens, n)
         return reserved, filled
-
-    # ----- outputs ------------------------------------------------------------------------
-    def _finish_output(self, req: Request) -> RequestOutput:
-        self.stats.finished[req.finish_reason.value] += 1
-        detok = self._detok.pop(req.request_id, None)
-        if detok is not None and not isinstance(req.stop_reason, str):
-            detok.flush()  # not ended by a stop string: release held-back text
-        out = self._output(req, detok)
-        self.requests.pop(req.request_id, None)
-        return out
-
-    def _output(self, req: Request, detok=None) -> RequestOutput:
-        detok = detok or self._detok.get(req.request_id)
-        text = detok.text if detok is not None else ""
-        comp = CompletionOutput(
-            index=0, text=text, token_ids=list(req.output_token_ids),
-            finish_reason=req.finish_reason.value if req.finish_reason else None, stop_reason=req.stop_reason,
-            logprobs=list(req.logprobs) if req.params.logprobs is not None else None,
-            cumulative_logprob=req.cumulative_logprob if req.params.logprobs is not None else None,
-            logits=list(req.logits) if self.config.return_logits else None)
-        metrics = RequestMetrics(req.arrival_time, req.first_scheduled_time, req.first_token_time, req.finished_time,
-                                 req.num_preemptions)
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, [comp], req.is_finished, metrics,
-                             num_cached_tokens=req.num_cached_tokens,
-                             prompt_logprobs=list(req.prompt_logprobs) if req.params.prompt_logprobs is not None
-                             else None)
 
     # ----- introspection ------------------------------------------------------------------
     @property
