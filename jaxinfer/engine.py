@@ -122,7 +122,7 @@ class LLMEngine:
         self.speculator = make_speculator(config.speculative, sc, self.block_manager,
                                           proposer_factory(self.layout) if proposer_factory else None)
         self.eos_token_ids = frozenset(model_config.eos_token_ids)
-        self.output_processor = OutputProcessor(self.scheduler, self.stats, self.requests, tokenizer,
+        self.output_processor = OutputProcessor(lambda: self.scheduler, self.stats, self.requests, tokenizer,
                                                 self.eos_token_ids, config.return_logits, lambda: self.speculator)
         self.prepare_fault = StepFault.from_env(phase=PREPARE)  # the JAXINFER_FAIL_PHASE=prepare test hook
         self._failed_prepares = 0  # consecutive steps whose preparation raised (`_fail_step`)

@@ -29,8 +29,10 @@ class OutputProcessor:
     """Per-engine update phase (module docstring).
 
     Args:
-      scheduler: the engine's scheduler (``update`` appends the sampled tokens and applies
-        the stop rules; ``finish`` ends a request whose grammar completed).
+      scheduler: a callable returning the engine's scheduler, read at each use (the engine's
+        scheduler may be replaced, e.g. by a recording subclass in a notebook): its ``update``
+        appends the sampled tokens and applies the stop rules; ``finish`` ends a request
+        whose grammar completed.
       stats: the engine's `jaxinfer.engine.EngineStats` (generation tokens, finish reasons).
       requests: the engine's live requests by id; a finished request is removed from it.
       tokenizer: the model's tokenizer, or None (no text, no logprob strings).
@@ -40,9 +42,9 @@ class OutputProcessor:
         draft tokens of requests that carry them.
     """
 
-    def __init__(self, scheduler, stats, requests: dict[str, Request], tokenizer, eos_token_ids: frozenset[int],
-                 return_logits: bool, speculator: Callable[[], object | None]):
-        self.scheduler = scheduler
+    def __init__(self, scheduler: Callable[[], object], stats, requests: dict[str, Request], tokenizer,
+                 eos_token_ids: frozenset[int], return_logits: bool, speculator: Callable[[], object | None]):
+        self._scheduler = scheduler
         self.stats = stats
         self.requests = requests
         self.tokenizer = tokenizer
@@ -75,7 +77,7 @@ class OutputProcessor:
                 offset += len(row.tokens)
         first_row, sampled = self._sampled(sched, result["token_ids"])
         before = {id(req): req.num_output_tokens for req, _ in sched.scheduled}
-        got = self.scheduler.update(sched, sampled, self.text_stop)
+        got = self._scheduler().update(sched, sampled, self.text_stop)
         outputs = []
         for req in got:
             i = first_row[id(req)]
@@ -115,7 +117,7 @@ class OutputProcessor:
             logger.warning("request %s: grammar rejected token %d: %s", req.request_id, tok,
                            req.matcher.get_error()[:200])
         if not req.is_finished and (req.matcher.is_stopped() or req.matcher.is_error()):
-            self.scheduler.finish(req, FinishReason.STOP)
+            self._scheduler().finish(req, FinishReason.STOP)
 
     def _record_logprobs(self, req: Request, result: dict, i: int, tok: int) -> None:
         """Append the logprobs of ``tok``, sampled in result row ``i`` (when requested)."""

@@ -98,6 +98,29 @@ def test_preemption_keeps_outputs(setup):
         assert e.num_free_blocks == e.num_total_blocks
 
 
+def test_replaced_scheduler_drives_the_update(setup):
+    """A scheduler swapped in after construction (the KV notebook records steps this way) is the
+    one the update phase appends tokens through; with the old one the loop never ended."""
+    from jaxinfer.scheduler import make_scheduler
+
+    llm, _ = setup
+    ps = prompts([30, 41], seed=7)
+    ref = [o.outputs[0].token_ids for o in llm.generate(ps, GREEDY, use_tqdm=False)]
+    with small_pool_engine(llm, num_blocks=96) as e:
+        old = e.scheduler
+        e.scheduler = make_scheduler(e.config.scheduler, e.config.cache, e.block_manager)
+        for i, p in enumerate(ps):
+            e.add_request(str(i), p, GREEDY)
+        done = {}
+        for _ in range(200):  # bounded: the bug looped forever
+            if not e.has_unfinished_requests():
+                break
+            done.update((o.request_id, o) for o in e.step() if o.finished)
+        assert not e.has_unfinished_requests() and not old.running
+        assert [done[str(i)].outputs[0].token_ids for i in range(len(ps))] == ref
+        assert e.num_free_blocks == e.num_total_blocks
+
+
 def test_stop_rules(setup):
     llm, _ = setup
     p = prompts([20], seed=7)[0]
