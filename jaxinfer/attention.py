@@ -17,7 +17,9 @@ XLA path (CPU default): attention of a token = softmax over
   A. the new keys of its own sequence in this step (causal, from the fresh K/V), and
   B. its sequence's *cached context* (positions < ctx_len, gathered from the pages):
      B1 for single-token rows (decodes): an online-softmax loop over a ragged list of
-        context groups (a few blocks of one row each), only the groups each row fills;
+        context groups (a few blocks of one row each), only the groups each row fills; or,
+        with ``AttentionBackend.native_decode`` (one CPU device), the C++ kernel of
+        `jaxinfer.native_attention`, which reads each row's pages once (same outputs);
      B2 for multi-token rows with context (a continuing prefill chunk, or a prefix-cache
         hit): a loop over work items of up to ``Q_CHUNK`` queries of one row, each
         walking that row's context once, only as far as it reaches (no per-token gather),
@@ -42,7 +44,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 
-from jaxinfer import kv_quant
+from jaxinfer import kv_quant, native_attention
 from jaxinfer.kv_quant import QuantKV
 from jaxinfer.step_metadata import AttentionMetadata
 from jaxinfer.xla_work_plan import GROUP_BLOCKS, Q_CHUNK, XlaWorkPlan, groups_per_iter  # registers AttentionMetadata
@@ -58,6 +60,9 @@ class AttentionBackend:
       interpret: run the Pallas kernel in interpret mode (CPU).
       mesh: the replica's ``(data, model)`` mesh when tensor-parallel (the Pallas path
         shard-maps over it), else None.
+      native_decode: on the XLA path, read the decode rows' cached context (B1) with the C++
+        kernel (`jaxinfer.native_attention`) instead of the jnp loop; one device only (any
+        cache dtype: float32, bit-stored bfloat16, int8 or fp8 with their scales).
     Raises:
       ValueError: an unknown name.
     """
@@ -65,6 +70,7 @@ class AttentionBackend:
     name: str = "xla"
     interpret: bool = False
     mesh: Mesh | None = None
+    native_decode: bool = False
 
     def __post_init__(self) -> None:
         if self.name not in ("xla", "pallas"):
@@ -214,6 +220,19 @@ def _group_context(qg, k_cache, v_cache, layer, meta, plan, window=None):
     return (to(jnp.full((T, K, G), -jnp.inf), m), to(jnp.zeros((T, K, G)), l), to(jnp.zeros((T, K, G, H)), a))
 
 
+def _native_group_context(qg, k_cache, v_cache, layer, meta, plan, window=None):
+    """B1 by the C++ kernel (`jaxinfer.native_attention.decode_context`): the same partial
+    softmax as `_group_context`, each single-token row's context read once from its pages."""
+    T = qg.shape[0]
+    last = jnp.minimum(plan.row_last, T - 1)
+    ctx_len = jnp.where(plan.row_last < T, plan.row_ctx_len, 0)  # multi-token rows are B2's
+    m, l, a = native_attention.decode_context(qg[last], k_cache, v_cache, layer, meta.block_tables, ctx_len,
+                                              meta.positions[last], window)
+    K, G, H = qg.shape[1:]
+    to = lambda init, x: init.at[plan.row_last].set(x, mode="drop")  # noqa: E731
+    return (to(jnp.full((T, K, G), -jnp.inf), m), to(jnp.zeros((T, K, G)), l), to(jnp.zeros((T, K, G, H)), a))
+
+
 CHUNK_CTX_BLOCKS = 16  # blocks of context one B2 inner iteration reads
 
 
@@ -264,7 +283,7 @@ def _chunk_context(qg, k_cache, v_cache, layer, meta, plan, q_chunk: int, window
 
 
 def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: AttentionMetadata, plan: XlaWorkPlan,
-                        sm_scale: float, window=None):
+                        sm_scale: float, window=None, native_decode: bool = False):
     """Ragged paged attention in pure jnp (same semantics as the Pallas kernel).
 
     Args:
@@ -276,6 +295,7 @@ def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: Attentio
       sm_scale: softmax scale (H ** -0.5).
       window: [] int32 sliding window of this layer (keys with ``q_pos - k_pos < window``
         are seen), or None (static) for full causal attention.
+      native_decode: B1 by the C++ kernel (`_native_group_context`), not the jnp loop.
 
     Returns:
       [T, N, H] in q's dtype; float32 accumulation.
@@ -288,7 +308,8 @@ def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: Attentio
     same = same & _in_window(meta.positions[:, None], meta.positions[None, :], window)
     parts = [_partial_softmax(jnp.where(same[:, None, None, :], s_new, -jnp.inf), v_new)]  # diagonal kept
     if meta.block_tables.shape[1] > 0:  # static: a table with no columns has no context (model init)
-        parts.append(_group_context(qg, k_cache, v_cache, layer, meta, plan, window))
+        group_context = _native_group_context if native_decode else _group_context
+        parts.append(group_context(qg, k_cache, v_cache, layer, meta, plan, window))
         if T > 1:  # a one-token bucket's only row is single-token: it never has B2 work items
             parts.append(_chunk_context(qg, k_cache, v_cache, layer, meta, plan, min(Q_CHUNK, T), window))
     return _merge(parts).reshape(T, N, H).astype(q.dtype)
@@ -369,7 +390,8 @@ def paged_attention(backend: AttentionBackend, q, k_new, v_new, k_cache, v_cache
     k_cache = write_kv(k_cache, layer, meta.slot_mapping, k_new)
     v_cache = write_kv(v_cache, layer, meta.slot_mapping, v_new)
     if backend.name == "xla":
-        out = xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta, plan, sm_scale, window)
+        out = xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta, plan, sm_scale, window,
+                                  backend.native_decode)
     else:
         out = pallas_paged_attention(q, k_cache, v_cache, layer, meta, sm_scale, backend.interpret, backend.mesh,
                                      window)

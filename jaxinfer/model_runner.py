@@ -141,6 +141,18 @@ def kv_cache_shape(cfg: ModelConfig, num_blocks: int, block_size: int) -> tuple[
     return (cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
 
 
+def use_native_decode(backend: str, shardings, cfg: ModelConfig, block_size: int) -> bool:
+    """Whether the XLA path's decode rows read their context through the C++ kernel
+    (`jaxinfer.native_attention`): on CPU, one device (no mesh: the custom call cannot be
+    split by the SPMD partitioner), shapes within the kernel's limits, and the kernel built.
+    Any cache dtype (float32, bfloat16 bits, int8, fp8)."""
+    from jaxinfer import native_attention
+
+    return (backend == "xla" and jax.default_backend() == "cpu" and shardings is None
+            and native_attention.supports(cfg.num_attention_heads, cfg.head_dim, block_size)
+            and native_attention.available())
+
+
 class ModelRunner:
     """Runs bucketed steps of one model over its paged KV cache.
 
@@ -149,7 +161,8 @@ class ModelRunner:
       params: the ``params`` tree (arrays, already on device or numpy).
       num_blocks, block_size: KV pool geometry.
       dtype: compute/storage dtype name ("float32" | "bfloat16").
-      backend: "xla" or "pallas".
+      backend: "xla" or "pallas" ("xla" on one CPU device also uses the C++ decode kernel,
+        `use_native_decode`).
       max_logprobs: N of the top-N logprobs the step returns.
       return_logits: also return the [R, V] logits (tests/debugging).
       shardings: optional (param shardings, kv sharding, replicated) for a mesh.
@@ -170,7 +183,8 @@ class ModelRunner:
         self.max_logprobs = max_logprobs
         self.return_logits = return_logits
         attention = AttentionBackend(backend, interpret=backend == "pallas" and jax.default_backend() == "cpu",
-                                     mesh=shardings[1].mesh if shardings else None)  # the KV cache's mesh
+                                     mesh=shardings[1].mesh if shardings else None,  # the KV cache's mesh
+                                     native_decode=use_native_decode(backend, shardings, cfg, block_size))
         self.model = LlamaForCausalLM(cfg, attention, self.dtype, self.dtype)
         self.kv_cache_dtype = kv_cache_dtype
         if shardings is not None and kv_cache_dtype != "auto":  # scales [L, NB, bs, K] split like the values

@@ -1,15 +1,18 @@
 """The XLA paged-attention path against a float64 numpy reference (full causal and sliding
-windows), on ragged steps packed
+windows), with its decode rows' context read by the jnp loop and by the C++ kernel
+(`jaxinfer.native_attention`), on ragged steps packed
 by the real `batch` code: decodes of very different context lengths (block and group
 edges included), a continuing prefill chunk and a fresh prefill in one step, its work
 lists derived from the metadata as the model step derives them (`jaxinfer.xla_work_plan`)."""
 import types
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxinfer import batch as B
+from jaxinfer import native_attention
 from jaxinfer.attention import AttentionBackend, AttentionMetadata, paged_attention, xla_paged_attention
 from jaxinfer.buckets import Bucket, BucketLadders
 from jaxinfer.step_metadata import from_arrays
@@ -55,6 +58,10 @@ def _reference(q, k_new, v_new, k_cache, v_cache, rows, tables, layer, scale, wi
     return out
 
 
+NATIVE = [False, pytest.param(True, marks=pytest.mark.skipif(not native_attention.available(),
+                                                            reason=str(native_attention.unavailable_reason())))]
+
+
 @pytest.mark.parametrize("rows", [
     [(1, 1), (15, 1), (16, 1), (17, 1), (63, 1), (64, 1), (65, 1), (300, 1)],
     [(200, 1), (0, 5), (40, 10), (2, 1), (0, 1)],
@@ -62,7 +69,8 @@ def _reference(q, k_new, v_new, k_cache, v_cache, rows, tables, layer, scale, wi
     [(300, 1)],  # a lone decode step: a one-token bucket, which has no B2 loop
 ])
 @pytest.mark.parametrize("window", [None, 1, 17, 100])
-def test_ragged_step_matches_float64_reference(rows, window):
+@pytest.mark.parametrize("native", NATIVE, ids=["jnp", "native"])
+def test_ragged_step_matches_float64_reference(rows, window, native):
     width = max(-(-(ctx + n) // BS) for ctx, n in rows)  # the table covers the new tokens too
     width = 1 << (width - 1).bit_length()
     a, tables, nb = _pack(rows, width)
@@ -74,9 +82,40 @@ def test_ragged_step_matches_float64_reference(rows, window):
     meta = from_arrays(AttentionMetadata, {k: jnp.asarray(v) for k, v in a.items()})
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     got = xla_paged_attention(f32(q), f32(k_new), f32(v_new), f32(k_cache), f32(v_cache), jnp.int32(1), meta,
-                              plan_xla_work(meta, BS), H ** -0.5, None if window is None else jnp.int32(window))
+                              plan_xla_work(meta, BS), H ** -0.5, None if window is None else jnp.int32(window),
+                              native_decode=native)
     want = _reference(q, k_new, v_new, k_cache, v_cache, rows, tables, 1, H ** -0.5, window)
     np.testing.assert_allclose(np.asarray(got), want, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.skipif(not native_attention.available(), reason=str(native_attention.unavailable_reason()))
+@pytest.mark.parametrize("window", [None, 40])
+def test_native_decode_reads_bit_stored_bfloat16_pages_like_the_jnp_loop(window):
+    """A bfloat16 cache on CPU holds uint16 bits (`attention.kv_storage_dtype`): the kernel
+    widens them as the jnp loop does, so both give the same partial softmax."""
+    rows = [(1, 1), (70, 1), (0, 1), (300, 1), (45, 6)]
+    width = 32
+    a, _, nb = _pack(rows, width)
+    rng = np.random.default_rng(7)
+    T = len(a["token_ids"])
+    bits = lambda x: jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.bfloat16), jnp.uint16)  # noqa: E731
+    k_cache, v_cache = bits(rng.standard_normal((L, nb, BS, K, H))), bits(rng.standard_normal((L, nb, BS, K, H)))
+    q = jnp.asarray(rng.standard_normal((T, K * G, H)), jnp.float32)
+    k_new, v_new = (jnp.asarray(rng.standard_normal((T, K, H)), jnp.float32) for _ in range(2))
+    meta = from_arrays(AttentionMetadata, {k: jnp.asarray(v) for k, v in a.items()})
+    win = None if window is None else jnp.int32(window)
+    outs = [xla_paged_attention(q, k_new, v_new, k_cache, v_cache, jnp.int32(1), meta, plan_xla_work(meta, BS),
+                                H ** -0.5, win, native_decode=native) for native in (False, True)]
+    np.testing.assert_allclose(np.asarray(outs[1]), np.asarray(outs[0]), atol=1e-5, rtol=1e-5)
+
+
+def test_native_kernel_says_why_it_is_off(monkeypatch):
+    """With no compiler, or switched off, the reason is given (and the jnp loop runs)."""
+    monkeypatch.setenv(native_attention.ENV_SWITCH, "0")
+    assert native_attention._load.__wrapped__() == f"{native_attention.ENV_SWITCH}=0"
+    monkeypatch.delenv(native_attention.ENV_SWITCH)
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    assert "no C++ compiler" in native_attention._load.__wrapped__()
 
 
 
@@ -88,3 +127,24 @@ def test_xla_backend_refuses_a_step_without_its_work_plan():
     cache = jnp.zeros((L, nb, BS, K, H))
     with pytest.raises(ValueError, match="XlaWorkPlan"):
         paged_attention(AttentionBackend("xla"), q, kv, kv, cache, cache, jnp.int32(0), meta, H ** -0.5)
+
+
+@pytest.mark.skipif(not native_attention.available(), reason=str(native_attention.unavailable_reason()))
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+def test_native_decode_reads_8bit_pages_like_the_jnp_loop(kind):
+    """An 8-bit cache (`jaxinfer.kv_quant`): the kernel multiplies each token's scale into its
+    score and probability; the jnp loop dequantizes the pages first. Same partial softmax."""
+    from jaxinfer import kv_quant
+
+    rows = [(1, 1), (70, 1), (0, 1), (300, 1), (45, 6)]
+    a, _, nb = _pack(rows, 32)
+    rng = np.random.default_rng(11)
+    T = len(a["token_ids"])
+    caches = [kv_quant.QuantKV(*kv_quant.quantize(jnp.asarray(rng.standard_normal((L, nb, BS, K, H)) * 3, jnp.float32),
+                                                  kind)) for _ in range(2)]
+    q = jnp.asarray(rng.standard_normal((T, K * G, H)), jnp.float32)
+    k_new, v_new = (jnp.asarray(rng.standard_normal((T, K, H)), jnp.float32) for _ in range(2))
+    meta = from_arrays(AttentionMetadata, {k: jnp.asarray(v) for k, v in a.items()})
+    outs = [xla_paged_attention(q, k_new, v_new, *caches, jnp.int32(1), meta, plan_xla_work(meta, BS), H ** -0.5,
+                                jnp.int32(100), native_decode=native) for native in (False, True)]
+    np.testing.assert_allclose(np.asarray(outs[1]), np.asarray(outs[0]), atol=1e-5, rtol=1e-5)

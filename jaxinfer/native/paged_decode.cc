@@ -1,0 +1,266 @@
+// Paged decode attention on CPU: the cached context of single-token (decode) rows, as an XLA
+// FFI custom call ("jaxinfer_paged_decode"). Built and registered by jaxinfer/native_attention.py;
+// called from jaxinfer/attention.py in place of the XLA path's B1 loop (same inputs, same
+// (max, sum, weighted values) partial-softmax outputs, merged there with the step's new keys).
+//
+// Why: XLA:CPU reads the pages in several passes (gather, transpose, tiny batched dots); this
+// reads each key and value row of a row's context once, straight from its pages, with an
+// online softmax per page (FlashAttention's running max/sum, Dao et al. 2022; PagedAttention's
+// block tables, Kwon et al. 2023). One work item is one row with all its heads, so each page is
+// read as one contiguous run (reading one KV head's strided slice per item was ~1.5x slower
+// here). Rows are spread over XLA's intra-op thread pool.
+//
+// Inputs (row-major):
+//   q       f32 [R, K, G, H]   scaled queries of each row's last token
+//   k_cache f32 or u16 (bfloat16 bits) [L, NB, bs, K, H]; v_cache the same
+//   (target "jaxinfer_paged_decode_8bit": s8 or f8e4m3fn values, then k_scales and v_scales
+//    u16 bfloat16 bits [L, NB, bs, K], one per token and KV head, multiplied into the scores
+//    and the probabilities)
+//   layer   s32 []             layer index into the caches
+//   tables  s32 [R, W]         block table of each row
+//   ctx     s32 [R]            cached context length to read (0: the row has none)
+//   q_pos   s32 [R]            position of each row's query (for the sliding window)
+//   window  s32 []             sliding window (keys with q_pos - k_pos < window), <= 0: none
+// Outputs: m f32 [R, K, G] running max (-inf for no key), l f32 [R, K, G] sum of exp(s - m),
+//   acc f32 [R, K, G, H] sum of exp(s - m) * v.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int64_t kMaxHeads = 64, kMaxHeadDim = 256, kMaxBlockSize = 256;  // = native_attention.LIMITS
+inline float to_float(float x) { return x; }
+inline float to_float(uint16_t bits) {  // bfloat16: the high half of a float32
+  const uint32_t wide = uint32_t(bits) << 16;
+  float out;
+  std::memcpy(&out, &wide, sizeof(out));
+  return out;
+}
+// float8_e4m3fn (OCP): 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities, S.1111.111 is NaN.
+struct Fp8E4M3 {
+  uint8_t bits;
+};
+inline float fp8_e4m3_value(uint8_t b) {
+  const int exponent = (b >> 3) & 0xF, mantissa = b & 0x7;
+  float out = exponent == 0 ? std::ldexp(float(mantissa), -9)  // subnormal: m / 8 * 2^-6
+                            : std::ldexp(1.f + mantissa / 8.f, exponent - 7);
+  if (exponent == 0xF && mantissa == 0x7) out = std::numeric_limits<float>::quiet_NaN();
+  return (b & 0x80) ? -out : out;
+}
+struct Fp8Table {
+  float value[256];
+  Fp8Table() {
+    for (int b = 0; b < 256; ++b) value[b] = fp8_e4m3_value(uint8_t(b));
+  }
+};
+const Fp8Table kFp8;
+inline float to_float(int8_t x) { return float(x); }
+inline float to_float(Fp8E4M3 x) { return kFp8.value[x.bits]; }
+
+struct Shape {
+  int64_t R, K, G, H, NB, bs, W;
+};
+struct Inputs {
+  const float* q;
+  const void* k;
+  const void* v;
+  int64_t layer;
+  const int32_t* tables;
+  const int32_t* ctx;
+  const int32_t* q_pos;
+  int32_t window;
+  float* m;
+  float* l;
+  float* acc;
+  const uint16_t* k_scales;  // 8-bit caches: bfloat16 bits [L, NB, bs, K], one per token and KV head
+  const uint16_t* v_scales;  // (nullptr for float caches)
+};
+
+// One row, all its heads: an online softmax over the row's cached context, one page at a time,
+// each page's keys then values read front to back once (a page is [bs, K, H], contiguous).
+template <typename T>
+void attend_row(int64_t r, const Shape& s, const Inputs& in) {
+  const int64_t K = s.K, G = s.G, H = s.H, bs = s.bs, N = K * G;
+  const int64_t n = in.ctx[r];
+  const float* q = in.q + r * N * H;  // [K, G, H] = [N, H]
+  const float ninf = -std::numeric_limits<float>::infinity();
+  static thread_local float m[kMaxHeads], l[kMaxHeads], acc[kMaxHeads * kMaxHeadDim], p[kMaxHeads * kMaxBlockSize];
+  std::fill(m, m + N, ninf);
+  std::fill(l, l + N, 0.f);
+  std::fill(acc, acc + N * H, 0.f);
+  const int64_t lo = in.window > 0 ? std::max<int64_t>(0, int64_t(in.q_pos[r]) - in.window + 1) : 0;
+  const int64_t page_elems = bs * K * H;
+  for (int64_t page = lo / bs; page * bs < n; ++page) {
+    const int64_t base = (in.layer * s.NB + in.tables[r * s.W + page]) * page_elems;
+    const T* keys = static_cast<const T*>(in.k) + base;
+    const T* values = static_cast<const T*>(in.v) + base;
+    const uint16_t* k_scale = in.k_scales ? in.k_scales + base / H : nullptr;  // [bs, K] of this page
+    const uint16_t* v_scale = in.v_scales ? in.v_scales + base / H : nullptr;
+    const int64_t t0 = std::max<int64_t>(lo - page * bs, 0), t1 = std::min<int64_t>(bs, n - page * bs);
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t kh = 0; kh < K; ++kh) {
+        const T* key = keys + (t * K + kh) * H;
+        const float scale = k_scale ? to_float(k_scale[t * K + kh]) : 1.f;
+        for (int64_t g = 0; g < G; ++g) {
+          const float* qh = q + (kh * G + g) * H;
+          float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t h = 0; h < H; ++h) dot += qh[h] * to_float(key[h]);
+          p[(kh * G + g) * bs + t] = dot * scale;
+        }
+      }
+    }
+    for (int64_t i = 0; i < N; ++i) {
+      float* pi = p + i * bs;
+      float m_new = m[i];
+      for (int64_t t = t0; t < t1; ++t) m_new = std::max(m_new, pi[t]);
+      const float rescale = std::isinf(m[i]) ? 0.f : std::exp(m[i] - m_new);
+      l[i] *= rescale;
+#pragma omp simd
+      for (int64_t h = 0; h < H; ++h) acc[i * H + h] *= rescale;
+#pragma omp simd
+      for (int64_t t = t0; t < t1; ++t) pi[t] = std::exp(pi[t] - m_new);
+      float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t t = t0; t < t1; ++t) sum += pi[t];
+      l[i] += sum;
+      m[i] = m_new;
+    }
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t kh = 0; kh < K; ++kh) {
+        const T* value = values + (t * K + kh) * H;
+        const float scale = v_scale ? to_float(v_scale[t * K + kh]) : 1.f;
+        for (int64_t g = 0; g < G; ++g) {
+          const float e = p[(kh * G + g) * bs + t] * scale;
+          float* a = acc + (kh * G + g) * H;
+#pragma omp simd
+          for (int64_t h = 0; h < H; ++h) a[h] += e * to_float(value[h]);
+        }
+      }
+    }
+  }
+  std::copy(m, m + N, in.m + r * N);
+  std::copy(l, l + N, in.l + r * N);
+  std::copy(acc, acc + N * H, in.acc + r * N * H);
+}
+
+
+// Items are taken from a shared counter by the calling thread and by helpers scheduled on
+// XLA's intra-op pool; the call returns once every item is done. A helper that starts late
+// finds no item left and touches nothing (the state it holds is reference counted).
+template <typename T>
+void run_items(ffi::ThreadPool& pool, const Shape& s, const Inputs& in) {
+  struct Progress {
+    std::atomic<int64_t> next{0}, done{0};
+  };
+  const int64_t total = s.R;
+  auto progress = std::make_shared<Progress>();
+  auto work = [progress, total, s, in]() {
+    for (int64_t i; (i = progress->next.fetch_add(1)) < total;) {
+      attend_row<T>(i, s, in);
+      progress->done.fetch_add(1, std::memory_order_release);
+    }
+  };
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), total) - 1;
+  for (int64_t i = 0; i < helpers; ++i) pool.Schedule(decltype(work)(work));
+  work();
+  while (progress->done.load(std::memory_order_acquire) < total) {
+  }
+}
+
+ffi::Error check(const ffi::Buffer<ffi::F32>& q, const ffi::AnyBuffer& k_cache, const ffi::AnyBuffer& v_cache,
+                 const ffi::Buffer<ffi::S32>& tables, Shape* s) {
+  const auto qd = q.dimensions(), cd = k_cache.dimensions();
+  if (qd.size() != 4 || cd.size() != 5 || tables.dimensions().size() != 2)
+    return ffi::Error::InvalidArgument("paged_decode: q [R,K,G,H], caches [L,NB,bs,K,H], tables [R,W] expected");
+  *s = Shape{qd[0], qd[1], qd[2], qd[3], cd[1], cd[2], tables.dimensions()[1]};
+  if (s->K * s->G > kMaxHeads || s->H > kMaxHeadDim || s->bs > kMaxBlockSize || cd[3] != s->K || cd[4] != s->H)
+    return ffi::Error::InvalidArgument("paged_decode: shapes disagree or exceed the kernel's limits");
+  if (k_cache.element_type() != v_cache.element_type())
+    return ffi::Error::InvalidArgument("paged_decode: k and v caches differ in dtype");
+  return ffi::Error::Success();
+}
+
+ffi::Error paged_decode(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_cache,
+                        ffi::AnyBuffer v_cache, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> tables,
+                        ffi::Buffer<ffi::S32> ctx, ffi::Buffer<ffi::S32> q_pos, ffi::Buffer<ffi::S32> window,
+                        ffi::ResultBuffer<ffi::F32> m, ffi::ResultBuffer<ffi::F32> l,
+                        ffi::ResultBuffer<ffi::F32> acc) {
+  Shape s;
+  if (ffi::Error error = check(q, k_cache, v_cache, tables, &s); error.failure()) return error;
+  const Inputs in{q.typed_data(), k_cache.untyped_data(), v_cache.untyped_data(), layer.typed_data()[0],
+                  tables.typed_data(), ctx.typed_data(), q_pos.typed_data(), window.typed_data()[0],
+                  m->typed_data(), l->typed_data(), acc->typed_data(), nullptr, nullptr};
+  if (k_cache.element_type() == ffi::F32) {
+    run_items<float>(pool, s, in);
+  } else if (k_cache.element_type() == ffi::U16) {
+    run_items<uint16_t>(pool, s, in);
+  } else {
+    return ffi::Error::InvalidArgument("paged_decode: the cache must be float32 or bfloat16 bits (uint16)");
+  }
+  return ffi::Error::Success();
+}
+
+// An 8-bit cache (jaxinfer/kv_quant.py): int8 or float8_e4m3fn values and bfloat16-bit scales.
+ffi::Error paged_decode_8bit(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_cache,
+                             ffi::AnyBuffer v_cache, ffi::Buffer<ffi::U16> k_scales, ffi::Buffer<ffi::U16> v_scales,
+                             ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> tables, ffi::Buffer<ffi::S32> ctx,
+                             ffi::Buffer<ffi::S32> q_pos, ffi::Buffer<ffi::S32> window, ffi::ResultBuffer<ffi::F32> m,
+                             ffi::ResultBuffer<ffi::F32> l, ffi::ResultBuffer<ffi::F32> acc) {
+  Shape s;
+  if (ffi::Error error = check(q, k_cache, v_cache, tables, &s); error.failure()) return error;
+  const Inputs in{q.typed_data(), k_cache.untyped_data(), v_cache.untyped_data(), layer.typed_data()[0],
+                  tables.typed_data(), ctx.typed_data(), q_pos.typed_data(), window.typed_data()[0],
+                  m->typed_data(), l->typed_data(), acc->typed_data(), k_scales.typed_data(), v_scales.typed_data()};
+  if (k_cache.element_type() == ffi::S8) {
+    run_items<int8_t>(pool, s, in);
+  } else if (k_cache.element_type() == ffi::F8E4M3FN) {
+    run_items<Fp8E4M3>(pool, s, in);
+  } else {
+    return ffi::Error::InvalidArgument("paged_decode: an 8-bit cache must be int8 or float8_e4m3fn");
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxinferPagedDecode, paged_decode,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxinferPagedDecode8bit, paged_decode_8bit,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::U16>>()
+                                  .Arg<ffi::Buffer<ffi::U16>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
