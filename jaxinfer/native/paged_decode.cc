@@ -190,45 +190,52 @@ ffi::Error check(const ffi::Buffer<ffi::F32>& q, const ffi::AnyBuffer& k_cache, 
   return ffi::Error::Success();
 }
 
+// Both targets: check the shapes, then run the rows with the cache's element type. Float caches
+// come without scales; 8-bit caches (jaxinfer/kv_quant.py) with theirs.
+ffi::Error decode(ffi::ThreadPool& pool, const ffi::Buffer<ffi::F32>& q, const ffi::AnyBuffer& k_cache,
+                  const ffi::AnyBuffer& v_cache, const uint16_t* k_scales, const uint16_t* v_scales,
+                  const ffi::Buffer<ffi::S32>& layer, const ffi::Buffer<ffi::S32>& tables,
+                  const ffi::Buffer<ffi::S32>& ctx, const ffi::Buffer<ffi::S32>& q_pos,
+                  const ffi::Buffer<ffi::S32>& window, ffi::ResultBuffer<ffi::F32>& m,
+                  ffi::ResultBuffer<ffi::F32>& l, ffi::ResultBuffer<ffi::F32>& acc) {
+  Shape s;
+  if (ffi::Error error = check(q, k_cache, v_cache, tables, &s); error.failure()) return error;
+  const Inputs in{q.typed_data(), k_cache.untyped_data(), v_cache.untyped_data(), layer.typed_data()[0],
+                  tables.typed_data(), ctx.typed_data(), q_pos.typed_data(), window.typed_data()[0],
+                  m->typed_data(), l->typed_data(), acc->typed_data(), k_scales, v_scales};
+  const bool scaled = k_scales != nullptr;
+  const auto type = k_cache.element_type();
+  if (!scaled && type == ffi::F32) {
+    run_items<float>(pool, s, in);
+  } else if (!scaled && type == ffi::U16) {
+    run_items<uint16_t>(pool, s, in);
+  } else if (scaled && type == ffi::S8) {
+    run_items<int8_t>(pool, s, in);
+  } else if (scaled && type == ffi::F8E4M3FN) {
+    run_items<Fp8E4M3>(pool, s, in);
+  } else {
+    return ffi::Error::InvalidArgument(
+        scaled ? "paged_decode: an 8-bit cache must be int8 or float8_e4m3fn"
+               : "paged_decode: the cache must be float32 or bfloat16 bits (uint16)");
+  }
+  return ffi::Error::Success();
+}
+
 ffi::Error paged_decode(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_cache,
                         ffi::AnyBuffer v_cache, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> tables,
                         ffi::Buffer<ffi::S32> ctx, ffi::Buffer<ffi::S32> q_pos, ffi::Buffer<ffi::S32> window,
                         ffi::ResultBuffer<ffi::F32> m, ffi::ResultBuffer<ffi::F32> l,
                         ffi::ResultBuffer<ffi::F32> acc) {
-  Shape s;
-  if (ffi::Error error = check(q, k_cache, v_cache, tables, &s); error.failure()) return error;
-  const Inputs in{q.typed_data(), k_cache.untyped_data(), v_cache.untyped_data(), layer.typed_data()[0],
-                  tables.typed_data(), ctx.typed_data(), q_pos.typed_data(), window.typed_data()[0],
-                  m->typed_data(), l->typed_data(), acc->typed_data(), nullptr, nullptr};
-  if (k_cache.element_type() == ffi::F32) {
-    run_items<float>(pool, s, in);
-  } else if (k_cache.element_type() == ffi::U16) {
-    run_items<uint16_t>(pool, s, in);
-  } else {
-    return ffi::Error::InvalidArgument("paged_decode: the cache must be float32 or bfloat16 bits (uint16)");
-  }
-  return ffi::Error::Success();
+  return decode(pool, q, k_cache, v_cache, nullptr, nullptr, layer, tables, ctx, q_pos, window, m, l, acc);
 }
 
-// An 8-bit cache (jaxinfer/kv_quant.py): int8 or float8_e4m3fn values and bfloat16-bit scales.
 ffi::Error paged_decode_8bit(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_cache,
                              ffi::AnyBuffer v_cache, ffi::Buffer<ffi::U16> k_scales, ffi::Buffer<ffi::U16> v_scales,
                              ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> tables, ffi::Buffer<ffi::S32> ctx,
                              ffi::Buffer<ffi::S32> q_pos, ffi::Buffer<ffi::S32> window, ffi::ResultBuffer<ffi::F32> m,
                              ffi::ResultBuffer<ffi::F32> l, ffi::ResultBuffer<ffi::F32> acc) {
-  Shape s;
-  if (ffi::Error error = check(q, k_cache, v_cache, tables, &s); error.failure()) return error;
-  const Inputs in{q.typed_data(), k_cache.untyped_data(), v_cache.untyped_data(), layer.typed_data()[0],
-                  tables.typed_data(), ctx.typed_data(), q_pos.typed_data(), window.typed_data()[0],
-                  m->typed_data(), l->typed_data(), acc->typed_data(), k_scales.typed_data(), v_scales.typed_data()};
-  if (k_cache.element_type() == ffi::S8) {
-    run_items<int8_t>(pool, s, in);
-  } else if (k_cache.element_type() == ffi::F8E4M3FN) {
-    run_items<Fp8E4M3>(pool, s, in);
-  } else {
-    return ffi::Error::InvalidArgument("paged_decode: an 8-bit cache must be int8 or float8_e4m3fn");
-  }
-  return ffi::Error::Success();
+  return decode(pool, q, k_cache, v_cache, k_scales.typed_data(), v_scales.typed_data(), layer, tables, ctx, q_pos,
+                window, m, l, acc);
 }
 
 }  // namespace
