@@ -138,40 +138,49 @@ def test_sc04_never_fits_is_400_not_now_is_queued_or_429():
 
 
 def test_sc19_long_prompt_is_not_starved():
-    """16 closed-loop short clients keep the batch full; a 1800-token prompt arriving later gets served."""
+    """16 closed-loop short clients keep the batch full; a 1800-token prompt arriving later gets served.
+
+    Both bounds count engine steps (the fake runner's ``steps``), not seconds: on a loaded 2-core
+    machine the wall clock measures the machine as much as the scheduler (CI once saw a 2.3 s gap).
+    A short request lives 32 steps; the long prompt's prefill takes 4 chunks of <= 512 tokens.
+    """
     engine = fake_engine(num_blocks=400, max_model_len=2048, max_num_seqs=16, max_num_batched_tokens=512,
                          max_queue_len=64, step_delay=0.003)
+    runner = engine.runner
     with running_app(engine) as (app, _), LiveServer(app) as live:
-        done_times: list[float] = []
+        done_steps: list[int] = []
 
         async def short_client(c: httpx.AsyncClient, i: int, until: float):
             ids = list(range(2000 + 40 * i, 2032 + 40 * i))
             while time.monotonic() < until:
                 r = await c.post("/v1/completions", json={"prompt": ids, "max_tokens": 32, "ignore_eos": True})
                 assert r.status_code == 200
-                done_times.append(time.monotonic())
+                done_steps.append(runner.steps)
 
-        async def long_client(c: httpx.AsyncClient) -> float:
+        async def long_client(c: httpx.AsyncClient) -> int:
             await asyncio.sleep(1.0)
-            t0 = time.monotonic()
+            s0 = runner.steps
             async with c.stream("POST", "/v1/completions", json={"prompt": list(range(20000, 21800)),
                                                                  "max_tokens": 16, "stream": True}) as r:
                 assert r.status_code == 200
                 async for line in r.aiter_lines():
                     if line.startswith("data: "):
-                        return time.monotonic() - t0
+                        return runner.steps - s0
             raise AssertionError("no event")
 
         async def run():
             limits = httpx.Limits(max_connections=40)
             async with httpx.AsyncClient(base_url=live.url, timeout=30, limits=limits) as c:
-                start = time.monotonic()
-                until = start + 4.0
+                start = runner.steps
+                until = time.monotonic() + 4.0
                 shorts = [short_client(c, i, until) for i in range(16)]
                 results = await asyncio.gather(long_client(c), *shorts)
                 return start, results[0]
 
-        start, ttft = asyncio.run(run())
-    assert ttft <= 10.0  # the contract: FIFO admission, bounded by the running requests' remaining work
-    times = [start] + sorted(done_times)
-    assert max(b - a for a, b in zip(times, times[1:])) < 2.0  # short-request throughput never stalls 2 s
+        start, ttft_steps = asyncio.run(run())
+    # FIFO admission: the long prompt waits for one seat (<= one short's 32 steps), then 4 prefill chunks.
+    assert ttft_steps <= 64, ttft_steps
+    steps = [start] + sorted(done_steps)
+    assert len(steps) > 32
+    # Short requests keep finishing: never two short lifetimes without a completion.
+    assert max(b - a for a, b in zip(steps, steps[1:])) <= 64, steps
