@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 N ?= 3
 
-.PHONY: setup serve cluster test test-fast bench bench-quick roofline offline-bench soak weights clean
+.PHONY: setup serve cluster test test-all test-fast bench bench-quick roofline offline-bench soak weights clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,11 +32,17 @@ serve: setup
 cluster: setup
 	$(PY) -m jaxinfer.cluster --instances $(N) $(ARGS)
 
-# tests/test_api_fuzz.py runs on its own: its schemathesis cases share one node id, and under
-# pytest-xdist only one of the nine ran.
+# `make test` (what CI runs) leaves out the tests marked `slow` (each 30 s to 3 min on 2 busy
+# cores: more server starts, the quickstart notebook, second real-model runs of what a cheaper
+# test covers); `make test-all` runs them too. tests/test_api_fuzz.py runs on its own: its
+# schemathesis cases share one node id, and under pytest-xdist only one of the nine ran.
+TEST_MARKS ?= not slow
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --ignore=tests/test_api_fuzz.py $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --ignore=tests/test_api_fuzz.py -m "$(TEST_MARKS)" $(PYTEST_ARGS)
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_api_fuzz.py
+
+test-all: setup
+	$(MAKE) test TEST_MARKS="slow or not slow"
 
 test-fast: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not real_model and not slow" $(PYTEST_ARGS)

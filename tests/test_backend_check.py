@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 16, "rope_theta": 10000.0,
@@ -27,6 +29,9 @@ def load_script():
     return mod
 
 
+# ~170 s on 2 busy cores (every bucket of both backends, twice, Pallas interpreted); the Pallas
+# kernels' own tests and tests/test_oracle.py's Pallas engine run stay in `make test`.
+@pytest.mark.slow
 def test_pallas_equals_xla_in_the_engine(tmp_path):
     cfg = tmp_path / "tiny.json"
     cfg.write_text(json.dumps(TINY))

@@ -52,7 +52,6 @@ def test_wire_format_round_trip():
     b.close()
 
 
-@pytest.mark.slow
 def test_two_processes_serve_a_request_end_to_end(tmp_path):
     cfg = tiny_config(vocab=256, hidden=64, layers=2, heads=8, kv_heads=4, inter=128)
     config_path = tmp_path / "tiny.json"
