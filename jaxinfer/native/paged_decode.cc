@@ -31,6 +31,10 @@
 #include <limits>
 #include <memory>
 
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -85,6 +89,190 @@ struct Inputs {
   const uint16_t* v_scales;  // (nullptr for float caches)
 };
 
+// Software prefetch of the next page's key and value rows, one token's rows at a time while the
+// current page's scores are computed: pages sit at random places in a large pool, so the hardware
+// prefetcher cannot run ahead across them.
+struct Prefetch {
+  const char* keys = nullptr;  // the next page's [bs, K, H] keys and values (nullptr: none)
+  const char* values = nullptr;
+  int64_t row_bytes = 0;  // K * H * sizeof(T): one token's rows
+  void token(int64_t t) const {
+    if (!keys) return;
+    for (int64_t b = 0; b < row_bytes; b += 64) {
+      __builtin_prefetch(keys + t * row_bytes + b);
+      __builtin_prefetch(values + t * row_bytes + b);
+    }
+  }
+};
+
+// exp(x) for the softmax, written so that `omp simd` loops vectorize it (glibc's expf is a call
+// per element: it was most of this kernel's time). exp(x) = 2^n * e^r with n = round(x log2 e) and
+// r = x - n ln 2, |r| <= ln2 / 2; e^r by its Taylor polynomial to degree 7 (truncation < 3e-9
+// relative). x is clamped to -87 (exp(-87) ~ 1.6e-38): here x = score - running max <= 0.
+inline float fast_exp(float x) {
+  x = std::max(x, -87.f);
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  const float r = std::fma(n, -0.693145751953125f, x) - n * 1.42860682030941723e-6f;  // Cody-Waite ln 2
+  float y = 1.f / 5040;
+  y = std::fma(y, r, 1.f / 720);
+  y = std::fma(y, r, 1.f / 120);
+  y = std::fma(y, r, 1.f / 24);
+  y = std::fma(y, r, 1.f / 6);
+  y = std::fma(y, r, 0.5f);
+  y = std::fma(y, r, 1.f);
+  y = std::fma(y, r, 1.f);
+  const int32_t bits = (int32_t(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof(two_n));
+  return y * two_n;
+}
+
+// A page's scores, p[i * bs + t] = q_i . k_t (times the key's scale), for every head i = kh * G + g.
+template <typename T>
+void page_scores(const float* q, const T* keys, const uint16_t* k_scale, const Shape& s, int64_t t0, int64_t t1,
+                 float* p) {
+  const int64_t K = s.K, G = s.G, H = s.H;
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t kh = 0; kh < K; ++kh) {
+      const T* key = keys + (t * K + kh) * H;
+      const float scale = k_scale ? to_float(k_scale[t * K + kh]) : 1.f;
+      for (int64_t g = 0; g < G; ++g) {
+        const float* qh = q + (kh * G + g) * H;
+        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t h = 0; h < H; ++h) dot += qh[h] * to_float(key[h]);
+        p[(kh * G + g) * s.bs + t] = dot * scale;
+      }
+    }
+  }
+}
+
+// acc_i += sum_t p[i * bs + t] * v_t (times the value's scale), for every head i = kh * G + g.
+template <typename T>
+void page_values(const float* p, const T* values, const uint16_t* v_scale, const Shape& s, int64_t t0,
+                 int64_t t1, float* acc) {
+  const int64_t K = s.K, G = s.G, H = s.H;
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t kh = 0; kh < K; ++kh) {
+      const T* value = values + (t * K + kh) * H;
+      const float scale = v_scale ? to_float(v_scale[t * K + kh]) : 1.f;
+      for (int64_t g = 0; g < G; ++g) {
+        const float e = p[(kh * G + g) * s.bs + t] * scale;
+        float* a = acc + (kh * G + g) * H;
+#pragma omp simd
+        for (int64_t h = 0; h < H; ++h) a[h] += e * to_float(value[h]);
+      }
+    }
+  }
+}
+
+#ifdef __AVX512F__
+// 16 cache elements as float32 lanes.
+inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
+inline __m512 load16(const uint16_t* x) {  // bfloat16 bits: shift into the high half
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+inline __m512 load16(const int8_t* x) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x))));
+}
+inline __m512 load16(const Fp8E4M3* x) {  // through the 256-entry table
+  const __m512i index = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+  return _mm512_i32gather_ps(index, kFp8.value, 4);
+}
+
+// The same two loops with the head dim fixed at 16 * HV: each key or value row is loaded (and
+// converted) once into registers, and each head's accumulator stays in registers over the page.
+template <typename T, int HV>
+void page_scores_avx512(const float* q, const T* keys, const uint16_t* k_scale, const Shape& s, int64_t t0,
+                        int64_t t1, float* p, const Prefetch& next) {
+  const int64_t K = s.K, G = s.G;
+  for (int64_t t = t0; t < t1; ++t) {
+    next.token(t);
+    for (int64_t kh = 0; kh < K; ++kh) {
+      const T* key = keys + (t * K + kh) * 16 * HV;
+      __m512 k[HV];
+      for (int j = 0; j < HV; ++j) k[j] = load16(key + 16 * j);
+      const float scale = k_scale ? to_float(k_scale[t * K + kh]) : 1.f;
+      for (int64_t g = 0; g < G; ++g) {
+        const float* qh = q + (kh * G + g) * 16 * HV;
+        __m512 dot = _mm512_mul_ps(_mm512_loadu_ps(qh), k[0]);
+        for (int j = 1; j < HV; ++j) dot = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * j), k[j], dot);
+        p[(kh * G + g) * s.bs + t] = _mm512_reduce_add_ps(dot) * scale;
+      }
+    }
+  }
+}
+
+template <typename T, int HV>
+void page_values_avx512(const float* p, const T* values, const uint16_t* v_scale, const Shape& s, int64_t t0,
+                        int64_t t1, float* acc) {
+  const int64_t K = s.K, G = s.G;
+  for (int64_t kh = 0; kh < K; ++kh) {
+    for (int64_t g = 0; g < G; ++g) {
+      float* out = acc + (kh * G + g) * 16 * HV;
+      const float* pi = p + (kh * G + g) * s.bs;
+      __m512 a[HV];
+      for (int j = 0; j < HV; ++j) a[j] = _mm512_loadu_ps(out + 16 * j);
+      for (int64_t t = t0; t < t1; ++t) {
+        const T* value = values + (t * K + kh) * 16 * HV;
+        const __m512 e = _mm512_set1_ps(pi[t] * (v_scale ? to_float(v_scale[t * K + kh]) : 1.f));
+        for (int j = 0; j < HV; ++j) a[j] = _mm512_fmadd_ps(e, load16(value + 16 * j), a[j]);
+      }
+      for (int j = 0; j < HV; ++j) _mm512_storeu_ps(out + 16 * j, a[j]);
+    }
+  }
+}
+
+template <typename T, int HV>
+bool page_avx512(bool scores, const float* x, const T* cache, const uint16_t* scale, const Shape& s, int64_t t0,
+                 int64_t t1, float* out, const Prefetch& next) {
+  if (s.H != 16 * HV) return false;
+  if (scores)
+    page_scores_avx512<T, HV>(x, cache, scale, s, t0, t1, out, next);
+  else
+    page_values_avx512<T, HV>(x, cache, scale, s, t0, t1, out);
+  return true;
+}
+#endif
+
+// The page's scores (scores = true: x = q, out = p) or value sums (x = p, out = acc), with the
+// AVX-512 loops for head dims 64, 128 and 256 where the CPU has them.
+template <typename T>
+void page_pass(bool scores, const float* x, const T* cache, const uint16_t* scale, const Shape& s, int64_t t0,
+               int64_t t1, float* out, const Prefetch& next) {
+#ifdef __AVX512F__
+  if (page_avx512<T, 4>(scores, x, cache, scale, s, t0, t1, out, next) ||
+      page_avx512<T, 8>(scores, x, cache, scale, s, t0, t1, out, next) ||
+      page_avx512<T, 16>(scores, x, cache, scale, s, t0, t1, out, next))
+    return;
+#endif
+  if (scores)
+    page_scores<T>(x, cache, scale, s, t0, t1, out);
+  else
+    page_values<T>(x, cache, scale, s, t0, t1, out);
+}
+
+// Online-softmax update of head i with its page scores pi[t0, t1): the running max, the rescale of
+// the running sum and accumulator, and pi turned into exp(score - max).
+inline void softmax_update(float* pi, int64_t t0, int64_t t1, int64_t H, float& m, float& l, float* acc) {
+  float m_new = m;
+#pragma omp simd reduction(max : m_new)
+  for (int64_t t = t0; t < t1; ++t) m_new = std::max(m_new, pi[t]);
+  const float rescale = std::isinf(m) ? 0.f : std::exp(m - m_new);
+#pragma omp simd
+  for (int64_t h = 0; h < H; ++h) acc[h] *= rescale;
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t t = t0; t < t1; ++t) {
+    const float e = fast_exp(pi[t] - m_new);
+    pi[t] = e;
+    sum += e;
+  }
+  l = l * rescale + sum;
+  m = m_new;
+}
+
 // One row, all its heads: an online softmax over the row's cached context, one page at a time,
 // each page's keys then values read front to back once (a page is [bs, K, H], contiguous).
 template <typename T>
@@ -92,61 +280,27 @@ void attend_row(int64_t r, const Shape& s, const Inputs& in) {
   const int64_t K = s.K, G = s.G, H = s.H, bs = s.bs, N = K * G;
   const int64_t n = in.ctx[r];
   const float* q = in.q + r * N * H;  // [K, G, H] = [N, H]
-  const float ninf = -std::numeric_limits<float>::infinity();
   static thread_local float m[kMaxHeads], l[kMaxHeads], acc[kMaxHeads * kMaxHeadDim], p[kMaxHeads * kMaxBlockSize];
-  std::fill(m, m + N, ninf);
+  std::fill(m, m + N, -std::numeric_limits<float>::infinity());
   std::fill(l, l + N, 0.f);
   std::fill(acc, acc + N * H, 0.f);
   const int64_t lo = in.window > 0 ? std::max<int64_t>(0, int64_t(in.q_pos[r]) - in.window + 1) : 0;
   const int64_t page_elems = bs * K * H;
-  for (int64_t page = lo / bs; page * bs < n; ++page) {
+  const T* k_cache = static_cast<const T*>(in.k);
+  const T* v_cache = static_cast<const T*>(in.v);
+  const int64_t first = lo / bs, end = (n + bs - 1) / bs;
+  for (int64_t page = first; page < end; ++page) {
     const int64_t base = (in.layer * s.NB + in.tables[r * s.W + page]) * page_elems;
-    const T* keys = static_cast<const T*>(in.k) + base;
-    const T* values = static_cast<const T*>(in.v) + base;
-    const uint16_t* k_scale = in.k_scales ? in.k_scales + base / H : nullptr;  // [bs, K] of this page
-    const uint16_t* v_scale = in.v_scales ? in.v_scales + base / H : nullptr;
     const int64_t t0 = std::max<int64_t>(lo - page * bs, 0), t1 = std::min<int64_t>(bs, n - page * bs);
-    for (int64_t t = t0; t < t1; ++t) {
-      for (int64_t kh = 0; kh < K; ++kh) {
-        const T* key = keys + (t * K + kh) * H;
-        const float scale = k_scale ? to_float(k_scale[t * K + kh]) : 1.f;
-        for (int64_t g = 0; g < G; ++g) {
-          const float* qh = q + (kh * G + g) * H;
-          float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t h = 0; h < H; ++h) dot += qh[h] * to_float(key[h]);
-          p[(kh * G + g) * bs + t] = dot * scale;
-        }
-      }
+    Prefetch next;
+    if (page + 1 < end) {
+      const int64_t next_base = (in.layer * s.NB + in.tables[r * s.W + page + 1]) * page_elems;
+      next = Prefetch{reinterpret_cast<const char*>(k_cache + next_base),
+                      reinterpret_cast<const char*>(v_cache + next_base), int64_t(K * H * sizeof(T))};
     }
-    for (int64_t i = 0; i < N; ++i) {
-      float* pi = p + i * bs;
-      float m_new = m[i];
-      for (int64_t t = t0; t < t1; ++t) m_new = std::max(m_new, pi[t]);
-      const float rescale = std::isinf(m[i]) ? 0.f : std::exp(m[i] - m_new);
-      l[i] *= rescale;
-#pragma omp simd
-      for (int64_t h = 0; h < H; ++h) acc[i * H + h] *= rescale;
-#pragma omp simd
-      for (int64_t t = t0; t < t1; ++t) pi[t] = std::exp(pi[t] - m_new);
-      float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t t = t0; t < t1; ++t) sum += pi[t];
-      l[i] += sum;
-      m[i] = m_new;
-    }
-    for (int64_t t = t0; t < t1; ++t) {
-      for (int64_t kh = 0; kh < K; ++kh) {
-        const T* value = values + (t * K + kh) * H;
-        const float scale = v_scale ? to_float(v_scale[t * K + kh]) : 1.f;
-        for (int64_t g = 0; g < G; ++g) {
-          const float e = p[(kh * G + g) * bs + t] * scale;
-          float* a = acc + (kh * G + g) * H;
-#pragma omp simd
-          for (int64_t h = 0; h < H; ++h) a[h] += e * to_float(value[h]);
-        }
-      }
-    }
+    page_pass<T>(true, q, k_cache + base, in.k_scales ? in.k_scales + base / H : nullptr, s, t0, t1, p, next);
+    for (int64_t i = 0; i < N; ++i) softmax_update(p + i * bs, t0, t1, H, m[i], l[i], acc + i * H);
+    page_pass<T>(false, p, v_cache + base, in.v_scales ? in.v_scales + base / H : nullptr, s, t0, t1, acc, next);
   }
   std::copy(m, m + N, in.m + r * N);
   std::copy(l, l + N, in.l + r * N);
