@@ -90,7 +90,8 @@ def test_ragged_step_matches_float64_reference(rows, window, native):
 
 @pytest.mark.skipif(not native_attention.available(), reason=str(native_attention.unavailable_reason()))
 @pytest.mark.parametrize("window", [None, 40])
-def test_native_decode_reads_bit_stored_bfloat16_pages_like_the_jnp_loop(window):
+@pytest.mark.parametrize("H", [H, 64])  # 64: the kernel's AVX-512 loops, where the CPU has them
+def test_native_decode_reads_bit_stored_bfloat16_pages_like_the_jnp_loop(window, H):
     """A bfloat16 cache on CPU holds uint16 bits (`attention.kv_storage_dtype`): the kernel
     widens them as the jnp loop does, so both give the same partial softmax."""
     rows = [(1, 1), (70, 1), (0, 1), (300, 1), (45, 6)]
@@ -131,7 +132,8 @@ def test_xla_backend_refuses_a_step_without_its_work_plan():
 
 @pytest.mark.skipif(not native_attention.available(), reason=str(native_attention.unavailable_reason()))
 @pytest.mark.parametrize("kind", ["int8", "fp8"])
-def test_native_decode_reads_8bit_pages_like_the_jnp_loop(kind):
+@pytest.mark.parametrize("H", [H, 64])
+def test_native_decode_reads_8bit_pages_like_the_jnp_loop(kind, H):
     """An 8-bit cache (`jaxinfer.kv_quant`): the kernel multiplies each token's scale into its
     score and probability; the jnp loop dequantizes the pages first. Same partial softmax."""
     from jaxinfer import kv_quant

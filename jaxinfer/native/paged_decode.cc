@@ -127,43 +127,44 @@ inline float fast_exp(float x) {
   return y * two_n;
 }
 
+// Calls body(t, i, row, scale) for each token t in [t0, t1) and query head i = kh * G + g, with
+// the token's key or value row of KV head kh and its scale (1 for float caches).
+template <typename T, typename Body>
+void each_token_head(const T* rows, const uint16_t* scales, const Shape& s, int64_t t0, int64_t t1, Body body) {
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t kh = 0; kh < s.K; ++kh) {
+      const T* row = rows + (t * s.K + kh) * s.H;
+      const float scale = scales ? to_float(scales[t * s.K + kh]) : 1.f;
+      for (int64_t g = 0; g < s.G; ++g) body(t, kh * s.G + g, row, scale);
+    }
+  }
+}
+
 // A page's scores, p[i * bs + t] = q_i . k_t (times the key's scale), for every head i = kh * G + g.
 template <typename T>
 void page_scores(const float* q, const T* keys, const uint16_t* k_scale, const Shape& s, int64_t t0, int64_t t1,
                  float* p) {
-  const int64_t K = s.K, G = s.G, H = s.H;
-  for (int64_t t = t0; t < t1; ++t) {
-    for (int64_t kh = 0; kh < K; ++kh) {
-      const T* key = keys + (t * K + kh) * H;
-      const float scale = k_scale ? to_float(k_scale[t * K + kh]) : 1.f;
-      for (int64_t g = 0; g < G; ++g) {
-        const float* qh = q + (kh * G + g) * H;
-        float dot = 0.f;
+  const int64_t H = s.H;
+  each_token_head(keys, k_scale, s, t0, t1, [&](int64_t t, int64_t i, const T* key, float scale) {
+    const float* qh = q + i * H;
+    float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t h = 0; h < H; ++h) dot += qh[h] * to_float(key[h]);
-        p[(kh * G + g) * s.bs + t] = dot * scale;
-      }
-    }
-  }
+    for (int64_t h = 0; h < H; ++h) dot += qh[h] * to_float(key[h]);
+    p[i * s.bs + t] = dot * scale;
+  });
 }
 
 // acc_i += sum_t p[i * bs + t] * v_t (times the value's scale), for every head i = kh * G + g.
 template <typename T>
 void page_values(const float* p, const T* values, const uint16_t* v_scale, const Shape& s, int64_t t0,
                  int64_t t1, float* acc) {
-  const int64_t K = s.K, G = s.G, H = s.H;
-  for (int64_t t = t0; t < t1; ++t) {
-    for (int64_t kh = 0; kh < K; ++kh) {
-      const T* value = values + (t * K + kh) * H;
-      const float scale = v_scale ? to_float(v_scale[t * K + kh]) : 1.f;
-      for (int64_t g = 0; g < G; ++g) {
-        const float e = p[(kh * G + g) * s.bs + t] * scale;
-        float* a = acc + (kh * G + g) * H;
+  const int64_t H = s.H;
+  each_token_head(values, v_scale, s, t0, t1, [&](int64_t t, int64_t i, const T* value, float scale) {
+    const float e = p[i * s.bs + t] * scale;
+    float* a = acc + i * H;
 #pragma omp simd
-        for (int64_t h = 0; h < H; ++h) a[h] += e * to_float(value[h]);
-      }
-    }
-  }
+    for (int64_t h = 0; h < H; ++h) a[h] += e * to_float(value[h]);
+  });
 }
 
 #ifdef __AVX512F__
