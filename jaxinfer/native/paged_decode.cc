@@ -393,36 +393,27 @@ ffi::Error paged_decode_8bit(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi:
                 window, m, l, acc);
 }
 
+// Both targets' bindings: the thread pool, q and the two caches, then (8-bit) the two scale
+// arrays, then the same five int32 inputs and three float32 outputs.
+auto head_binding() {
+  return ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>();
+}
+template <typename Binding>
+auto tail_binding(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::Buffer<ffi::S32>>()  // layer
+      .template Arg<ffi::Buffer<ffi::S32>>()  // tables
+      .template Arg<ffi::Buffer<ffi::S32>>()  // ctx
+      .template Arg<ffi::Buffer<ffi::S32>>()  // q_pos
+      .template Arg<ffi::Buffer<ffi::S32>>()  // window
+      .template Ret<ffi::Buffer<ffi::F32>>()  // m
+      .template Ret<ffi::Buffer<ffi::F32>>()  // l
+      .template Ret<ffi::Buffer<ffi::F32>>();  // acc
+}
+
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxinferPagedDecode, paged_decode,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxinferPagedDecode, paged_decode, tail_binding(head_binding()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxinferPagedDecode8bit, paged_decode_8bit,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::U16>>()
-                                  .Arg<ffi::Buffer<ffi::U16>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                              tail_binding(head_binding().Arg<ffi::Buffer<ffi::U16>>().Arg<ffi::Buffer<ffi::U16>>()));
