@@ -39,6 +39,7 @@ from jaxinfer.attention import AttentionBackend, AttentionMetadata, kv_storage_d
 from jaxinfer.batch import StepInputs
 from jaxinfer.buckets import Bucket
 from jaxinfer.config import ModelConfig
+from jaxinfer.models import cpu_bf16
 from jaxinfer.models.layer_layout import unstack_layers
 from jaxinfer.models.llama import HIDDEN, LlamaForCausalLM, LMHead
 from jaxinfer.sampler import prompt_logprobs, sample
@@ -194,11 +195,13 @@ class ModelRunner:
         self.head = LMHead(cfg, self.dtype, self.dtype)
         self._shardings = shardings
         self._replicated = shardings[2] if shardings else None
-        self.params = params
         self.unroll_max_tokens = default_unroll_max_tokens() if unroll_max_tokens is None else unroll_max_tokens
         self.greedy_fast_path = True  # `greedy_only` steps skip the sampler executable (`execute`)
         # The unrolled layout shares every leaf but the layers' with the stacked tree.
         self.layer_params = unstack_layers(params, cfg.num_hidden_layers) if self.unroll_max_tokens > 0 else None
+        if cpu_bf16.wants_bits(self.dtype, jax.default_backend()):  # the scanned stack's slices stay 16-bit
+            params = {**params, "layers": cpu_bf16.weights_as_bits(params["layers"])}
+        self.params = params
         self.kv_shape = kv_cache_shape(cfg, num_blocks, block_size)
         self.kv_dtype = kv_storage_dtype(self.dtype, jax.default_backend())
         self.k_cache, self.v_cache = self._alloc_cache()

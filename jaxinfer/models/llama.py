@@ -23,7 +23,9 @@ so prefix caching and recompute after preemption need nothing special.
 Precision: ``dtype`` (float32 or bfloat16) is the storage and matmul-operand dtype of
 weights and KV; every matmul accumulates in float32, and the residual stream, norms,
 RoPE, softmax and logits are float32 (bf16 operands with f32 accumulation is also the
-fastest matmul on the CPUs it was measured on).
+fastest matmul on the CPUs it was measured on). On CPU a bfloat16 model's scanned layer
+stack is stored as uint16 bits, its embedding rows gathered as bits and its one-row products
+run as two rows: `jaxinfer.models.cpu_bf16` says why.
 
 Parameter tree (``params`` collection; L stacked on axis 0; logical axis names in
 brackets, mapped to mesh axes in one place by the sharding module):
@@ -53,6 +55,7 @@ import jax.numpy as jnp
 
 from jaxinfer.attention import AttentionBackend, AttentionMetadata, paged_attention
 from jaxinfer.config import ModelConfig
+from jaxinfer.models import cpu_bf16
 from jaxinfer.models.quant import QDenseGeneral, QEmbed
 from jaxinfer.models.rope import apply_rope, layer_rope_tables, select_rope
 from jaxinfer.xla_work_plan import XlaWorkPlan, plan_xla_work
@@ -60,7 +63,8 @@ from jaxinfer.xla_work_plan import XlaWorkPlan, plan_xla_work
 _init = nn.initializers.normal(0.02)
 # Matmul operands in the model dtype (bf16 or f32), accumulation and output in float32:
 # the residual stream, norms, RoPE and softmax stay float32 (bf16 only stores weights/KV).
-_dot_f32 = functools.partial(jax.lax.dot_general, preferred_element_type=jnp.float32)
+# On CPU a one-row product over bfloat16 weights runs as two rows (`cpu_bf16`).
+_dot_f32 = cpu_bf16.dot_general
 
 
 def _part(init, names):
@@ -213,14 +217,19 @@ class LlamaForCausalLM(nn.Module):
     def __call__(self, token_ids, meta: AttentionMetadata, k_cache, v_cache, logits_indices):
         c = self.cfg
         embed = _embedding(c, self.dtype, self.param_dtype)
-        x = embed(token_ids).astype(jnp.float32)
+        if c.quantization == "int8":
+            x = embed(token_ids).astype(jnp.float32)
+        else:  # nn.Embed's own lookup, gathered as bits on CPU (`cpu_bf16.take_rows`)
+            x = cpu_bf16.take_rows(embed.embedding.astype(self.dtype), token_ids).astype(jnp.float32)
         if c.scale_embeddings:
             x = x * jnp.float32(c.hidden_size ** 0.5)
         rope = layer_rope_tables(meta.positions, c)
         plan = plan_xla_work(meta, k_cache.shape[2]) if self.attention.name == "xla" else None  # once per step
         carry = (x, k_cache, v_cache, jnp.int32(0))
         if self.scan_layers:
-            stack = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
+            # bit-stored bfloat16 stacks (`cpu_bf16.weights_as_bits`) read as bfloat16 per layer
+            layer = nn.map_variables(DecoderLayer, "params", cpu_bf16.bits_as_bfloat16, init=self.is_initializing())
+            stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
                             in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
                             metadata_params={nn.PARTITION_NAME: "layers"})
             carry, _ = stack(c, self.attention, self.dtype, self.param_dtype, name="layers")(carry, meta, plan, rope)
@@ -250,7 +259,7 @@ def lm_head_logits(c: ModelConfig, dtype, param_dtype, x, embed: nn.Embed):
         logits = embed.attend(x)
     elif c.tie_word_embeddings:
         table = embed.embedding.astype(dtype)
-        logits = jnp.einsum("rd,vd->rv", x.astype(dtype), table, preferred_element_type=jnp.float32)
+        logits = cpu_bf16.tied_logits(x.astype(dtype), table)
     else:
         logits = _dense(c, dtype, param_dtype, c.vocab_size, ("embed", "vocab"), "lm_head")(x)
     logits = logits.astype(jnp.float32)

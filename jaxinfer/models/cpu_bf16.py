@@ -1,0 +1,93 @@
+"""bfloat16 weights on XLA:CPU: bit-stored layer stacks and the one-row product.
+
+Owns two work-arounds for XLA:CPU (jax 0.10.2) behaviours that made a bfloat16 model
+slower than float32 on CPU although bfloat16 operands with float32 accumulation are
+XLA:CPU's fastest matmul from 8 rows up (YNNPACK; numbers in
+``benchmarks/results/2026-12-02-cpu2-bf16/README.md``):
+
+1. **Sliced stacks.** ``nn.scan`` slices each layer's weights out of the stacked
+   ``[L, ...]`` arrays with a dynamic-slice, and XLA:CPU computes a bfloat16
+   dynamic-slice in float32: the compiled step converted the *whole* stack to float32 on
+   every call (a 30-layer MLP at 32 rows: ~130 ms against ~30 ms). Stored as ``uint16``
+   bits (`weights_as_bits`), the slice stays 16-bit, and `bits_as_bfloat16` reinterprets
+   the one layer's slice inside the scan body (a bitcast: no conversion, no copy). The
+   KV cache is bit-stored on CPU for the same reason (`jaxinfer.attention.BF16_BITS`).
+2. **Gathered tables.** A gather from a bfloat16 table is computed in float32 too: the
+   embedding lookup converted the whole ``[V, D]`` table (113 MB of float32 for SmolLM2)
+   on every step. `take_rows` gathers the rows as bits.
+3. **One-row products.** A bfloat16 x bfloat16 dot whose left operand has one row takes a
+   slow XLA:CPU path (~100 ms for that MLP at 1 row, float32 ~16 ms); from two rows up it
+   is YNNPACK's. `dot_general` and `tied_logits` give a one-row product a second row of
+   zeros and keep the first row of the result. (A float32 multiply-and-sum instead was
+   split by XLA:CPU into a weight-sized float32 product written out, then its sum.)
+
+Neither changes what is computed beyond float32 summation order: operands are the same
+bfloat16 values, products and sums float32, as in ``lax.dot_general`` with
+``preferred_element_type=float32``.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+BITS = jnp.uint16  # the storage dtype of a bit-stored bfloat16 array (same as the KV cache's)
+
+
+def wants_bits(dtype, platform: str) -> bool:
+    """Whether a model of ``dtype`` on JAX ``platform`` stores its layer stack as bits."""
+    return jnp.dtype(dtype) == jnp.bfloat16 and platform == "cpu"
+
+
+def weights_as_bits(tree):
+    """``tree`` with every bfloat16 leaf reinterpreted as `BITS` (same shape and bytes)."""
+    return jax.tree.map(lambda x: jax.lax.bitcast_convert_type(x, BITS) if x.dtype == jnp.bfloat16 else x, tree)
+
+
+def bits_as_bfloat16(tree):
+    """Inverse of `weights_as_bits`: `BITS` leaves read as bfloat16, other leaves as they are.
+    The ``trans_in_fn`` of the ``nn.map_variables`` around the scanned layer."""
+    return jax.tree.map(lambda x: jax.lax.bitcast_convert_type(x, jnp.bfloat16) if x.dtype == BITS else x, tree)
+
+
+def take_rows(table, ids):
+    """``table[ids]`` (``[V, D]`` rows at int32 ``ids [T]`` -> ``[T, D]``, ``table``'s dtype),
+    gathered as bits when ``table`` is bfloat16 on CPU (module docstring, item 2)."""
+    if table.dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
+        rows = jnp.take(jax.lax.bitcast_convert_type(table, BITS), ids, axis=0)
+        return jax.lax.bitcast_convert_type(rows, jnp.bfloat16)
+    return jnp.take(table, ids, axis=0)
+
+
+def _one_row_on_cpu(lhs, rhs, n_contract: int) -> bool:
+    rows = math.prod(lhs.shape[:lhs.ndim - n_contract])
+    return rows == 1 and rhs.dtype == jnp.bfloat16 and jax.default_backend() == "cpu"
+
+
+def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=jnp.float32):
+    """``lax.dot_general`` with float32 accumulation; on CPU a one-row product over
+    bfloat16 weights runs as two rows (module docstring, item 3).
+
+    The one-row form covers the layout `flax.linen.DenseGeneral` passes: ``lhs [1, *C]``
+    contracting its trailing axes with ``rhs``, no batch axes; the result is the first row
+    of the two-row product, ``[1, *F]``. Every other call is ``lax.dot_general`` as given.
+    """
+    (lhs_c, _), (lhs_b, _) = dimension_numbers
+    dot = functools.partial(jax.lax.dot_general, dimension_numbers=dimension_numbers, precision=precision,
+                            preferred_element_type=preferred_element_type)
+    one_row = (lhs.ndim >= 2 and lhs.shape[0] == 1 and not lhs_b and 0 not in lhs_c
+               and _one_row_on_cpu(lhs, rhs, len(lhs_c)))
+    if not one_row:
+        return dot(lhs, rhs)
+    return dot(jnp.concatenate([lhs, jnp.zeros_like(lhs)]), rhs)[:1]
+
+
+def tied_logits(x, table):
+    """Logits ``[R, V]`` float32 of hidden states ``x [R, D]`` against a tied embedding
+    ``table [V, D]`` (``einsum("rd,vd->rv")``), as two rows when ``R == 1`` and the table
+    is bfloat16 on CPU (module docstring, item 3)."""
+    if _one_row_on_cpu(x, table, 1):
+        return tied_logits(jnp.concatenate([x, jnp.zeros_like(x)]), table)[:1]
+    return jnp.einsum("rd,vd->rv", x, table, preferred_element_type=jnp.float32)
