@@ -124,7 +124,8 @@ SERVER_DEFAULT_MAX_NUM_SEQS = SchedulerConfig().max_num_seqs
 def jaxinfer_command(system: str, port: int, a, scen: Scenario) -> list[str]:
     """``server.py`` for one scenario: server defaults plus what the scenario needs (module docstring)."""
     queue_len, queue_wait = queue_limits(scen, a)
-    script = a.before_server_script if system == "jaxinfer-before" else a.server_script
+    before = system == "jaxinfer-before"
+    script = (a.before_server_script or a.server_script) if before else a.server_script
     cmd = [sys.executable, str(script), "--port", str(port), "--model", a.model,
            "--max-model-len", str(a.max_model_len), "--no-prefix-caching",
            "--max-queue-len", str(queue_len), "--max-queue-wait", str(queue_wait),
@@ -145,7 +146,7 @@ def jaxinfer_command(system: str, port: int, a, scen: Scenario) -> list[str]:
         cmd += ["--scheduling-policy", "priority"]
     if a.max_num_batched_tokens:
         cmd += ["--max-num-batched-tokens", str(a.max_num_batched_tokens)]
-    return cmd + shlex.split(a.jaxinfer_args)
+    return cmd + shlex.split(a.jaxinfer_args) + (shlex.split(a.before_jaxinfer_args) if before else [])
 
 
 def server_command(system: str, port: int, a, scen: Scenario) -> list[str]:
@@ -187,7 +188,8 @@ def system_info(system: str, cmd: list[str]) -> dict:
                   "dtype": "float16 weights (F16 GGUF of the same GGUF checkpoint jaxinfer converts), float16 KV",
                   "batching": "continuous (-np slots)", "request_extra": llamacpp_peer.REQUEST_EXTRA}
     else:
-        engine = {"backend": "jaxinfer (attention: server default, pallas on GPU / xla otherwise)", "dtype": "float32",
+        dtype = cmd[cmd.index("--dtype") + 1] if "--dtype" in cmd else "auto (server default: float32 on CPU)"
+        engine = {"backend": "jaxinfer (attention: server default, pallas on GPU / xla otherwise)", "dtype": dtype,
                   "batching": "static" if system == "jaxinfer-static" else "continuous"}
     if system == "jaxinfer-before":
         engine["git"] = metadata.git_commit(Path(cmd[1]).resolve().parent)  # the earlier checkout's commit
@@ -257,6 +259,9 @@ def parse_args(argv=None):
     p.add_argument("--before-server-script", type=Path, default=None,
                    help="server.py of an earlier checkout (e.g. a git worktree): runs as system jaxinfer-before, "
                         "same flags, for a before/after comparison in one run")
+    p.add_argument("--before-jaxinfer-args", default="",
+                   help="extra server.py flags for jaxinfer-before only; with no --before-server-script it runs "
+                        "this checkout's server.py (e.g. '--dtype bfloat16' against the default in one run)")
     p.add_argument("--out", default=None, help="default benchmarks/results/<date>-<device>")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: clients / 8, 8 requests (single: 2), 64/16 and 32/16 tokens")
@@ -340,7 +345,7 @@ def main(argv=None) -> dict:
         per_system, labels = {}, []
         for system in systems:
             if (system == "llamacpp" and a.llamacpp is None) or (
-                    system == "jaxinfer-before" and a.before_server_script is None):
+                    system == "jaxinfer-before" and a.before_server_script is None and not a.before_jaxinfer_args):
                 continue
             per_system[system], label = run_one(system, scen, a, out)
             labels.append((system, label))

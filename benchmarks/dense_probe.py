@@ -31,13 +31,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer.bench.metadata import git_commit
+from jaxinfer.models import cpu_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUTS = ("scan", "scan_fused", "unrolled", "unrolled_fused")
 
 
-def _dot(x, w):
-    return jax.lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+def _dot(x, w):  # the model's product (`cpu_bf16.dot_general`: one-row bfloat16 products as two rows on CPU)
+    return cpu_bf16.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())))
 
 
 def _norm(x, eps=1e-5):
@@ -91,8 +92,9 @@ def make_forward(cfg, layout: str, dtype):
             for lw in w["layers"]:
                 x = _layer(x, lw, NH, F, dtype)
         else:
-            stacked = {k: v for k, v in w.items() if k != "lm_head"}
-            x, _ = jax.lax.scan(lambda c, lw: (_layer(c, lw, NH, F, dtype), None), x, stacked)
+            stacked = {k: v for k, v in w.items() if k != "lm_head"}  # bit-stored bfloat16 on CPU, as the model
+            x, _ = jax.lax.scan(lambda c, lw: (_layer(c, cpu_bf16.bits_as_bfloat16(lw), NH, F, dtype), None), x,
+                                stacked)
         return _dot(_norm(x).astype(dtype), w["lm_head"])
 
     return jax.jit(forward)
@@ -101,6 +103,8 @@ def make_forward(cfg, layout: str, dtype):
 def probe_ms(cfg, layout: str, rows: int, dtype, reps: int = 5) -> float:
     """Best-of-``reps`` milliseconds of the dense forward at ``rows`` tokens."""
     w = make_weights(cfg, layout, dtype)
+    if layout.startswith("scan") and cpu_bf16.wants_bits(dtype, jax.default_backend()):
+        w = {k: v if k == "lm_head" else cpu_bf16.weights_as_bits(v) for k, v in w.items()}
     f = make_forward(cfg, layout, dtype)
     x = jnp.asarray(np.random.RandomState(1).standard_normal((rows, cfg.hidden_size)).astype(np.float32))
     jax.block_until_ready(f(w, x))
