@@ -1,8 +1,8 @@
-"""bfloat16 weights on XLA:CPU: bit-stored layer stacks and the one-row product.
+"""bfloat16 weights on XLA:CPU: bit-stored layer stacks, bit gathers and the one-row product.
 
-Owns two work-arounds for XLA:CPU (jax 0.10.2) behaviours that made a bfloat16 model
+Owns three work-arounds for XLA:CPU (jax 0.10.2) behaviours that made a bfloat16 model
 slower than float32 on CPU although bfloat16 operands with float32 accumulation are
-XLA:CPU's fastest matmul from 8 rows up (YNNPACK; numbers in
+XLA:CPU's fastest matmul from two rows up (YNNPACK; numbers in
 ``benchmarks/results/2026-12-02-cpu2-bf16/README.md``):
 
 1. **Sliced stacks.** ``nn.scan`` slices each layer's weights out of the stacked
@@ -21,7 +21,7 @@ XLA:CPU's fastest matmul from 8 rows up (YNNPACK; numbers in
    zeros and keep the first row of the result. (A float32 multiply-and-sum instead was
    split by XLA:CPU into a weight-sized float32 product written out, then its sum.)
 
-Neither changes what is computed beyond float32 summation order: operands are the same
+None changes what is computed beyond float32 summation order: operands are the same
 bfloat16 values, products and sums float32, as in ``lax.dot_general`` with
 ``preferred_element_type=float32``.
 """
@@ -33,7 +33,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-BITS = jnp.uint16  # the storage dtype of a bit-stored bfloat16 array (same as the KV cache's)
+from jaxinfer.attention import BF16_BITS as BITS  # the storage dtype of bit-stored bfloat16 (as the KV cache)
 
 
 def wants_bits(dtype, platform: str) -> bool:
