@@ -34,11 +34,13 @@ import jax
 import jax.numpy as jnp
 
 from jaxinfer.attention import BF16_BITS as BITS  # the storage dtype of bit-stored bfloat16 (as the KV cache)
+from jaxinfer.attention import kv_storage_dtype, kv_values
 
 
 def wants_bits(dtype, platform: str) -> bool:
-    """Whether a model of ``dtype`` on JAX ``platform`` stores its layer stack as bits."""
-    return jnp.dtype(dtype) == jnp.bfloat16 and platform == "cpu"
+    """Whether a model of ``dtype`` on JAX ``platform`` stores its layer stack as bits: the
+    KV cache's rule (`jaxinfer.attention.kv_storage_dtype`)."""
+    return kv_storage_dtype(dtype, platform) == BITS
 
 
 def weights_as_bits(tree):
@@ -47,17 +49,16 @@ def weights_as_bits(tree):
 
 
 def bits_as_bfloat16(tree):
-    """Inverse of `weights_as_bits`: `BITS` leaves read as bfloat16, other leaves as they are.
-    The ``trans_in_fn`` of the ``nn.map_variables`` around the scanned layer."""
-    return jax.tree.map(lambda x: jax.lax.bitcast_convert_type(x, jnp.bfloat16) if x.dtype == BITS else x, tree)
+    """Inverse of `weights_as_bits`: `BITS` leaves read as bfloat16 (`jaxinfer.attention.kv_values`),
+    other leaves as they are. The ``trans_in_fn`` of the ``nn.map_variables`` around the scanned layer."""
+    return jax.tree.map(kv_values, tree)
 
 
 def take_rows(table, ids):
     """``table[ids]`` (``[V, D]`` rows at int32 ``ids [T]`` -> ``[T, D]``, ``table``'s dtype),
     gathered as bits when ``table`` is bfloat16 on CPU (module docstring, item 2)."""
-    if table.dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
-        rows = jnp.take(jax.lax.bitcast_convert_type(table, BITS), ids, axis=0)
-        return jax.lax.bitcast_convert_type(rows, jnp.bfloat16)
+    if wants_bits(table.dtype, jax.default_backend()):
+        return kv_values(jnp.take(weights_as_bits(table), ids, axis=0))
     return jnp.take(table, ids, axis=0)
 
 
@@ -77,8 +78,7 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     (lhs_c, _), (lhs_b, _) = dimension_numbers
     dot = functools.partial(jax.lax.dot_general, dimension_numbers=dimension_numbers, precision=precision,
                             preferred_element_type=preferred_element_type)
-    one_row = (lhs.ndim >= 2 and lhs.shape[0] == 1 and not lhs_b and 0 not in lhs_c
-               and _one_row_on_cpu(lhs, rhs, len(lhs_c)))
+    one_row = not lhs_b and 0 not in lhs_c and _one_row_on_cpu(lhs, rhs, len(lhs_c))
     if not one_row:
         return dot(lhs, rhs)
     return dot(jnp.concatenate([lhs, jnp.zeros_like(lhs)]), rhs)[:1]
