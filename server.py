@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "such as gemma3-270m) answer chat requests with 400 (default: the tokenizer's); repeatable, paired with --model "
                        "by position")
     model.add_argument("--dtype", default="auto", choices=DTYPES,
-                       help="weights, activations and KV cache; auto: bfloat16 on GPU/TPU, float32 on CPU")
+                       help="weights, activations and KV cache; auto: bfloat16 on GPU/TPU and on CPUs with AVX-512 BF16 or AMX, else float32")
     model.add_argument("--quantization", default=None, choices=["int8"],
                        help="int8: weights quantized to int8 with group scales (one per 64 inputs) as they load "
                        "(docs/quantization.md; default: none)")

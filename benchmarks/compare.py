@@ -111,7 +111,7 @@ device_label, gpu_info, cpu_busy_fraction = (machine_info.device_label, machine_
 
 from jaxinfer.bench import load, metadata, report  # noqa: E402
 from jaxinfer.bench.serve import run_benchmark  # noqa: E402
-from jaxinfer.config import ModelConfig, SchedulerConfig  # noqa: E402
+from jaxinfer.config import ModelConfig, SchedulerConfig, auto_dtype  # noqa: E402
 
 ROOT = HERE.parent
 TARGET_NUM_REQUESTS = 128
@@ -188,7 +188,8 @@ def system_info(system: str, cmd: list[str]) -> dict:
                   "dtype": "float16 weights (F16 GGUF of the same GGUF checkpoint jaxinfer converts), float16 KV",
                   "batching": "continuous (-np slots)", "request_extra": llamacpp_peer.REQUEST_EXTRA}
     else:
-        dtype = cmd[cmd.index("--dtype") + 1] if "--dtype" in cmd else "auto (server default: float32 on CPU)"
+        rule = "the earlier checkout's rule" if system == "jaxinfer-before" else f"on this CPU: {auto_dtype('cpu')}"
+        dtype = cmd[cmd.index("--dtype") + 1] if "--dtype" in cmd else f"auto ({rule})"
         engine = {"backend": "jaxinfer (attention: server default, pallas on GPU / xla otherwise)", "dtype": dtype,
                   "batching": "static" if system == "jaxinfer-static" else "continuous"}
     if system == "jaxinfer-before":

@@ -52,7 +52,7 @@ XLA_WORKSPACE_BYTES = 256 << 20  # compiler scratch, cuBLAS/cuDNN workspaces: a 
 
 def resolve_dtype(dtype: str) -> str:
     """``"auto"`` -> `jaxinfer.config.auto_dtype` of the first device's platform (logged:
-    ``dtype auto -> float32 (cpu)``); ``"float32"`` / ``"bfloat16"`` unchanged.
+    ``dtype auto -> bfloat16 (cpu)``); ``"float32"`` / ``"bfloat16"`` unchanged.
 
     Call it after ``jax.distributed`` is initialised (it asks JAX for its devices).
     """

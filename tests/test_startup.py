@@ -13,11 +13,12 @@ import pytest
 from api_helpers import fake_engine
 from api_helpers import tokenizer as api_tokenizer
 from helpers import tiny_config
-from jaxinfer import LLM, SamplingParams
+from jaxinfer import LLM, SamplingParams, config
 from jaxinfer import llm as llm_mod
 from jaxinfer.builder import (cpu_default_kv_bytes, kv_pool_budget, load_model, max_concurrency_at_full_length,
                               resolve_dtype)
-from jaxinfer.config import CacheConfig, EngineConfig, auto_dtype
+from jaxinfer.config import CPU_DTYPE_ENV_VAR, CacheConfig, EngineConfig, auto_dtype
+from jaxinfer.cpu_features import cpu_flags, has_native_bf16
 from jaxinfer.params import init_params
 from jaxinfer.warmup_progress import WarmupProgress
 
@@ -35,16 +36,50 @@ def tiny(**kw) -> LLM:
 
 
 # ----- dtype auto -------------------------------------------------------------------------
-def test_auto_dtype_per_platform():
-    assert [auto_dtype(p) for p in ("cpu", "gpu", "tpu")] == ["float32", "bfloat16", "bfloat16"]
+def test_auto_dtype_per_platform(monkeypatch):
+    monkeypatch.delenv(CPU_DTYPE_ENV_VAR, raising=False)
+    cpu = "bfloat16" if has_native_bf16() else "float32"
+    assert [auto_dtype(p) for p in ("cpu", "gpu", "tpu")] == [cpu, "bfloat16", "bfloat16"]
     assert resolve_dtype("bfloat16") == "bfloat16" and resolve_dtype("float32") == "float32"
 
 
-def test_llm_dtype_auto_is_float32_on_cpu_and_logged(caplog):
+def test_auto_dtype_on_cpu_follows_the_bf16_dot_instruction(monkeypatch):
+    monkeypatch.delenv(CPU_DTYPE_ENV_VAR, raising=False)
+    for native, want in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(config, "has_native_bf16", lambda native=native: native)
+        assert auto_dtype("cpu") == want and auto_dtype("gpu") == "bfloat16"
+
+
+def test_cpu_dtype_variable_overrides_auto_and_is_checked(monkeypatch):
+    monkeypatch.setattr(config, "has_native_bf16", lambda: True)
+    monkeypatch.setenv(CPU_DTYPE_ENV_VAR, "float32")
+    assert auto_dtype("cpu") == "float32" and auto_dtype("gpu") == "bfloat16"
+    monkeypatch.setenv(CPU_DTYPE_ENV_VAR, "float16")
+    with pytest.raises(ValueError, match="JAXINFER_CPU_DTYPE must be float32 or bfloat16"):
+        auto_dtype("cpu")
+
+
+def test_cpu_flags_from_cpuinfo(tmp_path):
+    zen4 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n"
+    assert cpu_flags(zen4) >= {"avx512_bf16", "avx2"} and cpu_flags("processor\t: 0\n") == frozenset()
+    older = tmp_path / "older"
+    older.write_text(zen4.replace(" avx512_bf16", ""))
+    newer = tmp_path / "newer"
+    newer.write_text(zen4)
+    amx = tmp_path / "amx"
+    amx.write_text(zen4.replace("avx512_bf16", "amx_bf16 amx_tile"))
+    assert [has_native_bf16(str(p)) for p in (older, newer, amx, tmp_path / "missing")] == [False, True, True, False]
+
+
+def test_llm_dtype_auto_is_resolved_and_logged(caplog, monkeypatch):
     caplog.set_level(logging.INFO, logger="jaxinfer")
+    monkeypatch.setenv(CPU_DTYPE_ENV_VAR, "float32")
     llm = tiny()
     assert llm.engine.config.dtype == "float32" and llm.engine.runner.dtype.name == "float32"
     assert "dtype auto -> float32 (cpu)" in caplog.text
+    monkeypatch.setenv(CPU_DTYPE_ENV_VAR, "bfloat16")
+    assert tiny().engine.runner.dtype.name == "bfloat16"
+    assert "dtype auto -> bfloat16 (cpu)" in caplog.text
     assert tiny(dtype="bfloat16").engine.runner.dtype.name == "bfloat16"  # explicit still honoured
     with pytest.raises(ValueError, match="dtype must be one of"):
         tiny(dtype="float16")
