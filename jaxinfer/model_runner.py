@@ -154,6 +154,16 @@ def use_native_decode(backend: str, shardings, cfg: ModelConfig, block_size: int
             and native_attention.available())
 
 
+def use_native_products(dtype, shardings, cfg: ModelConfig) -> bool:
+    """Whether products of one or two rows run in the C++ loops of `jaxinfer.native_gemv`
+    (a lone stream's decode step): bfloat16 unquantized weights on CPU, one device (a custom
+    call has no sharding rule), and the loops built."""
+    from jaxinfer import native_gemv
+
+    return (jnp.dtype(dtype) == jnp.bfloat16 and cfg.quantization is None and jax.default_backend() == "cpu"
+            and shardings is None and native_gemv.available())
+
+
 class ModelRunner:
     """Runs bucketed steps of one model over its paged KV cache.
 
@@ -163,7 +173,8 @@ class ModelRunner:
       num_blocks, block_size: KV pool geometry.
       dtype: compute/storage dtype name ("float32" | "bfloat16").
       backend: "xla" or "pallas" ("xla" on one CPU device also uses the C++ decode kernel,
-        `use_native_decode`).
+        `use_native_decode`; a bfloat16 model on one CPU device runs its one- and two-row
+        products in C++ loops, `use_native_products`).
       max_logprobs: N of the top-N logprobs the step returns.
       return_logits: also return the [R, V] logits (tests/debugging).
       shardings: optional (param shardings, kv sharding, replicated) for a mesh.
@@ -186,7 +197,8 @@ class ModelRunner:
         attention = AttentionBackend(backend, interpret=backend == "pallas" and jax.default_backend() == "cpu",
                                      mesh=shardings[1].mesh if shardings else None,  # the KV cache's mesh
                                      native_decode=use_native_decode(backend, shardings, cfg, block_size))
-        self.model = LlamaForCausalLM(cfg, attention, self.dtype, self.dtype)
+        self.native_products = use_native_products(self.dtype, shardings, cfg)
+        self.model = LlamaForCausalLM(cfg, attention, self.dtype, self.dtype, native_products=self.native_products)
         self.kv_cache_dtype = kv_cache_dtype
         if shardings is not None and kv_cache_dtype != "auto":  # scales [L, NB, bs, K] split like the values
             kv = shardings[1]
@@ -214,7 +226,8 @@ class ModelRunner:
         rep = shardings[2] if shardings else None
         out = {} if shardings is None else {"out_shardings": (rep, rep, shardings[1], shardings[1], rep)}
         self._jitted = jax.jit(functools.partial(self._model_step, self.model), donate_argnums=(1, 2), **out)
-        unrolled = LlamaForCausalLM(cfg, attention, self.dtype, self.dtype, scan_layers=False)
+        unrolled = LlamaForCausalLM(cfg, attention, self.dtype, self.dtype, scan_layers=False,
+                                    native_products=self.native_products)
         self._jitted_unrolled = jax.jit(functools.partial(self._model_step, unrolled), donate_argnums=(1, 2), **out)
         self._jitted_head = jax.jit(self._prompt_step, **({} if shardings is None else {"out_shardings": shardings[2]}))
 

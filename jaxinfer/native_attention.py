@@ -8,39 +8,29 @@ transpose, tiny batched dots); at 32 rows and a context of ~640 that was ~270 ms
 key and value row of the context once from its page and returns the same partial softmax
 (max, sum, weighted values) as B1, so the rest of the path is unchanged.
 
-The source is compiled on first use with the machine's C++ compiler (``$CXX``, else
-``g++``/``c++``/``clang++``) against the XLA FFI headers that jaxlib ships
-(`jax.ffi.include_dir`), ``-O3 -march=native``, into
-``~/.cache/jaxinfer/native/paged_decode-<hash>.so`` (``$JAXINFER_NATIVE_DIR`` overrides the
-folder); the hash covers the source, the flags, jaxlib's version and the CPU's feature flags.
+The source is compiled on first use by `jaxinfer.native_build` (the machine's C++ compiler,
+cached in ``~/.cache/jaxinfer/native/paged_decode-<hash>.so``).
 The executable keeps only the target's name, so JAX's persistent compilation cache still
 works. With no compiler, or ``JAXINFER_NATIVE_DECODE=0``, `available` says why and the
 XLA path runs as before.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
-import hashlib
 import logging
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
+from jaxinfer import native_build
 from jaxinfer.kv_quant import QuantKV
 
 logger = logging.getLogger(__name__)
 
 TARGET = "jaxinfer_paged_decode"  # float32 / bfloat16-bit caches
 TARGET_8BIT = "jaxinfer_paged_decode_8bit"  # int8 / fp8 caches with per-token scales (`jaxinfer.kv_quant`)
-SOURCE = Path(__file__).parent / "native" / "paged_decode.cc"
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp-simd", "-shared", "-fPIC", "-std=c++17", "-w")
+SOURCE = native_build.NATIVE_DIR / "paged_decode.cc"
 ENV_SWITCH = "JAXINFER_NATIVE_DECODE"  # "0" turns the kernel off (the XLA path's B1 runs)
 # The kernel's per-thread buffers (kMaxHeads, kMaxHeadDim, kMaxBlockSize in paged_decode.cc).
 MAX_QUERY_HEADS, MAX_HEAD_DIM, MAX_BLOCK_SIZE = 64, 256, 256
@@ -51,63 +41,16 @@ def supports(num_query_heads: int, head_dim: int, block_size: int) -> bool:
     return num_query_heads <= MAX_QUERY_HEADS and head_dim <= MAX_HEAD_DIM and block_size <= MAX_BLOCK_SIZE
 
 
-def _compiler() -> str | None:
-    cxx = os.environ.get("CXX")
-    if cxx:
-        return shutil.which(cxx)
-    return next((p for p in map(shutil.which, ("g++", "c++", "clang++")) if p), None)
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def _library_path(cxx: str) -> Path:
-    key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), cxx.encode(), jax.__version__.encode(),
-                 _cpu_flags().encode()):
-        key.update(part)
-    folder = Path(os.environ.get("JAXINFER_NATIVE_DIR", Path.home() / ".cache" / "jaxinfer" / "native"))
-    return folder / f"paged_decode-{key.hexdigest()[:16]}.so"
-
-
-def _build(cxx: str, out: Path) -> None:
-    """Compile to a temporary name and rename, so concurrent builders never see half a file.
-
-    Raises:
-      RuntimeError: the compiler failed (its stderr is in the message).
-    """
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    os.close(fd)
-    cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", tmp]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        os.unlink(tmp)
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
-    os.replace(tmp, out)
-
-
 @functools.cache
 def _load() -> str | None:
     """Build (once per machine), load and register the kernel; returns None, or why not."""
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return f"{ENV_SWITCH}=0"
-    cxx = _compiler()
+    cxx = native_build.compiler()
     if cxx is None:
         return "no C++ compiler found ($CXX, g++, c++, clang++)"
-    path = _library_path(cxx)
     try:
-        if not path.exists():
-            logger.info("building the CPU decode-attention kernel: %s", path)
-            _build(cxx, path)
-        lib = ctypes.cdll.LoadLibrary(str(path))
+        lib = native_build.load(SOURCE, cxx, "CPU decode-attention kernel", logger)
         jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.JaxinferPagedDecode), platform="cpu")
         jax.ffi.register_ffi_target(TARGET_8BIT, jax.ffi.pycapsule(lib.JaxinferPagedDecode8bit), platform="cpu")
     except (OSError, RuntimeError) as err:

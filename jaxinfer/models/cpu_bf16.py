@@ -20,6 +20,10 @@ XLA:CPU's fastest matmul from two rows up (YNNPACK; numbers in
    is YNNPACK's. `dot_general` and `tied_logits` give a one-row product a second row of
    zeros and keep the first row of the result. (A float32 multiply-and-sum instead was
    split by XLA:CPU into a weight-sized float32 product written out, then its sum.)
+   That two-row form still reads the weights at only ~7 GB/s. With ``native=True`` (the
+   runner passes it for a model on one CPU device, `jaxinfer.native_gemv.available`),
+   products of one or two rows run the C++ loops of `jaxinfer.native_gemv` instead, which
+   read each weight once.
 
 None changes what is computed beyond float32 summation order: operands are the same
 bfloat16 values, products and sums float32, as in ``lax.dot_general`` with
@@ -33,6 +37,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from jaxinfer import native_gemv
 from jaxinfer.attention import BF16_BITS as BITS  # the storage dtype of bit-stored bfloat16 (as the KV cache)
 from jaxinfer.attention import kv_storage_dtype, kv_values
 
@@ -62,32 +67,52 @@ def take_rows(table, ids):
     return jnp.take(table, ids, axis=0)
 
 
+def _rows(lhs, n_contract: int) -> int:
+    return math.prod(lhs.shape[:lhs.ndim - n_contract])
+
+
 def _one_row_on_cpu(lhs, rhs, n_contract: int) -> bool:
-    rows = math.prod(lhs.shape[:lhs.ndim - n_contract])
-    return rows == 1 and rhs.dtype == jnp.bfloat16 and jax.default_backend() == "cpu"
+    return _rows(lhs, n_contract) == 1 and rhs.dtype == jnp.bfloat16 and jax.default_backend() == "cpu"
 
 
-def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=jnp.float32):
-    """``lax.dot_general`` with float32 accumulation; on CPU a one-row product over
-    bfloat16 weights runs as two rows (module docstring, item 3).
+def _native_rows(lhs, rhs, n_contract: int, native: bool) -> bool:
+    """Whether the C++ loops take this product: asked for, bfloat16 weights, at most
+    `jaxinfer.native_gemv.MAX_ROWS` rows."""
+    return (native and rhs.dtype == jnp.bfloat16 and _rows(lhs, n_contract) <= native_gemv.MAX_ROWS
+            and jax.default_backend() == "cpu")
 
-    The one-row form covers the layout `flax.linen.DenseGeneral` passes: ``lhs [1, *C]``
-    contracting its trailing axes with ``rhs``, no batch axes; the result is the first row
-    of the two-row product, ``[1, *F]``. Every other call is ``lax.dot_general`` as given.
+
+def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=jnp.float32,
+                native: bool = False):
+    """``lax.dot_general`` with float32 accumulation; on CPU a product of few rows over
+    bfloat16 weights runs in `jaxinfer.native_gemv` when ``native``, else a one-row product
+    runs as two rows (module docstring, item 3).
+
+    Both forms cover the layout `flax.linen.DenseGeneral` passes: ``lhs [*B, *C]``
+    contracting its trailing axes ``C`` with the leading axes of ``rhs [*C, *F]``, no batch
+    axes; the result is ``[*B, *F]``. Every other call is ``lax.dot_general`` as given.
     """
-    (lhs_c, _), (lhs_b, _) = dimension_numbers
+    (lhs_c, rhs_c), (lhs_b, _) = dimension_numbers
     dot = functools.partial(jax.lax.dot_general, dimension_numbers=dimension_numbers, precision=precision,
                             preferred_element_type=preferred_element_type)
-    one_row = not lhs_b and 0 not in lhs_c and _one_row_on_cpu(lhs, rhs, len(lhs_c))
-    if not one_row:
+    n = len(lhs_c)
+    dense_layout = (not lhs_b and tuple(lhs_c) == tuple(range(lhs.ndim - n, lhs.ndim))
+                    and tuple(rhs_c) == tuple(range(n)))
+    if dense_layout and _native_rows(lhs, rhs, n, native):
+        k = math.prod(rhs.shape[:n])
+        y = native_gemv.matmul_kn(lhs.reshape(-1, k), rhs.reshape(k, -1))
+        return y.reshape(*lhs.shape[:lhs.ndim - n], *rhs.shape[n:]).astype(preferred_element_type or y.dtype)
+    if not (dense_layout and _one_row_on_cpu(lhs, rhs, n)):
         return dot(lhs, rhs)
     return dot(jnp.concatenate([lhs, jnp.zeros_like(lhs)]), rhs)[:1]
 
 
-def tied_logits(x, table):
+def tied_logits(x, table, native: bool = False):
     """Logits ``[R, V]`` float32 of hidden states ``x [R, D]`` against a tied embedding
-    ``table [V, D]`` (``einsum("rd,vd->rv")``), as two rows when ``R == 1`` and the table
-    is bfloat16 on CPU (module docstring, item 3)."""
+    ``table [V, D]`` (``einsum("rd,vd->rv")``); with bfloat16 on CPU, few rows run in
+    `jaxinfer.native_gemv` when ``native``, else one row as two (module docstring, item 3)."""
+    if _native_rows(x, table, 1, native):
+        return native_gemv.matmul_nk(x, table)
     if _one_row_on_cpu(x, table, 1):
         return tied_logits(jnp.concatenate([x, jnp.zeros_like(x)]), table)[:1]
     return jnp.einsum("rd,vd->rv", x, table, preferred_element_type=jnp.float32)

@@ -65,6 +65,7 @@ _init = nn.initializers.normal(0.02)
 # the residual stream, norms, RoPE and softmax stay float32 (bf16 only stores weights/KV).
 # On CPU a one-row product over bfloat16 weights runs as two rows (`cpu_bf16`).
 _dot_f32 = cpu_bf16.dot_general
+_dot_f32_native = functools.partial(cpu_bf16.dot_general, native=True)  # few rows: `jaxinfer.native_gemv`
 
 
 def _part(init, names):
@@ -94,16 +95,18 @@ class RMSNorm(nn.Module):
         return y * (self.offset + scale.astype(jnp.float32))
 
 
-def _dense(cfg: ModelConfig, dtype, param_dtype, features, names: tuple[str, ...], name: str, n_in: int = 1):
+def _dense(cfg: ModelConfig, dtype, param_dtype, features, names: tuple[str, ...], name: str, n_in: int = 1,
+           native: bool = False):
     """A bias-free projection contracting the input's last ``n_in`` axes into ``features``
     (kernel logical axes ``names``): float ``nn.DenseGeneral``, or `QDenseGeneral` (int8
-    kernel + group scales) when ``cfg.quantization`` is "int8"."""
+    kernel + group scales) when ``cfg.quantization`` is "int8". ``native``: products of one
+    or two rows over bfloat16 weights run in `jaxinfer.native_gemv` (`cpu_bf16.dot_general`)."""
     feats = features if isinstance(features, tuple) else (features,)
     if cfg.quantization == "int8":
         return QDenseGeneral(feats, n_in, names, dtype, name=name)
     axis = tuple(range(-n_in, 0)) if n_in > 1 else -1
     return nn.DenseGeneral(features, axis=axis, use_bias=False, dtype=dtype, param_dtype=param_dtype,
-                           dot_general=_dot_f32, kernel_init=_part(_init, names), name=name)
+                           dot_general=_dot_f32_native if native else _dot_f32, kernel_init=_part(_init, names), name=name)
 
 
 def _norm(cfg: ModelConfig, dtype, param_dtype, **kw):
@@ -127,11 +130,12 @@ class Attention(nn.Module):
     attention: AttentionBackend
     dtype: jnp.dtype
     param_dtype: jnp.dtype
+    native_products: bool = False
 
     @nn.compact
     def __call__(self, x, k_cache, v_cache, layer, meta: AttentionMetadata, plan: XlaWorkPlan | None, cos, sin):
         c = self.cfg
-        dense = functools.partial(_dense, c, self.dtype, self.param_dtype)
+        dense = functools.partial(_dense, c, self.dtype, self.param_dtype, native=self.native_products)
         q = dense((c.num_attention_heads, c.head_dim), ("embed", "heads", "head_dim"), "q_proj")(x)
         k = dense((c.num_key_value_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), "k_proj")(x)
         v = dense((c.num_key_value_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), "v_proj")(x)
@@ -154,11 +158,12 @@ class MLP(nn.Module):
     cfg: ModelConfig
     dtype: jnp.dtype
     param_dtype: jnp.dtype
+    native_products: bool = False
 
     @nn.compact
     def __call__(self, x):
         c = self.cfg
-        dense = functools.partial(_dense, c, self.dtype, self.param_dtype)
+        dense = functools.partial(_dense, c, self.dtype, self.param_dtype, native=self.native_products)
         g = dense(c.intermediate_size, ("embed", "mlp"), "gate_proj")(x)
         u = dense(c.intermediate_size, ("embed", "mlp"), "up_proj")(x)
         return dense(c.hidden_size, ("mlp", "embed"), "down_proj")(_ACT[c.hidden_act](g) * u)
@@ -173,6 +178,7 @@ class DecoderLayer(nn.Module):
     attention: AttentionBackend
     dtype: jnp.dtype
     param_dtype: jnp.dtype
+    native_products: bool = False
 
     @nn.compact
     def __call__(self, carry, meta: AttentionMetadata, plan: XlaWorkPlan | None, rope):
@@ -180,13 +186,13 @@ class DecoderLayer(nn.Module):
         c = self.cfg
         norm = _norm(c, self.dtype, self.param_dtype)
         cos, sin = select_rope(rope, c, layer)
-        a, k_cache, v_cache = Attention(c, self.attention, self.dtype, self.param_dtype,
+        a, k_cache, v_cache = Attention(c, self.attention, self.dtype, self.param_dtype, self.native_products,
                                         name="attn")(norm(name="input_norm")(x), k_cache, v_cache, layer, meta,
                                                      plan, cos, sin)
         if c.sandwich_norm:
             a = norm(name="attn_out_norm")(a)
         x = x + a
-        m = MLP(c, self.dtype, self.param_dtype, name="mlp")(norm(name="post_attention_norm")(x))
+        m = MLP(c, self.dtype, self.param_dtype, self.native_products, name="mlp")(norm(name="post_attention_norm")(x))
         if c.sandwich_norm:
             m = norm(name="mlp_out_norm")(m)
         return (x + m, k_cache, v_cache, layer + 1), None
@@ -212,6 +218,7 @@ class LlamaForCausalLM(nn.Module):
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
     scan_layers: bool = True
+    native_products: bool = False  # one CPU device, bfloat16: few-row products in `jaxinfer.native_gemv`
 
     @nn.compact
     def __call__(self, token_ids, meta: AttentionMetadata, k_cache, v_cache, logits_indices):
@@ -232,15 +239,16 @@ class LlamaForCausalLM(nn.Module):
             stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
                             in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
                             metadata_params={nn.PARTITION_NAME: "layers"})
-            carry, _ = stack(c, self.attention, self.dtype, self.param_dtype, name="layers")(carry, meta, plan, rope)
+            carry, _ = stack(c, self.attention, self.dtype, self.param_dtype, self.native_products, name="layers")(carry, meta, plan, rope)
         else:  # one module (and one set of [D, ...] arrays) per layer: `unstack_layers`
             for i in range(c.num_hidden_layers):
-                carry, _ = DecoderLayer(c, self.attention, self.dtype, self.param_dtype,
+                carry, _ = DecoderLayer(c, self.attention, self.dtype, self.param_dtype, self.native_products,
                                         name=layer_name(i))(carry, meta, plan, rope)
         x, k_cache, v_cache, _ = carry
         x = _norm(c, self.dtype, self.param_dtype)(name="final_norm")(x)  # row-wise: every T row, then gather
         self.sow("intermediates", HIDDEN, x)  # kept only when the caller asks (prompt logprobs read it)
-        return lm_head_logits(c, self.dtype, self.param_dtype, x[logits_indices], embed), k_cache, v_cache
+        logits = lm_head_logits(c, self.dtype, self.param_dtype, x[logits_indices], embed, self.native_products)
+        return logits, k_cache, v_cache
 
 
 def layer_name(i: int) -> str:
@@ -251,17 +259,18 @@ def layer_name(i: int) -> str:
 HIDDEN = "final_hidden"  # the sown [T, D] float32 final-normed hidden states (``mutable=["intermediates"]``)
 
 
-def lm_head_logits(c: ModelConfig, dtype, param_dtype, x, embed: nn.Embed):
+def lm_head_logits(c: ModelConfig, dtype, param_dtype, x, embed: nn.Embed, native: bool = False):
     """The LM head: final-normed hidden states [R, D] -> float32 logits [R, V] (tied to
     ``embed`` or the ``lm_head`` kernel, then Gemma's soft-capping). Its submodules belong to
-    the calling module, so `LlamaForCausalLM` and `LMHead` read the same parameters."""
+    the calling module, so `LlamaForCausalLM` and `LMHead` read the same parameters.
+    ``native``: as `_dense`'s."""
     if c.tie_word_embeddings and c.quantization == "int8":
         logits = embed.attend(x)
     elif c.tie_word_embeddings:
         table = embed.embedding.astype(dtype)
-        logits = cpu_bf16.tied_logits(x.astype(dtype), table)
+        logits = cpu_bf16.tied_logits(x.astype(dtype), table, native)
     else:
-        logits = _dense(c, dtype, param_dtype, c.vocab_size, ("embed", "vocab"), "lm_head")(x)
+        logits = _dense(c, dtype, param_dtype, c.vocab_size, ("embed", "vocab"), "lm_head", native=native)(x)
     logits = logits.astype(jnp.float32)
     if c.final_logit_softcapping:
         logits = jnp.tanh(logits / c.final_logit_softcapping) * c.final_logit_softcapping

@@ -1,0 +1,84 @@
+"""Building and loading the C++ sources under ``jaxinfer/native/`` as XLA FFI libraries.
+
+Owns the compiler choice, the build and its cache. A source is compiled on first use with
+the machine's C++ compiler (``$CXX``, else ``g++``/``c++``/``clang++``) against the XLA FFI
+headers that jaxlib ships (`jax.ffi.include_dir`), ``-O3 -march=native``, into
+``~/.cache/jaxinfer/native/<stem>-<hash>.so`` (``$JAXINFER_NATIVE_DIR`` overrides the
+folder); the hash covers the source, the flags, the compiler, JAX's version and the CPU's
+feature flags. Users: `jaxinfer.native_attention` (the decode-attention kernel) and
+`jaxinfer.native_gemv` (one-row bfloat16 products).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import jax
+
+NATIVE_DIR = Path(__file__).parent / "native"
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp-simd", "-shared", "-fPIC", "-std=c++17", "-w")
+
+
+def compiler() -> str | None:
+    """The C++ compiler to use (``$CXX`` if set and found), or None."""
+    cxx = os.environ.get("CXX")
+    if cxx:
+        return shutil.which(cxx)
+    return next((p for p in map(shutil.which, ("g++", "c++", "clang++")) if p), None)
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def library_path(source: Path, cxx: str) -> Path:
+    """Where the build of ``source`` by ``cxx`` is cached."""
+    key = hashlib.sha256()
+    for part in (source.read_bytes(), " ".join(FLAGS).encode(), cxx.encode(), jax.__version__.encode(),
+                 _cpu_flags().encode()):
+        key.update(part)
+    folder = Path(os.environ.get("JAXINFER_NATIVE_DIR", Path.home() / ".cache" / "jaxinfer" / "native"))
+    return folder / f"{source.stem}-{key.hexdigest()[:16]}.so"
+
+
+def _build(cxx: str, source: Path, out: Path) -> None:
+    """Compile to a temporary name and rename, so concurrent builders never see half a file.
+
+    Raises:
+      RuntimeError: the compiler failed (its stderr is in the message).
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", str(source), "-o", tmp]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        os.unlink(tmp)
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+    os.replace(tmp, out)
+
+
+def load(source: Path, cxx: str, what: str, logger) -> ctypes.CDLL:
+    """``source`` built once per machine (logged as building ``what``) and loaded.
+
+    Raises:
+      OSError: the library could not be loaded.
+      RuntimeError: the compiler failed.
+    """
+    path = library_path(source, cxx)
+    if not path.exists():
+        logger.info("building the %s: %s", what, path)
+        _build(cxx, source, path)
+    return ctypes.cdll.LoadLibrary(str(path))

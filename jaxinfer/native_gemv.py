@@ -1,0 +1,74 @@
+"""One- and two-row products against bfloat16 weights on CPU (`jaxinfer/native/bf16_gemv.cc`):
+the build, the XLA FFI registration and the jnp-side calls.
+
+A lone decoding stream multiplies one row by every weight matrix, and XLA:CPU (jax 0.10.2)
+runs that on a slow path; its two-row form reads bfloat16 weights at ~7 GB/s
+(`benchmarks/results/2026-12-02-cpu2-bf16/`). The C++ loops read each weight once, in float32
+registers, over XLA's intra-op threads: bfloat16 operands and float32 sums, as
+``lax.dot_general(..., preferred_element_type=float32)``. `jaxinfer.models.cpu_bf16` calls
+them for one-row products when the model was built for one CPU device (a custom call has no
+sharding rule).
+
+Built on first use by `jaxinfer.native_build` (``~/.cache/jaxinfer/native/bf16_gemv-<hash>.so``).
+With no compiler, or ``JAXINFER_NATIVE_GEMV=0``, `available` says why and XLA's dot runs.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+import jax
+import jax.numpy as jnp
+
+from jaxinfer import native_build
+
+logger = logging.getLogger(__name__)
+
+TARGET_KN = "jaxinfer_bf16_gemv_kn"  # x [M, K] @ w [K, N]
+TARGET_NK = "jaxinfer_bf16_gemv_nk"  # x [M, K] @ w [N, K]^T
+SOURCE = native_build.NATIVE_DIR / "bf16_gemv.cc"
+ENV_SWITCH = "JAXINFER_NATIVE_GEMV"  # "0" turns the loops off (XLA's dot runs)
+MAX_ROWS = 2  # kMaxRows in bf16_gemv.cc
+
+
+@functools.cache
+def _load() -> str | None:
+    """Build (once per machine), load and register both targets; returns None, or why not."""
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return f"{ENV_SWITCH}=0"
+    cxx = native_build.compiler()
+    if cxx is None:
+        return "no C++ compiler found ($CXX, g++, c++, clang++)"
+    try:
+        lib = native_build.load(SOURCE, cxx, "CPU bfloat16 one-row product", logger)
+        jax.ffi.register_ffi_target(TARGET_KN, jax.ffi.pycapsule(lib.JaxinferBf16GemvKn), platform="cpu")
+        jax.ffi.register_ffi_target(TARGET_NK, jax.ffi.pycapsule(lib.JaxinferBf16GemvNk), platform="cpu")
+    except (OSError, RuntimeError) as err:
+        return f"the CPU bfloat16 one-row product did not build or load: {err}"
+    return None
+
+
+def available() -> bool:
+    """Whether the loops can run here (built and registered on first call; if not, logged why)."""
+    why = _load()
+    if why is not None:
+        logger.warning("CPU bfloat16 one-row product off (%s); XLA's dot is used", why)
+    return why is None
+
+
+def _call(target: str, x, w, n: int):
+    out = jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32)
+    return jax.ffi.ffi_call(target, out)(x.astype(jnp.bfloat16), w)
+
+
+def matmul_kn(x, w):
+    """``x [M, K] @ w [K, N]`` -> float32 ``[M, N]``; ``x`` is cast to bfloat16, ``w`` is
+    bfloat16 or its uint16 bits; ``M`` <= `MAX_ROWS`. Call only where `available` is True."""
+    return _call(TARGET_KN, x, w, w.shape[1])
+
+
+def matmul_nk(x, w):
+    """``x [M, K] @ w [N, K]^T`` -> float32 ``[M, N]`` (a tied embedding as the LM head);
+    otherwise as `matmul_kn`."""
+    return _call(TARGET_NK, x, w, w.shape[0])
