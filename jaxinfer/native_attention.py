@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 
 import jax
 import jax.numpy as jnp
@@ -44,18 +43,8 @@ def supports(num_query_heads: int, head_dim: int, block_size: int) -> bool:
 @functools.cache
 def _load() -> str | None:
     """Build (once per machine), load and register the kernel; returns None, or why not."""
-    if os.environ.get(ENV_SWITCH, "1") == "0":
-        return f"{ENV_SWITCH}=0"
-    cxx = native_build.compiler()
-    if cxx is None:
-        return "no C++ compiler found ($CXX, g++, c++, clang++)"
-    try:
-        lib = native_build.load(SOURCE, cxx, "CPU decode-attention kernel", logger)
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.JaxinferPagedDecode), platform="cpu")
-        jax.ffi.register_ffi_target(TARGET_8BIT, jax.ffi.pycapsule(lib.JaxinferPagedDecode8bit), platform="cpu")
-    except (OSError, RuntimeError) as err:
-        return f"the CPU decode-attention kernel did not build or load: {err}"
-    return None
+    return native_build.register(SOURCE, "CPU decode-attention kernel", ENV_SWITCH,
+                                 {TARGET: "JaxinferPagedDecode", TARGET_8BIT: "JaxinferPagedDecode8bit"}, logger)
 
 
 def unavailable_reason() -> str | None:

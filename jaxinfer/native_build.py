@@ -82,3 +82,21 @@ def load(source: Path, cxx: str, what: str, logger) -> ctypes.CDLL:
         logger.info("building the %s: %s", what, path)
         _build(cxx, source, path)
     return ctypes.cdll.LoadLibrary(str(path))
+
+
+def register(source: Path, what: str, env_switch: str, targets: dict[str, str], logger) -> str | None:
+    """Build and load ``source`` and register its FFI handlers for CPU (``targets``: XLA target
+    name -> exported symbol); returns None, or why not (``$env_switch`` is "0", no compiler,
+    or the build or load failed), for the caller to fall back to XLA's own ops."""
+    if os.environ.get(env_switch, "1") == "0":
+        return f"{env_switch}=0"
+    cxx = compiler()
+    if cxx is None:
+        return "no C++ compiler found ($CXX, g++, c++, clang++)"
+    try:
+        lib = load(source, cxx, what, logger)
+        for target, symbol in targets.items():
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+    except (OSError, RuntimeError, AttributeError) as err:
+        return f"the {what} did not build or load: {err}"
+    return None

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 
 import jax
 import jax.numpy as jnp
@@ -35,18 +34,8 @@ MAX_ROWS = 2  # kMaxRows in bf16_gemv.cc
 @functools.cache
 def _load() -> str | None:
     """Build (once per machine), load and register both targets; returns None, or why not."""
-    if os.environ.get(ENV_SWITCH, "1") == "0":
-        return f"{ENV_SWITCH}=0"
-    cxx = native_build.compiler()
-    if cxx is None:
-        return "no C++ compiler found ($CXX, g++, c++, clang++)"
-    try:
-        lib = native_build.load(SOURCE, cxx, "CPU bfloat16 one-row product", logger)
-        jax.ffi.register_ffi_target(TARGET_KN, jax.ffi.pycapsule(lib.JaxinferBf16GemvKn), platform="cpu")
-        jax.ffi.register_ffi_target(TARGET_NK, jax.ffi.pycapsule(lib.JaxinferBf16GemvNk), platform="cpu")
-    except (OSError, RuntimeError) as err:
-        return f"the CPU bfloat16 one-row product did not build or load: {err}"
-    return None
+    return native_build.register(SOURCE, "CPU bfloat16 one-row product", ENV_SWITCH,
+                                 {TARGET_KN: "JaxinferBf16GemvKn", TARGET_NK: "JaxinferBf16GemvNk"}, logger)
 
 
 def available() -> bool:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from helpers import tiny_config
-from jaxinfer import LLM, SamplingParams, model_runner, native_gemv
+from jaxinfer import LLM, SamplingParams, model_runner, native_attention, native_gemv
 from jaxinfer.models import cpu_bf16
 from jaxinfer.params import init_params
 
@@ -89,9 +89,11 @@ def test_lone_stream_runs_the_loops_with_xla_logits(monkeypatch):
     np.testing.assert_allclose(runs[True][1], runs[False][1], rtol=2e-2, atol=2e-2)
 
 
-def test_off_switch_says_why(monkeypatch):
-    monkeypatch.setenv(native_gemv.ENV_SWITCH, "0")
-    assert native_gemv._load.__wrapped__() == f"{native_gemv.ENV_SWITCH}=0"
-    monkeypatch.delenv(native_gemv.ENV_SWITCH)
+@pytest.mark.parametrize("module", [native_gemv, native_attention], ids=["gemv", "attention"])
+def test_native_code_says_why_it_is_off(monkeypatch, module):
+    """With no compiler, or switched off, the reason is given (and XLA's own ops run)."""
+    monkeypatch.setenv(module.ENV_SWITCH, "0")
+    assert module._load.__wrapped__() == f"{module.ENV_SWITCH}=0"
+    monkeypatch.delenv(module.ENV_SWITCH)
     monkeypatch.setenv("CXX", "/nonexistent/c++")
-    assert "no C++ compiler" in native_gemv._load.__wrapped__()
+    assert "no C++ compiler" in module._load.__wrapped__()

@@ -110,16 +110,6 @@ def test_native_decode_reads_bit_stored_bfloat16_pages_like_the_jnp_loop(window,
     np.testing.assert_allclose(np.asarray(outs[1]), np.asarray(outs[0]), atol=1e-5, rtol=1e-5)
 
 
-def test_native_kernel_says_why_it_is_off(monkeypatch):
-    """With no compiler, or switched off, the reason is given (and the jnp loop runs)."""
-    monkeypatch.setenv(native_attention.ENV_SWITCH, "0")
-    assert native_attention._load.__wrapped__() == f"{native_attention.ENV_SWITCH}=0"
-    monkeypatch.delenv(native_attention.ENV_SWITCH)
-    monkeypatch.setenv("CXX", "/nonexistent/c++")
-    assert "no C++ compiler" in native_attention._load.__wrapped__()
-
-
-
 def test_xla_backend_refuses_a_step_without_its_work_plan():
     """The plan is the model step's to compute once; attention never derives it per layer."""
     a, _, nb = _pack([(20, 1)], 4)
