@@ -6,7 +6,7 @@ runs that on a slow path; its two-row form reads bfloat16 weights at ~7 GB/s
 (`benchmarks/results/2026-12-02-cpu2-bf16/`). The C++ loops read each weight once, in float32
 registers, over XLA's intra-op threads: bfloat16 operands and float32 sums, as
 ``lax.dot_general(..., preferred_element_type=float32)``. `jaxinfer.models.cpu_bf16` calls
-them for one-row products when the model was built for one CPU device (a custom call has no
+them for one- and two-row products when the model was built for one CPU device (a custom call has no
 sharding rule).
 
 Built on first use by `jaxinfer.native_build` (``~/.cache/jaxinfer/native/bf16_gemv-<hash>.so``).

@@ -1,6 +1,6 @@
 // Few-row products against bfloat16 weights on CPU, as XLA FFI custom calls. Built and
 // registered by jaxinfer/native_gemv.py; called from jaxinfer/models/cpu_bf16.py for the
-// one-row products of a lone decoding stream.
+// one- and two-row products of one or two decoding streams.
 //
 // Why: XLA:CPU (jax 0.10.2) runs a one-row bfloat16 dot on a slow path, and its two-row form
 // reads the weights at ~7 GB/s (benchmarks/results/2026-12-02-cpu2-bf16/). A lone stream reads
