@@ -1,4 +1,5 @@
-"""What the host CPU can do that changes a default: owns `has_native_bf16`.
+"""What the host CPU can do: owns reading its feature flags (`host_cpu_flags`) and
+`has_native_bf16`, which changes the default dtype.
 
 Plain Python (reads ``/proc/cpuinfo`` on Linux); no JAX import, so `jaxinfer.config` can ask.
 """
@@ -22,15 +23,19 @@ def cpu_flags(cpuinfo: str) -> frozenset[str]:
     return frozenset()
 
 
-@functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=4)
+def host_cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> frozenset[str]:
+    """`cpu_flags` of ``cpuinfo_path``; empty where it cannot be read (not Linux)."""
+    try:
+        return cpu_flags(Path(cpuinfo_path).read_text())
+    except OSError:
+        return frozenset()
+
+
 def has_native_bf16(cpuinfo_path: str = "/proc/cpuinfo") -> bool:
     """True when the CPU has a bfloat16 dot instruction (`BF16_DOT_FLAGS`).
 
     False where ``cpuinfo_path`` cannot be read (not Linux): then bfloat16 would be
     emulated, and float32 is the faster CPU dtype.
     """
-    try:
-        text = Path(cpuinfo_path).read_text()
-    except OSError:
-        return False
-    return bool(cpu_flags(text) & BF16_DOT_FLAGS)
+    return bool(host_cpu_flags(cpuinfo_path) & BF16_DOT_FLAGS)

@@ -4,7 +4,7 @@ Owns the compiler choice, the build and its cache. A source is compiled on first
 the machine's C++ compiler (``$CXX``, else ``g++``/``c++``/``clang++``) against the XLA FFI
 headers that jaxlib ships (`jax.ffi.include_dir`), ``-O3 -march=native``, into
 ``~/.cache/jaxinfer/native/<stem>-<hash>.so`` (``$JAXINFER_NATIVE_DIR`` overrides the
-folder); the hash covers the source, the flags, the compiler, JAX's version and the CPU's
+folder); the hash covers the source and the folder's headers, the flags, the compiler, JAX's version and the CPU's
 feature flags. Users: `jaxinfer.native_attention` (the decode-attention kernel) and
 `jaxinfer.native_gemv` (one-row bfloat16 products).
 """
@@ -21,6 +21,8 @@ from pathlib import Path
 
 import jax
 
+from jaxinfer.cpu_features import host_cpu_flags
+
 NATIVE_DIR = Path(__file__).parent / "native"
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp-simd", "-shared", "-fPIC", "-std=c++17", "-w")
 
@@ -34,19 +36,15 @@ def compiler() -> str | None:
 
 
 def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
+    flags = host_cpu_flags()
+    return " ".join(sorted(flags)) if flags else platform.processor()
 
 
 def library_path(source: Path, cxx: str) -> Path:
     """Where the build of ``source`` by ``cxx`` is cached."""
     key = hashlib.sha256()
-    for part in (source.read_bytes(), " ".join(FLAGS).encode(), cxx.encode(), jax.__version__.encode(),
+    headers = [h.read_bytes() for h in sorted(NATIVE_DIR.glob("*.h"))]  # included by the sources
+    for part in (source.read_bytes(), *headers, " ".join(FLAGS).encode(), cxx.encode(), jax.__version__.encode(),
                  _cpu_flags().encode()):
         key.update(part)
     folder = Path(os.environ.get("JAXINFER_NATIVE_DIR", Path.home() / ".cache" / "jaxinfer" / "native"))

@@ -16,7 +16,6 @@
 //   "jaxinfer_bf16_gemv_nk": x [M, K], w [N, K] -> y f32 [M, N], y = x w^T   (a tied embedding)
 // M is 1 or 2.
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -25,9 +24,11 @@
 #include <immintrin.h>
 #endif
 
+#include "parallel_items.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
+using jaxinfer::parallel_items;
 
 namespace {
 
@@ -149,27 +150,6 @@ void nk_chunk(const Problem& p, int64_t r0, int64_t r1) {
       for (int m = 0; m < M; ++m) s[m] += bf16_to_f32(p.x[m * p.K + k]) * wv;
     }
     for (int m = 0; m < M; ++m) p.y[m * p.N + r] = s[m];
-  }
-}
-
-// Work items [0, total) taken from a shared counter by the calling thread and by helpers on
-// XLA's intra-op pool; returns once all are done (jaxinfer/native/paged_decode.cc does the same).
-template <typename Body>
-void parallel_items(ffi::ThreadPool& pool, int64_t total, Body body) {
-  struct Progress {
-    std::atomic<int64_t> next{0}, done{0};
-  };
-  auto progress = std::make_shared<Progress>();
-  auto work = [progress, total, body]() {
-    for (int64_t i; (i = progress->next.fetch_add(1)) < total;) {
-      body(i);
-      progress->done.fetch_add(1, std::memory_order_release);
-    }
-  };
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), total) - 1;
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule(decltype(work)(work));
-  work();
-  while (progress->done.load(std::memory_order_acquire) < total) {
   }
 }
 

@@ -24,17 +24,16 @@
 // Outputs: m f32 [R, K, G] running max (-inf for no key), l f32 [R, K, G] sum of exp(s - m),
 //   acc f32 [R, K, G, H] sum of exp(s - m) * v.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <memory>
 
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
 
+#include "parallel_items.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -309,27 +308,10 @@ void attend_row(int64_t r, const Shape& s, const Inputs& in) {
 }
 
 
-// Items are taken from a shared counter by the calling thread and by helpers scheduled on
-// XLA's intra-op pool; the call returns once every item is done. A helper that starts late
-// finds no item left and touches nothing (the state it holds is reference counted).
+// One work item per row, over XLA's intra-op pool (parallel_items.h).
 template <typename T>
 void run_items(ffi::ThreadPool& pool, const Shape& s, const Inputs& in) {
-  struct Progress {
-    std::atomic<int64_t> next{0}, done{0};
-  };
-  const int64_t total = s.R;
-  auto progress = std::make_shared<Progress>();
-  auto work = [progress, total, s, in]() {
-    for (int64_t i; (i = progress->next.fetch_add(1)) < total;) {
-      attend_row<T>(i, s, in);
-      progress->done.fetch_add(1, std::memory_order_release);
-    }
-  };
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), total) - 1;
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule(decltype(work)(work));
-  work();
-  while (progress->done.load(std::memory_order_acquire) < total) {
-  }
+  jaxinfer::parallel_items(pool, s.R, [s, in](int64_t i) { attend_row<T>(i, s, in); });
 }
 
 ffi::Error check(const ffi::Buffer<ffi::F32>& q, const ffi::AnyBuffer& k_cache, const ffi::AnyBuffer& v_cache,
