@@ -13,27 +13,29 @@ per-token scales, quantized in `write_kv` and dequantized in `gather_pages` / th
 with slot ``s`` lives at ``[layer, s // block_size, s % block_size]``. Block 0 is the
 null block that padding tokens write into.
 
-XLA path (CPU default): attention of a token = softmax over
-  A. the new keys of its own sequence in this step (causal, from the fresh K/V), and
+XLA path (CPU default): on one CPU device with the C++ kernel built
+(``AttentionBackend.native``), after the write every token's query reads its row's pages up to
+its own position (`jaxinfer.native_attention`: one query per work item, each key and value row
+read once from its page), decode and prefill alike, so a step costs what its tokens' real
+contexts cost. Otherwise (a mesh, or no compiler) attention of a token = softmax over
+  A. the new keys of its own sequence in this step (causal, from the fresh K/V; a dense
+     [T, T] score matrix masked to the token's own row), and
   B. its sequence's *cached context* (positions < ctx_len, gathered from the pages):
      B1 for single-token rows (decodes): an online-softmax loop over a ragged list of
-        context groups (a few blocks of one row each), only the groups each row fills; or,
-        with ``AttentionBackend.native_decode`` (one CPU device), the C++ kernel of
-        `jaxinfer.native_attention`, which reads each row's pages once (same outputs);
+        context groups (a few blocks of one row each), only the groups each row fills;
      B2 for multi-token rows with context (a continuing prefill chunk, or a prefix-cache
         hit): a loop over work items of up to ``Q_CHUNK`` queries of one row, each
         walking that row's context once, only as far as it reaches (no per-token gather),
 merged with one shared max (log-sum-exp). A sliding-window layer (``window`` W, a traced
-per-layer scalar) also masks keys with ``q_pos - k_pos >= W`` in all three parts
-(`_in_window`); its pages below the window are still walked (masked), as the work lists
-(one plan per step) are shared by all layers. A step of fresh prefills reads no pages, a
-decode token reads its sequence's context once (rounded up to a group), and a fresh
-prefill mixed into a decode batch costs no extra context reads: the bytes read track the
-real context, whatever the bucket's table width or the longest row.
+per-layer scalar) also masks keys with ``q_pos - k_pos >= W`` in every part
+(`_in_window`); in B1 and B2 its pages below the window are still walked (masked), as the
+work lists (one plan per step) are shared by all layers. The jnp path's part A grows with
+the square of the step's tokens (a 512-token prefill step spent most of its time there:
+`benchmarks/results/2026-12-02-cpu2-bf16-default/`), which is why the kernel takes every token.
 Pallas path: writes the new K/V first, then calls ``pallas_kernels.ragged_paged_attention``
 over the whole context (``kv_lens``), under ``shard_map`` over the heads when tensor-parallel.
 Both read the same block tables (each row's context including this step's tokens); the
-XLA path uses only their cached part.
+jnp path uses only their cached part.
 Einsum letters: T tokens, K kv heads, G query heads per kv head, H head dim, S context.
 """
 from __future__ import annotations
@@ -60,9 +62,9 @@ class AttentionBackend:
       interpret: run the Pallas kernel in interpret mode (CPU).
       mesh: the replica's ``(data, model)`` mesh when tensor-parallel (the Pallas path
         shard-maps over it), else None.
-      native_decode: on the XLA path, read the decode rows' cached context (B1) with the C++
-        kernel (`jaxinfer.native_attention`) instead of the jnp loop; one device only (any
-        cache dtype: float32, bit-stored bfloat16, int8 or fp8 with their scales).
+      native: on the XLA path, every token's attention by the C++ kernel
+        (`jaxinfer.native_attention`) instead of the jnp parts; one device only (any cache
+        dtype: float32, bit-stored bfloat16, int8 or fp8 with their scales).
     Raises:
       ValueError: an unknown name.
     """
@@ -70,7 +72,7 @@ class AttentionBackend:
     name: str = "xla"
     interpret: bool = False
     mesh: Mesh | None = None
-    native_decode: bool = False
+    native: bool = False
 
     def __post_init__(self) -> None:
         if self.name not in ("xla", "pallas"):
@@ -220,19 +222,6 @@ def _group_context(qg, k_cache, v_cache, layer, meta, plan, window=None):
     return (to(jnp.full((T, K, G), -jnp.inf), m), to(jnp.zeros((T, K, G)), l), to(jnp.zeros((T, K, G, H)), a))
 
 
-def _native_group_context(qg, k_cache, v_cache, layer, meta, plan, window=None):
-    """B1 by the C++ kernel (`jaxinfer.native_attention.decode_context`): the same partial
-    softmax as `_group_context`, each single-token row's context read once from its pages."""
-    T = qg.shape[0]
-    last = jnp.minimum(plan.row_last, T - 1)
-    ctx_len = jnp.where(plan.row_last < T, plan.row_ctx_len, 0)  # multi-token rows are B2's
-    m, l, a = native_attention.decode_context(qg[last], k_cache, v_cache, layer, meta.block_tables, ctx_len,
-                                              meta.positions[last], window)
-    K, G, H = qg.shape[1:]
-    to = lambda init, x: init.at[plan.row_last].set(x, mode="drop")  # noqa: E731
-    return (to(jnp.full((T, K, G), -jnp.inf), m), to(jnp.zeros((T, K, G)), l), to(jnp.zeros((T, K, G, H)), a))
-
-
 CHUNK_CTX_BLOCKS = 16  # blocks of context one B2 inner iteration reads
 
 
@@ -282,8 +271,24 @@ def _chunk_context(qg, k_cache, v_cache, layer, meta, plan, q_chunk: int, window
     return m[:T], l[:T], a[:T]
 
 
+def _native_paged_attention(qg, k_cache, v_cache, layer, meta, plan, window=None):
+    """Every packed token against its row's pages by the C++ kernel
+    (`jaxinfer.native_attention.paged_context`): one query per work item, keys at positions
+    ``<= positions[t]`` of row ``plan.token_seq[t]``. The step's own K/V must already be in the
+    pages (`paged_attention` writes them first), so the new tokens need no separate part and
+    nothing is merged; padding tokens (row -1) read nothing and give 0.
+
+    Returns [T, K, G, H] float32, normalised."""
+    R = meta.block_tables.shape[0]
+    live = plan.token_seq >= 0
+    tables = meta.block_tables[jnp.clip(plan.token_seq, 0, R - 1)]  # [T, W]: each token's row's table
+    ctx = jnp.where(live, meta.positions + 1, 0)
+    _, l, acc = native_attention.paged_context(qg, k_cache, v_cache, layer, tables, ctx, meta.positions, window)
+    return acc / jnp.where(l > 0, l, 1.0)[..., None]
+
+
 def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: AttentionMetadata, plan: XlaWorkPlan,
-                        sm_scale: float, window=None, native_decode: bool = False):
+                        sm_scale: float, window=None, native: bool = False):
     """Ragged paged attention in pure jnp (same semantics as the Pallas kernel).
 
     Args:
@@ -295,7 +300,8 @@ def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: Attentio
       sm_scale: softmax scale (H ** -0.5).
       window: [] int32 sliding window of this layer (keys with ``q_pos - k_pos < window``
         are seen), or None (static) for full causal attention.
-      native_decode: B1 by the C++ kernel (`_native_group_context`), not the jnp loop.
+      native: every token by the C++ kernel (`_native_paged_attention`), which reads the
+        step's new K/V from the pages: call it only after `write_kv` (as `paged_attention` does).
 
     Returns:
       [T, N, H] in q's dtype; float32 accumulation.
@@ -303,13 +309,16 @@ def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: Attentio
     T, N, H = q.shape
     K = k_new.shape[1]
     qg = q.astype(jnp.float32).reshape(T, K, N // K, H) * sm_scale
+    if native and meta.block_tables.shape[1] > 0:  # a table with no columns: model init
+        return _native_paged_attention(qg, k_cache, v_cache, layer, meta, plan, window).reshape(T, N, H).astype(q.dtype)
+    if isinstance(k_cache, QuantKV):  # the new tokens as the pages hold them, like the kernel and later steps
+        k_new, v_new = kv_quant.as_stored(k_new, k_cache.kind), kv_quant.as_stored(v_new, v_cache.kind)
     s_new = jnp.einsum("tkgh,ukh->tkgu", qg, k_new.astype(jnp.float32))
     same = (plan.token_seq[:, None] == plan.token_seq[None, :]) & (meta.positions[None, :] <= meta.positions[:, None])
     same = same & _in_window(meta.positions[:, None], meta.positions[None, :], window)
     parts = [_partial_softmax(jnp.where(same[:, None, None, :], s_new, -jnp.inf), v_new)]  # diagonal kept
     if meta.block_tables.shape[1] > 0:  # static: a table with no columns has no context (model init)
-        group_context = _native_group_context if native_decode else _group_context
-        parts.append(group_context(qg, k_cache, v_cache, layer, meta, plan, window))
+        parts.append(_group_context(qg, k_cache, v_cache, layer, meta, plan, window))
         if T > 1:  # a one-token bucket's only row is single-token: it never has B2 work items
             parts.append(_chunk_context(qg, k_cache, v_cache, layer, meta, plan, min(Q_CHUNK, T), window))
     return _merge(parts).reshape(T, N, H).astype(q.dtype)
@@ -391,7 +400,7 @@ def paged_attention(backend: AttentionBackend, q, k_new, v_new, k_cache, v_cache
     v_cache = write_kv(v_cache, layer, meta.slot_mapping, v_new)
     if backend.name == "xla":
         out = xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta, plan, sm_scale, window,
-                                  backend.native_decode)
+                                  backend.native)
     else:
         out = pallas_paged_attention(q, k_cache, v_cache, layer, meta, sm_scale, backend.interpret, backend.mesh,
                                      window)

@@ -114,6 +114,12 @@ def dequantize(values: jax.Array, scales: jax.Array) -> jax.Array:
     return values.astype(jnp.float32) * scale_values(scales)[..., None]
 
 
+def as_stored(x: jax.Array, kind: str) -> jax.Array:
+    """``x [..., H]`` as an 8-bit cache of ``kind`` gives it back (quantized, then dequantized;
+    float32): the step's new K/V as every later read sees them."""
+    return dequantize(*quantize(x, kind))
+
+
 def write(cache: QuantKV, layer: jax.Array, slot_mapping: jax.Array, new: jax.Array) -> QuantKV:
     """Quantize new K or V ``[T, K, H]`` and scatter values and scales at the slots
     (one combined-index scatter each, as `jaxinfer.attention.write_kv`)."""

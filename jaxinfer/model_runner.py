@@ -142,8 +142,8 @@ def kv_cache_shape(cfg: ModelConfig, num_blocks: int, block_size: int) -> tuple[
     return (cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
 
 
-def use_native_decode(backend: str, shardings, cfg: ModelConfig, block_size: int) -> bool:
-    """Whether the XLA path's decode rows read their context through the C++ kernel
+def use_native_attention(backend: str, shardings, cfg: ModelConfig, block_size: int) -> bool:
+    """Whether the XLA path's tokens read their pages through the C++ kernel
     (`jaxinfer.native_attention`): on CPU, one device (no mesh: the custom call cannot be
     split by the SPMD partitioner), shapes within the kernel's limits, and the kernel built.
     Any cache dtype (float32, bfloat16 bits, int8, fp8)."""
@@ -172,8 +172,8 @@ class ModelRunner:
       params: the ``params`` tree (arrays, already on device or numpy).
       num_blocks, block_size: KV pool geometry.
       dtype: compute/storage dtype name ("float32" | "bfloat16").
-      backend: "xla" or "pallas" ("xla" on one CPU device also uses the C++ decode kernel,
-        `use_native_decode`; a bfloat16 model on one CPU device runs its one- and two-row
+      backend: "xla" or "pallas" ("xla" on one CPU device runs attention in the C++ kernel,
+        `use_native_attention`; a bfloat16 model on one CPU device runs its one- and two-row
         products in C++ loops, `use_native_products`).
       max_logprobs: N of the top-N logprobs the step returns.
       return_logits: also return the [R, V] logits (tests/debugging).
@@ -196,7 +196,7 @@ class ModelRunner:
         self.return_logits = return_logits
         attention = AttentionBackend(backend, interpret=backend == "pallas" and jax.default_backend() == "cpu",
                                      mesh=shardings[1].mesh if shardings else None,  # the KV cache's mesh
-                                     native_decode=use_native_decode(backend, shardings, cfg, block_size))
+                                     native=use_native_attention(backend, shardings, cfg, block_size))
         self.native_products = use_native_products(self.dtype, shardings, cfg)
         self.model = LlamaForCausalLM(cfg, attention, self.dtype, self.dtype, native_products=self.native_products)
         self.kv_cache_dtype = kv_cache_dtype

@@ -1,12 +1,15 @@
-"""The CPU decode-attention kernel (`jaxinfer/native/paged_decode.cc`): its build, its
+"""The CPU paged-attention kernel (`jaxinfer/native/paged_decode.cc`): its build, its
 registration as an XLA FFI target, and the jnp-side call.
 
-The XLA attention path's B1 part (`jaxinfer.attention._group_context`: single-token rows
-against their cached context) reads the pages in several passes on XLA:CPU (a gather, a
-transpose, tiny batched dots); at 32 rows and a context of ~640 that was ~270 ms of a
-~350 ms decode step (`benchmarks/results/2026-12-01-cpu2-s3/`). The C++ kernel reads each
-key and value row of the context once from its page and returns the same partial softmax
-(max, sum, weighted values) as B1, so the rest of the path is unchanged.
+On one CPU device the XLA attention path hands every token to it
+(`jaxinfer.attention._native_paged_attention`): each query reads its row's pages up to its
+own position, each key and value row once, with an online softmax. It was written for decode
+rows, whose context XLA:CPU read in several passes (a gather, a transpose, tiny batched dots;
+at 32 rows and a context of ~640 that was ~270 ms of a ~350 ms decode step,
+`benchmarks/results/2026-12-01-cpu2-s3/`). Prefill tokens then still went through the jnp
+path's dense [T, T] scores, which grow with the square of the step's tokens: a 512-token
+prefill step ran at ~800-940 prompt tokens/s, and ~2,200 with every token in the kernel
+(`benchmarks/results/2026-12-03-cpu2-prefill/`).
 
 The source is compiled on first use by `jaxinfer.native_build` (the machine's C++ compiler,
 cached in ``~/.cache/jaxinfer/native/paged_decode-<hash>.so``).
@@ -30,7 +33,7 @@ logger = logging.getLogger(__name__)
 TARGET = "jaxinfer_paged_decode"  # float32 / bfloat16-bit caches
 TARGET_8BIT = "jaxinfer_paged_decode_8bit"  # int8 / fp8 caches with per-token scales (`jaxinfer.kv_quant`)
 SOURCE = native_build.NATIVE_DIR / "paged_decode.cc"
-ENV_SWITCH = "JAXINFER_NATIVE_DECODE"  # "0" turns the kernel off (the XLA path's B1 runs)
+ENV_SWITCH = "JAXINFER_NATIVE_DECODE"  # "0" turns the kernel off (the XLA path's jnp parts run)
 # The kernel's per-thread buffers (kMaxHeads, kMaxHeadDim, kMaxBlockSize in paged_decode.cc).
 MAX_QUERY_HEADS, MAX_HEAD_DIM, MAX_BLOCK_SIZE = 64, 256, 256
 
@@ -43,7 +46,7 @@ def supports(num_query_heads: int, head_dim: int, block_size: int) -> bool:
 @functools.cache
 def _load() -> str | None:
     """Build (once per machine), load and register the kernel; returns None, or why not."""
-    return native_build.register(SOURCE, "CPU decode-attention kernel", ENV_SWITCH,
+    return native_build.register(SOURCE, "CPU paged-attention kernel", ENV_SWITCH,
                                  {TARGET: "JaxinferPagedDecode", TARGET_8BIT: "JaxinferPagedDecode8bit"}, logger)
 
 
@@ -51,7 +54,7 @@ def unavailable_reason() -> str | None:
     """None when the kernel is built and registered (building it on first call), else why not."""
     why = _load()
     if why is not None:
-        logger.warning("CPU decode-attention kernel off (%s); the XLA path's B1 loop is used", why)
+        logger.warning("CPU paged-attention kernel off (%s); the XLA path's jnp parts are used", why)
     return why
 
 
@@ -60,8 +63,9 @@ def available() -> bool:
     return unavailable_reason() is None
 
 
-def decode_context(q, k_cache, v_cache, layer, tables, ctx_len, q_pos, window):
-    """Partial softmax of each row's query over its cached context, by the C++ kernel.
+def paged_context(q, k_cache, v_cache, layer, tables, ctx_len, q_pos, window):
+    """Partial softmax of each query over the first ``ctx_len`` positions of its pages, by the
+    C++ kernel (a "row" here is one query: a decode row, or one token of a prefill chunk).
 
     Args:
       q: [R, K, G, H] float32 queries (already scaled), one per row.

@@ -5,7 +5,7 @@ the machine's C++ compiler (``$CXX``, else ``g++``/``c++``/``clang++``) against 
 headers that jaxlib ships (`jax.ffi.include_dir`), ``-O3 -march=native``, into
 ``~/.cache/jaxinfer/native/<stem>-<hash>.so`` (``$JAXINFER_NATIVE_DIR`` overrides the
 folder); the hash covers the source and the folder's headers, the flags, the compiler, JAX's version and the CPU's
-feature flags. Users: `jaxinfer.native_attention` (the decode-attention kernel) and
+feature flags. Users: `jaxinfer.native_attention` (the paged-attention kernel) and
 `jaxinfer.native_gemv` (one-row bfloat16 products).
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The XLA paged-attention path against a float64 numpy reference (full causal and sliding
-windows), with its decode rows' context read by the jnp loop and by the C++ kernel
-(`jaxinfer.native_attention`), on ragged steps packed
+windows), by its jnp parts and by the C++ kernel (`jaxinfer.native_attention`, every token
+from the pages after the step's K/V are written), on ragged steps packed
 by the real `batch` code: decodes of very different context lengths (block and group
 edges included), a continuing prefill chunk and a fresh prefill in one step, its work
 lists derived from the metadata as the model step derives them (`jaxinfer.xla_work_plan`)."""
@@ -13,7 +13,8 @@ import pytest
 
 from jaxinfer import batch as B
 from jaxinfer import native_attention
-from jaxinfer.attention import AttentionBackend, AttentionMetadata, paged_attention, xla_paged_attention
+from jaxinfer.attention import (AttentionBackend, AttentionMetadata, gather_pages, paged_attention, write_kv,
+                                xla_paged_attention)
 from jaxinfer.buckets import Bucket, BucketLadders
 from jaxinfer.step_metadata import from_arrays
 from jaxinfer.xla_work_plan import plan_xla_work
@@ -37,6 +38,17 @@ def _pack(rows, width):
         offset += n
     a["num_seqs"][...] = len(rows)
     return a, tables, next_block
+
+
+def _written(k_cache, v_cache, k_new, v_new, meta, layer=1):
+    """The step's K/V written into the pages (as `paged_attention` does before attending: the
+    native path reads them from there), and the values as stored, read back (float32), so the
+    jnp path's fresh K/V equal what the kernel reads (bfloat16 bits, 8-bit with scales)."""
+    k_cache, v_cache = (write_kv(c, jnp.int32(layer), meta.slot_mapping, x) for c, x in ((k_cache, k_new), (v_cache, v_new)))
+    bs = BS
+    back = lambda c: gather_pages(c, jnp.int32(layer), meta.slot_mapping // bs)[  # noqa: E731
+        jnp.arange(meta.slot_mapping.shape[0]), meta.slot_mapping % bs].astype(jnp.float32)
+    return k_cache, v_cache, back(k_cache), back(v_cache)
 
 
 def _reference(q, k_new, v_new, k_cache, v_cache, rows, tables, layer, scale, window=None):
@@ -81,9 +93,9 @@ def test_ragged_step_matches_float64_reference(rows, window, native):
     k_cache, v_cache = rng.standard_normal((L, nb, BS, K, H)), rng.standard_normal((L, nb, BS, K, H))
     meta = from_arrays(AttentionMetadata, {k: jnp.asarray(v) for k, v in a.items()})
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
-    got = xla_paged_attention(f32(q), f32(k_new), f32(v_new), f32(k_cache), f32(v_cache), jnp.int32(1), meta,
-                              plan_xla_work(meta, BS), H ** -0.5, None if window is None else jnp.int32(window),
-                              native_decode=native)
+    kc, vc, kn, vn = _written(f32(k_cache), f32(v_cache), f32(k_new), f32(v_new), meta)
+    got = xla_paged_attention(f32(q), kn, vn, kc, vc, jnp.int32(1), meta, plan_xla_work(meta, BS), H ** -0.5,
+                              None if window is None else jnp.int32(window), native=native)
     want = _reference(q, k_new, v_new, k_cache, v_cache, rows, tables, 1, H ** -0.5, window)
     np.testing.assert_allclose(np.asarray(got), want, atol=2e-5, rtol=1e-4)
 
@@ -91,7 +103,7 @@ def test_ragged_step_matches_float64_reference(rows, window, native):
 @pytest.mark.skipif(not native_attention.available(), reason=str(native_attention.unavailable_reason()))
 @pytest.mark.parametrize("window", [None, 40])
 @pytest.mark.parametrize("H", [H, 64])  # 64: the kernel's AVX-512 loops, where the CPU has them
-def test_native_decode_reads_bit_stored_bfloat16_pages_like_the_jnp_loop(window, H):
+def test_native_reads_bit_stored_bfloat16_pages_like_the_jnp_loop(window, H):
     """A bfloat16 cache on CPU holds uint16 bits (`attention.kv_storage_dtype`): the kernel
     widens them as the jnp loop does, so both give the same partial softmax."""
     rows = [(1, 1), (70, 1), (0, 1), (300, 1), (45, 6)]
@@ -105,8 +117,9 @@ def test_native_decode_reads_bit_stored_bfloat16_pages_like_the_jnp_loop(window,
     k_new, v_new = (jnp.asarray(rng.standard_normal((T, K, H)), jnp.float32) for _ in range(2))
     meta = from_arrays(AttentionMetadata, {k: jnp.asarray(v) for k, v in a.items()})
     win = None if window is None else jnp.int32(window)
+    k_cache, v_cache, k_new, v_new = _written(k_cache, v_cache, k_new, v_new, meta)
     outs = [xla_paged_attention(q, k_new, v_new, k_cache, v_cache, jnp.int32(1), meta, plan_xla_work(meta, BS),
-                                H ** -0.5, win, native_decode=native) for native in (False, True)]
+                                H ** -0.5, win, native=native) for native in (False, True)]
     np.testing.assert_allclose(np.asarray(outs[1]), np.asarray(outs[0]), atol=1e-5, rtol=1e-5)
 
 
@@ -123,7 +136,7 @@ def test_xla_backend_refuses_a_step_without_its_work_plan():
 @pytest.mark.skipif(not native_attention.available(), reason=str(native_attention.unavailable_reason()))
 @pytest.mark.parametrize("kind", ["int8", "fp8"])
 @pytest.mark.parametrize("H", [H, 64])
-def test_native_decode_reads_8bit_pages_like_the_jnp_loop(kind, H):
+def test_native_reads_8bit_pages_like_the_jnp_loop(kind, H):
     """An 8-bit cache (`jaxinfer.kv_quant`): the kernel multiplies each token's scale into its
     score and probability; the jnp loop dequantizes the pages first. Same partial softmax."""
     from jaxinfer import kv_quant
@@ -137,6 +150,7 @@ def test_native_decode_reads_8bit_pages_like_the_jnp_loop(kind, H):
     q = jnp.asarray(rng.standard_normal((T, K * G, H)), jnp.float32)
     k_new, v_new = (jnp.asarray(rng.standard_normal((T, K, H)), jnp.float32) for _ in range(2))
     meta = from_arrays(AttentionMetadata, {k: jnp.asarray(v) for k, v in a.items()})
-    outs = [xla_paged_attention(q, k_new, v_new, *caches, jnp.int32(1), meta, plan_xla_work(meta, BS), H ** -0.5,
-                                jnp.int32(100), native_decode=native) for native in (False, True)]
+    k_cache, v_cache, k_new, v_new = _written(*caches, k_new, v_new, meta)
+    outs = [xla_paged_attention(q, k_new, v_new, k_cache, v_cache, jnp.int32(1), meta, plan_xla_work(meta, BS),
+                                H ** -0.5, jnp.int32(100), native=native) for native in (False, True)]
     np.testing.assert_allclose(np.asarray(outs[1]), np.asarray(outs[0]), atol=1e-5, rtol=1e-5)

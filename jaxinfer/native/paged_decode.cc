@@ -1,24 +1,27 @@
-// Paged decode attention on CPU: the cached context of single-token (decode) rows, as an XLA
-// FFI custom call ("jaxinfer_paged_decode"). Built and registered by jaxinfer/native_attention.py;
-// called from jaxinfer/attention.py in place of the XLA path's B1 loop (same inputs, same
-// (max, sum, weighted values) partial-softmax outputs, merged there with the step's new keys).
+// Paged attention on CPU, one query per work item, as an XLA FFI custom call
+// ("jaxinfer_paged_decode"). Built and registered by jaxinfer/native_attention.py; called from
+// jaxinfer/attention.py (_native_paged_attention) for every token of a step, decode and prefill
+// alike, after the step's K/V were written: a "row" below is one query with its own block table
+// and the number of positions it sees (its position + 1). Outputs are the (max, sum, weighted
+// values) partial softmax; attention.py divides.
 //
-// Why: XLA:CPU reads the pages in several passes (gather, transpose, tiny batched dots); this
-// reads each key and value row of a row's context once, straight from its pages, with an
-// online softmax per page (FlashAttention's running max/sum, Dao et al. 2022; PagedAttention's
-// block tables, Kwon et al. 2023). One work item is one row with all its heads, so each page is
-// read as one contiguous run (reading one KV head's strided slice per item was ~1.5x slower
-// here). Rows are spread over XLA's intra-op thread pool.
+// Why: XLA:CPU reads the pages in several passes (gather, transpose, tiny batched dots), and its
+// scores of a step's new tokens grow with the square of the step's tokens; this reads each key
+// and value row of a row's context once, straight from its pages, with an online softmax per
+// page (FlashAttention's running max/sum, Dao et al. 2022; PagedAttention's block tables, Kwon et
+// al. 2023). One work item is one row with all its heads, so each page is read as one contiguous
+// run (reading one KV head's strided slice per item was ~1.5x slower here). Rows are spread over
+// XLA's intra-op thread pool.
 //
 // Inputs (row-major):
-//   q       f32 [R, K, G, H]   scaled queries of each row's last token
+//   q       f32 [R, K, G, H]   scaled query of each row
 //   k_cache f32 or u16 (bfloat16 bits) [L, NB, bs, K, H]; v_cache the same
 //   (target "jaxinfer_paged_decode_8bit": s8 or f8e4m3fn values, then k_scales and v_scales
 //    u16 bfloat16 bits [L, NB, bs, K], one per token and KV head, multiplied into the scores
 //    and the probabilities)
 //   layer   s32 []             layer index into the caches
 //   tables  s32 [R, W]         block table of each row
-//   ctx     s32 [R]            cached context length to read (0: the row has none)
+//   ctx     s32 [R]            positions to read, [0, ctx) (0: none, a padding row)
 //   q_pos   s32 [R]            position of each row's query (for the sliding window)
 //   window  s32 []             sliding window (keys with q_pos - k_pos < window), <= 0: none
 // Outputs: m f32 [R, K, G] running max (-inf for no key), l f32 [R, K, G] sum of exp(s - m),
