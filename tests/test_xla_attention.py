@@ -103,15 +103,18 @@ def test_ragged_step_matches_float64_reference(rows, window, native):
 @pytest.mark.skipif(not native_attention.available(), reason=str(native_attention.unavailable_reason()))
 @pytest.mark.parametrize("window", [None, 40])
 @pytest.mark.parametrize("H", [H, 64])  # 64: the kernel's AVX-512 loops, where the CPU has them
-def test_native_reads_bit_stored_bfloat16_pages_like_the_jnp_loop(window, H):
+@pytest.mark.parametrize("bf16", [True, False], ids=["bf16-bits", "float32"])
+def test_native_reads_bit_stored_bfloat16_pages_like_the_jnp_loop(window, H, bf16):
     """A bfloat16 cache on CPU holds uint16 bits (`attention.kv_storage_dtype`): the kernel
-    widens them as the jnp loop does, so both give the same partial softmax."""
+    widens them as the jnp loop does, so both give the same attention (float32 pages too, so
+    that both kinds of page go through the kernel's AVX-512 loops at H = 64)."""
     rows = [(1, 1), (70, 1), (0, 1), (300, 1), (45, 6)]
     width = 32
     a, _, nb = _pack(rows, width)
     rng = np.random.default_rng(7)
     T = len(a["token_ids"])
-    bits = lambda x: jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.bfloat16), jnp.uint16)  # noqa: E731
+    bits = ((lambda x: jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.bfloat16), jnp.uint16)) if bf16
+            else (lambda x: jnp.asarray(x, jnp.float32)))
     k_cache, v_cache = bits(rng.standard_normal((L, nb, BS, K, H))), bits(rng.standard_normal((L, nb, BS, K, H)))
     q = jnp.asarray(rng.standard_normal((T, K * G, H)), jnp.float32)
     k_new, v_new = (jnp.asarray(rng.standard_normal((T, K, H)), jnp.float32) for _ in range(2))
