@@ -289,7 +289,8 @@ def _native_paged_attention(qg, k_cache, v_cache, layer, meta, plan, window=None
 
 def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: AttentionMetadata, plan: XlaWorkPlan,
                         sm_scale: float, window=None, native: bool = False):
-    """Ragged paged attention in pure jnp (same semantics as the Pallas kernel).
+    """Ragged paged attention on the XLA path, by the C++ kernel (``native``) or in pure jnp
+    (same semantics as the Pallas kernel).
 
     Args:
       q: [T, N, H] queries. k_new, v_new: [T, K, H] this step's keys/values.

@@ -11,6 +11,9 @@ Also the XLA path's tiling constants (`Q_CHUNK`, `GROUP_BLOCKS`, `GROUPS_PER_ITE
 `MIN_GROUPS_PER_ITER`), read by `jaxinfer.attention` at trace time, and the pytree registration
 of `AttentionMetadata` (the host-side `jaxinfer.step_metadata` imports no JAX).
 
+With the C++ kernel (`jaxinfer.attention.AttentionBackend.native`), attention reads only
+``token_seq``; the other lists serve the jnp path (small int32 work lists, built either way).
+
 The plan's array lengths follow the bucket only (T tokens, R rows, W table columns): the static
 bounds `num_work_items` and `num_context_groups`, so a step's executable depends on its bucket
 and nothing else.
