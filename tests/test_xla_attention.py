@@ -52,7 +52,7 @@ def _written(k_cache, v_cache, k_new, v_new, meta, layer=1):
 
 
 def _reference(q, k_new, v_new, k_cache, v_cache, rows, tables, layer, scale, window=None):
-    out, offset = np.zeros_like(q), 0
+    out, offset, H = np.zeros_like(q), 0, q.shape[-1]
     for (ctx, n), blocks in zip(rows, tables):
         ck = np.concatenate([k_cache[layer, b] for b in blocks])[:ctx] if ctx else np.zeros((0, K, H))
         cv = np.concatenate([v_cache[layer, b] for b in blocks])[:ctx] if ctx else np.zeros((0, K, H))
@@ -82,7 +82,8 @@ NATIVE = [False, pytest.param(True, marks=pytest.mark.skipif(not native_attentio
 ])
 @pytest.mark.parametrize("window", [None, 1, 17, 100])
 @pytest.mark.parametrize("native", NATIVE, ids=["jnp", "native"])
-def test_ragged_step_matches_float64_reference(rows, window, native):
+@pytest.mark.parametrize("H", [H, 64])  # 64: the kernel's AVX-512 loops, and its tiled loops for a prefill chunk's runs
+def test_ragged_step_matches_float64_reference(rows, window, native, H):
     width = max(-(-(ctx + n) // BS) for ctx, n in rows)  # the table covers the new tokens too
     width = 1 << (width - 1).bit_length()
     a, tables, nb = _pack(rows, width)

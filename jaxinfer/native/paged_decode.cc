@@ -11,7 +11,10 @@
 // page (FlashAttention's running max/sum, Dao et al. 2022; PagedAttention's block tables, Kwon et
 // al. 2023). One work item is one row with all its heads, so each page is read as one contiguous
 // run (reading one KV head's strided slice per item was ~1.5x slower here). Rows are spread over
-// XLA's intra-op thread pool.
+// XLA's intra-op thread pool. Consecutive queries of one prompt chunk (same pages, next position)
+// form one work item instead (`plan_runs`, up to 16): with float or bfloat16 pages of 16 tokens
+// their scores are computed 16 keys by 12 (query, head) pairs at a time (`attend_tile`), each page
+// widened once for the run (the kernel alone: 3.3 against 4.2 ms for a 512-token prompt's layer).
 //
 // Inputs (row-major):
 //   q       f32 [R, K, G, H]   scaled query of each row
@@ -31,6 +34,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <type_traits>
+#include <vector>
 
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -311,10 +317,178 @@ void attend_row(int64_t r, const Shape& s, const Inputs& in) {
 }
 
 
-// One work item per row, over XLA's intra-op pool (parallel_items.h).
+// ---- Prefill rows: runs of consecutive queries of one sequence, 16 keys by many queries at a time.
+
+constexpr int64_t kMaxRun = 16;  // queries of one run (one work item)
+constexpr int kChains = 12;      // (query, head) score vectors computed together per key page
+
+// Whether query b may share query a's pass over the pages: b is the next position (b sees one
+// more key) and the same block ids cover b's context, as for consecutive tokens of one prompt
+// chunk. Tokens of different sequences never pass (their tables differ).
+inline bool same_pages(const Shape& s, const Inputs& in, int64_t a, int64_t b) {
+  if (in.ctx[a] <= 0 || in.ctx[b] != in.ctx[a] + 1 || in.q_pos[b] != in.q_pos[a] + 1) return false;
+  const int64_t pages = (in.ctx[b] + s.bs - 1) / s.bs;
+  return std::equal(in.tables + a * s.W, in.tables + a * s.W + pages, in.tables + b * s.W);
+}
+
+// Work items: runs of up to kMaxRun consecutive rows that pass `same_pages` (a decode row is a
+// run of one); starts[i], starts[i + 1] bound run i. Returns the number of runs.
+inline int64_t plan_runs(const Shape& s, const Inputs& in, int64_t* starts) {
+  int64_t count = 0;
+  for (int64_t r = 0; r < s.R; ++r)
+    if (r == 0 || r - starts[count - 1] >= kMaxRun || !same_pages(s, in, r - 1, r)) starts[count++] = r;
+  starts[count] = s.R;
+  return count;
+}
+
+#ifdef __AVX512F__
+// exp of 16 lanes (x <= 0 here): the same range reduction and polynomial as `fast_exp`.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723e-6f), r);
+  __m512 y = _mm512_set1_ps(1.f / 5040);
+  for (const float c : {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f}) y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(y, n);
+}
+
+// A run's state: per (query, head) the running max, sum and weighted values, and the page's
+// keys transposed ([K, H, 16]: 16 keys in one vector per head dim) and values widened ([16, K, H]).
+struct RunState {
+  float m[kMaxRun * kMaxHeads], l[kMaxRun * kMaxHeads];
+  float acc[kMaxRun * kMaxHeads * kMaxHeadDim] __attribute__((aligned(64)));
+  float keys_t[kMaxHeads * kMaxHeadDim * 16] __attribute__((aligned(64)));
+  float values[16 * kMaxHeads * kMaxHeadDim] __attribute__((aligned(64)));
+  float zero_q[kMaxHeadDim];  // the query of an unused chain
+};
+
+// The page's rows [a, b) into st (keys transposed, values widened); the other rows' values are
+// zeroed, so that a masked score (probability 0) never meets a stale value.
+template <typename T>
+void load_page(const T* keys, const T* values, int64_t K, int64_t H, int64_t a, int64_t b, RunState& st) {
+  const int64_t row = K * H;
+  for (int64_t t = 0; t < 16; ++t) {
+    float* v = st.values + t * row;
+    if (t < a || t >= b) {
+      std::fill(v, v + row, 0.f);
+      continue;
+    }
+    for (int64_t e = 0; e < row; e += 16) _mm512_store_ps(v + e, load16(values + t * row + e));
+    for (int64_t e = 0; e < row; ++e) st.keys_t[e * 16 + t] = to_float(keys[t * row + e]);
+  }
+}
+
+// Scores of kChains (query, head) pairs against the page's 16 keys of KV head kh: s[c] =
+// q_c . k_t over lanes t, the keys' vector per head dim shared by every chain.
+template <int HV>
+inline void chain_scores(const float* const* q, const float* keys_t, __m512* s) {
+  for (int c = 0; c < kChains; ++c) s[c] = _mm512_setzero_ps();
+  for (int h = 0; h < 16 * HV; ++h) {
+    const __m512 k = _mm512_load_ps(keys_t + h * 16);
+#pragma GCC unroll 12
+    for (int c = 0; c < kChains; ++c) s[c] = _mm512_fmadd_ps(_mm512_set1_ps(q[c][h]), k, s[c]);
+  }
+}
+
+// One (query, head) pair's online-softmax step over the page's 16 scores (lanes outside `live`
+// masked), then its weighted values: acc += sum_t p_t * v_t of KV head kh.
+template <int HV>
+inline void chain_update(__m512 s, __mmask16 live, float& m, float& l, float* acc, const float* values,
+                         int64_t row, int64_t kh) {
+  const __m512 masked = _mm512_mask_mov_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), live, s);
+  const float m_new = std::max(m, _mm512_reduce_max_ps(masked));
+  const __m512 p = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(masked, _mm512_set1_ps(m_new))));
+  const float rescale = std::isinf(m) ? 0.f : fast_exp(m - m_new);
+  l = l * rescale + _mm512_reduce_add_ps(p);
+  m = m_new;
+  alignas(64) float pt[16];
+  _mm512_store_ps(pt, p);
+  __m512 a[HV];
+  for (int j = 0; j < HV; ++j) a[j] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * j), _mm512_set1_ps(rescale));
+  for (int t = 0; t < 16; ++t) {
+    const __m512 w = _mm512_set1_ps(pt[t]);
+    const float* v = values + t * row + kh * 16 * HV;
+    for (int j = 0; j < HV; ++j) a[j] = _mm512_fmadd_ps(w, _mm512_load_ps(v + 16 * j), a[j]);
+  }
+  for (int j = 0; j < HV; ++j) _mm512_storeu_ps(acc + 16 * j, a[j]);
+}
+
+// Rows [r0, r1) of one run (a prefill chunk's consecutive queries), 16-token pages of float or
+// bfloat16 caches: each page is read and widened once for the whole run; scores are computed as
+// 16 keys by kChains (query, head) pairs with no horizontal sums (FlashAttention's tiling, Dao et
+// al. 2022, on CPU vectors), and each pair's online softmax is updated per page.
+template <typename T, int HV>
+void attend_tile(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
+  constexpr int64_t H = 16 * HV;
+  const int64_t K = s.K, G = s.G, N = K * G, n = r1 - r0, row = K * H;
+  static thread_local RunState st;
+  std::fill(st.m, st.m + n * N, -std::numeric_limits<float>::infinity());
+  std::fill(st.l, st.l + n * N, 0.f);
+  std::fill(st.acc, st.acc + n * N * H, 0.f);
+  std::fill(st.zero_q, st.zero_q + H, 0.f);
+  auto lo = [&](int64_t r) { return in.window > 0 ? std::max<int64_t>(0, int64_t(in.q_pos[r]) - in.window + 1) : int64_t(0); };
+  const T* k_cache = static_cast<const T*>(in.k);
+  const T* v_cache = static_cast<const T*>(in.v);
+  const int32_t* table = in.tables + r0 * s.W;
+  const int64_t first = lo(r0) / 16, end = (in.ctx[r1 - 1] + 15) / 16;
+  for (int64_t page = first; page < end; ++page) {
+    const int64_t base = (in.layer * s.NB + table[page]) * 16 * row;
+    const int64_t a = std::max<int64_t>(lo(r0) - page * 16, 0), b = std::min<int64_t>(16, in.ctx[r1 - 1] - page * 16);
+    load_page<T>(k_cache + base, v_cache + base, K, H, a, b, st);
+    for (int64_t kh = 0; kh < K; ++kh) {
+      for (int64_t c0 = 0; c0 < n * G; c0 += kChains) {  // chain c = (query c / G, head kh * G + c % G)
+        const float* q[kChains];
+        for (int c = 0; c < kChains; ++c) {
+          const int64_t j = (c0 + c) / G, g = (c0 + c) % G;
+          q[c] = c0 + c < n * G ? in.q + ((r0 + j) * N + kh * G + g) * H : st.zero_q;
+        }
+        __m512 sc[kChains];
+        chain_scores<HV>(q, st.keys_t + kh * H * 16, sc);
+        for (int c = 0; c < kChains && c0 + c < n * G; ++c) {
+          const int64_t j = (c0 + c) / G, i = kh * G + (c0 + c) % G, r = r0 + j;
+          const int64_t t0 = std::max<int64_t>(lo(r) - page * 16, 0), t1 = std::min<int64_t>(16, in.ctx[r] - page * 16);
+          if (t0 >= t1) continue;
+          const __mmask16 live = __mmask16(((1u << t1) - 1) & ~((1u << t0) - 1));
+          chain_update<HV>(sc[c], live, st.m[j * N + i], st.l[j * N + i], st.acc + (j * N + i) * H, st.values, row, kh);
+        }
+      }
+    }
+  }
+  std::copy(st.m, st.m + n * N, in.m + r0 * N);
+  std::copy(st.l, st.l + n * N, in.l + r0 * N);
+  std::copy(st.acc, st.acc + n * N * H, in.acc + r0 * N * H);
+}
+
+// The tiled loops for a run of several queries, where they apply (float or bfloat16 pages of 16
+// tokens, head dim 64, 128 or 256, no scales); false: the caller runs the rows one at a time.
+template <typename T>
+bool attend_run_tiled(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
+  if (r1 - r0 < 2 || s.bs != 16 || in.k_scales || !(std::is_same<T, float>::value || std::is_same<T, uint16_t>::value))
+    return false;
+  if (s.H == 64) attend_tile<T, 4>(r0, r1, s, in);
+  else if (s.H == 128) attend_tile<T, 8>(r0, r1, s, in);
+  else if (s.H == 256) attend_tile<T, 16>(r0, r1, s, in);
+  else return false;
+  return true;
+}
+#else
+template <typename T>
+bool attend_run_tiled(int64_t, int64_t, const Shape&, const Inputs&) { return false; }
+#endif
+
+// One work item per run of rows (`plan_runs`: a decode row alone, a prefill chunk's queries up
+// to kMaxRun together), over XLA's intra-op pool (parallel_items.h).
 template <typename T>
 void run_items(ffi::ThreadPool& pool, const Shape& s, const Inputs& in) {
-  jaxinfer::parallel_items(pool, s.R, [s, in](int64_t i) { attend_row<T>(i, s, in); });
+  auto starts = std::make_shared<std::vector<int64_t>>(s.R + 1);
+  const int64_t runs = plan_runs(s, in, starts->data());
+  jaxinfer::parallel_items(pool, runs, [s, in, starts](int64_t i) {
+    const int64_t r0 = (*starts)[i], r1 = (*starts)[i + 1];
+    if (!attend_run_tiled<T>(r0, r1, s, in))
+      for (int64_t r = r0; r < r1; ++r) attend_row<T>(r, s, in);
+  });
 }
 
 ffi::Error check(const ffi::Buffer<ffi::F32>& q, const ffi::AnyBuffer& k_cache, const ffi::AnyBuffer& v_cache,
