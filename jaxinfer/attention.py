@@ -15,8 +15,8 @@ null block that padding tokens write into.
 
 XLA path (CPU default): on one CPU device with the C++ kernel built
 (``AttentionBackend.native``), after the write every token's query reads its row's pages up to
-its own position (`jaxinfer.native_attention`: one query per work item, each key and value row
-read once from its page), decode and prefill alike, so a step costs what its tokens' real
+its own position (`jaxinfer.native_attention`: a work item is one query, or up to 16 consecutive
+queries of a prompt chunk sharing each page read), decode and prefill alike, so a step costs what its tokens' real
 contexts cost. Otherwise (a mesh, or no compiler) attention of a token = softmax over
   A. the new keys of its own sequence in this step (causal, from the fresh K/V; a dense
      [T, T] score matrix masked to the token's own row), and
@@ -273,7 +273,7 @@ def _chunk_context(qg, k_cache, v_cache, layer, meta, plan, q_chunk: int, window
 
 def _native_paged_attention(qg, k_cache, v_cache, layer, meta, plan, window=None):
     """Every packed token against its row's pages by the C++ kernel
-    (`jaxinfer.native_attention.paged_context`): one query per work item, keys at positions
+    (`jaxinfer.native_attention.paged_context`): each token's query sees the keys at positions
     ``<= positions[t]`` of row ``plan.token_seq[t]``. The step's own K/V must already be in the
     pages (`paged_attention` writes them first), so the new tokens need no separate part and
     nothing is merged; padding tokens (row -1) read nothing and give 0.

@@ -3,7 +3,7 @@ registration as an XLA FFI target, and the jnp-side call.
 
 On one CPU device the XLA attention path hands every token to it
 (`jaxinfer.attention._native_paged_attention`): each query reads its row's pages up to its
-own position, each key and value row once, with an online softmax. It was written for decode
+own position with an online softmax; a prompt chunk's consecutive queries share each page read. It was written for decode
 rows, whose context XLA:CPU read in several passes (a gather, a transpose, tiny batched dots;
 at 32 rows and a context of ~640 that was ~270 ms of a ~350 ms decode step,
 `benchmarks/results/2026-12-01-cpu2-s3/`). Prefill tokens then still went through the jnp

@@ -1,9 +1,9 @@
-// Paged attention on CPU, one query per work item, as an XLA FFI custom call
-// ("jaxinfer_paged_decode"). Built and registered by jaxinfer/native_attention.py; called from
-// jaxinfer/attention.py (_native_paged_attention) for every token of a step, decode and prefill
-// alike, after the step's K/V were written: a "row" below is one query with its own block table
-// and the number of positions it sees (its position + 1). Outputs are the (max, sum, weighted
-// values) partial softmax; attention.py divides.
+// Paged attention on CPU (one query, or a run of a prompt chunk's queries, per work item), as an
+// XLA FFI custom call ("jaxinfer_paged_decode"). Built and registered by
+// jaxinfer/native_attention.py; called from jaxinfer/attention.py (_native_paged_attention) for
+// every token of a step, decode and prefill alike, after the step's K/V were written: a "row"
+// below is one query with its own block table and the number of positions it sees (its position
+// + 1). Outputs are the (max, sum, weighted values) partial softmax; attention.py divides.
 //
 // Why: XLA:CPU reads the pages in several passes (gather, transpose, tiny batched dots), and its
 // scores of a step's new tokens grow with the square of the step's tokens; this reads each key
