@@ -14,7 +14,10 @@ fold):
   * ``scan_fused``: the same with one [D, (N+2K)H] q/k/v matmul and one [D, 2F] gate/up;
   * ``unrolled``: separate matmuls, one array per layer, a Python loop over layers (the
     model's ``scan_layers=False`` layout);
-  * ``unrolled_fused``: the same with the fused matmuls.
+  * ``unrolled_fused``: the same with the fused matmuls;
+  * ``scan_amx``: the layout a bfloat16 model runs on a CPU with AMX (`jaxinfer.native_amx`):
+    the stacked weights packed once, every product (the LM head's too) by the AMX kernel
+    reading layer ``l`` in place. Needs AMX; elsewhere it is left out.
 
 Usage: python benchmarks/dense_probe.py [--rows 1 32 64] [--reps 5] [--out FILE]
 """
@@ -34,7 +37,7 @@ from jaxinfer.bench.metadata import git_commit
 from jaxinfer.models import cpu_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYOUTS = ("scan", "scan_fused", "unrolled", "unrolled_fused")
+LAYOUTS = ("scan", "scan_fused", "unrolled", "unrolled_fused", "scan_amx")
 
 
 def _dot(x, w):  # the model's product (`cpu_bf16.dot_general`: one-row bfloat16 products as two rows on CPU)
@@ -52,6 +55,12 @@ def make_weights(cfg, layout: str, dtype, seed: int = 0) -> dict:
     rs = np.random.RandomState(seed)
     arr = lambda *s: jnp.asarray((rs.standard_normal(s) * 0.02).astype(np.float32), dtype)  # noqa: E731
     head = {"lm_head": arr(D, V)}
+    if layout == "scan_amx":
+        from jaxinfer import native_amx
+
+        packed = lambda *s: jnp.asarray(native_amx.pack(np.asarray(arr(*s))))  # noqa: E731
+        return {"lm_head": packed(1, D, V), "q": packed(L, D, NH), "k": packed(L, D, KH), "v": packed(L, D, KH),
+                "o": packed(L, NH, D), "gate": packed(L, D, F), "up": packed(L, D, F), "down": packed(L, F, D)}
     if layout == "scan":
         return head | {"q": arr(L, D, NH), "k": arr(L, D, KH), "v": arr(L, D, KH), "o": arr(L, NH, D),
                        "gate": arr(L, D, F), "up": arr(L, D, F), "down": arr(L, F, D)}
@@ -67,20 +76,20 @@ def make_weights(cfg, layout: str, dtype, seed: int = 0) -> dict:
     return head | {"layers": layers}
 
 
-def _layer(x, w, NH: int, F: int, dtype):
+def _layer(x, w, NH: int, F: int, dtype, dot=_dot):
     h = _norm(x).astype(dtype)
     if "qkv" in w:
-        q = _dot(h, w["qkv"])[:, :NH]  # k, v feed attention, which the probe leaves out
+        q = dot(h, w["qkv"])[:, :NH]  # k, v feed attention, which the probe leaves out
     else:
-        q, _, _ = _dot(h, w["q"]), _dot(h, w["k"]), _dot(h, w["v"])
-    x = x + _dot(q.astype(dtype), w["o"])
+        q, _, _ = dot(h, w["q"]), dot(h, w["k"]), dot(h, w["v"])
+    x = x + dot(q.astype(dtype), w["o"])
     h = _norm(x).astype(dtype)
     if "gate_up" in w:
-        gu = _dot(h, w["gate_up"])
+        gu = dot(h, w["gate_up"])
         g, u = gu[:, :F], gu[:, F:]
     else:
-        g, u = _dot(h, w["gate"]), _dot(h, w["up"])
-    return x + _dot((jax.nn.silu(g) * u).astype(dtype), w["down"])
+        g, u = dot(h, w["gate"]), dot(h, w["up"])
+    return x + dot((jax.nn.silu(g) * u).astype(dtype), w["down"])
 
 
 def make_forward(cfg, layout: str, dtype):
@@ -88,6 +97,12 @@ def make_forward(cfg, layout: str, dtype):
     NH, F = cfg.num_attention_heads * cfg.head_dim, cfg.intermediate_size
 
     def forward(w, x):
+        if layout == "scan_amx":
+            from jaxinfer import native_amx
+
+            body = lambda c, layer: (_layer(c, w, NH, F, dtype, lambda a, b: native_amx.matmul(a, b, layer)), None)  # noqa: E731
+            x, _ = jax.lax.scan(body, x, jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32))
+            return native_amx.matmul(_norm(x).astype(dtype), w["lm_head"], 0)
         if layout.startswith("unrolled"):
             for lw in w["layers"]:
                 x = _layer(x, lw, NH, F, dtype)
@@ -129,7 +144,10 @@ def main() -> None:
 
     cfg = ModelConfig.from_dict(json.loads(Path(args.config).read_text()))
     dtype = jnp.dtype(args.dtype)
-    res = {lay: {str(m): probe_ms(cfg, lay, m, dtype, args.reps) for m in args.rows} for lay in args.layouts}
+    from jaxinfer import native_amx
+
+    layouts = [lay for lay in args.layouts if lay != "scan_amx" or (native_amx.available() and dtype == jnp.bfloat16)]
+    res = {lay: {str(m): probe_ms(cfg, lay, m, dtype, args.reps) for m in args.rows} for lay in layouts}
     out = {"benchmark": "dense_probe", "date": datetime.datetime.now().isoformat(timespec="seconds"),
            "device": str(jax.devices()[0]), "jax": jax.__version__, "dtype": args.dtype, "config": args.config,
            "git": git_commit(),

@@ -11,8 +11,10 @@ Measures (JAX, the engine's dtype, default float32):
     own (``engine.step`` wall time, host work included), with the engine's per-phase split
     (schedule / prepare / execute / update, ``LLMEngine.stats.phase_seconds``) and the
     host share = (schedule + prepare + update) / step;
-  * the dense-layer probe (`benchmarks/dense_probe.py`, the model's layout): the step's
-    matmuls alone at the same row count, recorded as ``decode.dense_probe_ms``; each
+  * the dense-layer probe (`benchmarks/dense_probe.py`, the model's layout and product: AMX
+    over packed weights where the runner packed them, ``dense_probe_layout``): the step's
+    matmuls alone at the same row count, recorded as ``decode.dense_probe_ms`` (XLA's dot
+    alone as ``dense_probe_xla_ms``); each
     decode entry reports ``step_over_probe`` = median step / probe.
 Model FLOPs per decode token = 2 x (matmul weights) + attention 4 x N x H x context per
 layer; bytes per step = weights read once + every sequence's K/V read + new K/V written.
@@ -183,7 +185,11 @@ def main() -> None:
           "m32_mlp": matmul_gflops(args.batch, D, F, dtype, args.reps),
           "m32_logits": matmul_gflops(args.batch, D, V, dtype, args.reps)}
     bw = bandwidth_gb_s((64 if args.quick else 256) << 20, dtype, args.reps)
-    probe = probe_ms(cfg, "scan", args.batch, dtype, args.reps)
+    # the probe runs the step's products as the model does: AMX over packed weights where the
+    # runner packed them (`jaxinfer.native_amx`), else XLA's dot; XLA's is kept for the record
+    layout = "scan_amx" if llm.engine.runner.amx is not None else "scan"
+    probe = probe_ms(cfg, layout, args.batch, dtype, args.reps)
+    probe_xla = probe if layout == "scan" else probe_ms(cfg, "scan", args.batch, dtype, args.reps)
     decode = {str(n): decode_entry(llm, cfg, args, n, dtype, probe, mm, bw) for n in args.prompt_lens}
     first = decode[str(args.prompt_lens[0])]
     result = {
@@ -191,7 +197,8 @@ def main() -> None:
         "device": str(jax.devices()[0]), "jax": jax.__version__, "dtype": args.dtype, "model": args.model,
         "git": git_commit(),
         "backend": llm.engine.runner.backend, "batch": args.batch, "prompt_lens": args.prompt_lens,
-        "matmul": mm, "bandwidth": bw, "decode": first, "decode_by_prompt_len": decode,
+        "matmul": mm, "bandwidth": bw, "dense_probe_layout": layout, "dense_probe_xla_ms": probe_xla,
+        "decode": first, "decode_by_prompt_len": decode,
         "utilization": first["utilization"],
         "quick": args.quick,
     }

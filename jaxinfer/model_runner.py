@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer import kv_quant
+from jaxinfer import kv_quant, native_amx
 from jaxinfer.attention import AttentionBackend, AttentionMetadata, kv_storage_dtype
 from jaxinfer.batch import StepInputs
 from jaxinfer.buckets import Bucket
@@ -164,6 +164,13 @@ def use_native_products(dtype, shardings, cfg: ModelConfig) -> bool:
             and shardings is None and native_gemv.available())
 
 
+def use_native_amx(dtype, shardings, cfg: ModelConfig) -> bool:
+    """Whether products of more rows run on AMX over weights packed once (`jaxinfer.native_amx`):
+    bfloat16 unquantized weights on CPU, one device, a CPU with AMX and the kernel built."""
+    return (jnp.dtype(dtype) == jnp.bfloat16 and cfg.quantization is None and jax.default_backend() == "cpu"
+            and shardings is None and native_amx.available())
+
+
 class ModelRunner:
     """Runs bucketed steps of one model over its paged KV cache.
 
@@ -211,6 +218,8 @@ class ModelRunner:
         self.greedy_fast_path = True  # `greedy_only` steps skip the sampler executable (`execute`)
         # The unrolled layout shares every leaf but the layers' with the stacked tree.
         self.layer_params = unstack_layers(params, cfg.num_hidden_layers) if self.unroll_max_tokens > 0 else None
+        # AMX-packed copies of the weights for the scanned buckets' products (`use_native_amx`)
+        self.amx = native_amx.packed_variables(params, cfg) if use_native_amx(self.dtype, shardings, cfg) else None
         if cpu_bf16.wants_bits(self.dtype, jax.default_backend()):  # the scanned stack's slices stay 16-bit
             params = {**params, "layers": cpu_bf16.weights_as_bits(params["layers"])}
         self.params = params
@@ -243,13 +252,16 @@ class ModelRunner:
         return bucket.num_tokens <= self.unroll_max_tokens
 
     def _step_params(self, bucket: Bucket):
-        """The params tree in the layout of ``bucket``'s executable."""
-        return self.layer_params if self._unrolled(bucket) else self.params
+        """The variables of ``bucket``'s executable: its layout's ``params`` tree, and for a scanned
+        bucket the AMX-packed weights when there are (`use_native_amx`)."""
+        if self._unrolled(bucket):
+            return {"params": self.layer_params}
+        return {"params": self.params, **({native_amx.COLLECTION: self.amx} if self.amx else {})}
 
     @staticmethod
-    def _model_step(model, params, k_cache, v_cache, token_ids, meta: AttentionMetadata):
+    def _model_step(model, variables, k_cache, v_cache, token_ids, meta: AttentionMetadata):
         (logits, k_cache, v_cache), state = model.apply(
-            {"params": params}, token_ids, meta, k_cache, v_cache, meta.logits_indices, mutable=["intermediates"])
+            variables, token_ids, meta, k_cache, v_cache, meta.logits_indices, mutable=["intermediates"])
         greedy_ids = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # the sampler's ids in a `greedy_only` step
         return logits, greedy_ids, k_cache, v_cache, state["intermediates"][HIDDEN][0]
 

@@ -25,7 +25,10 @@ weights and KV; every matmul accumulates in float32, and the residual stream, no
 RoPE, softmax and logits are float32 (bf16 operands with f32 accumulation is also the
 fastest matmul on the CPUs it was measured on). On CPU a bfloat16 model's scanned layer
 stack is stored as uint16 bits, its embedding rows gathered as bits and its one-row products
-run as two rows: `jaxinfer.models.cpu_bf16` says why.
+run as two rows: `jaxinfer.models.cpu_bf16` says why. Where the caller passes AMX-packed
+weights (the ``amx`` collection, `jaxinfer.native_amx.packed_variables`: one CPU device with
+AMX), every projection and the LM head of more than two rows reads them instead
+(`_project`), in place by layer index: the scan broadcasts that collection, never slices it.
 
 Parameter tree (``params`` collection; L stacked on axis 0; logical axis names in
 brackets, mapped to mesh axes in one place by the sharding module):
@@ -48,11 +51,13 @@ Einsum letters: T tokens, D model, N query heads, K kv heads, H head dim, F ffn,
 from __future__ import annotations
 
 import functools
+import math
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxinfer import native_amx, native_gemv
 from jaxinfer.attention import AttentionBackend, AttentionMetadata, paged_attention
 from jaxinfer.config import ModelConfig
 from jaxinfer.models import cpu_bf16
@@ -109,6 +114,29 @@ def _dense(cfg: ModelConfig, dtype, param_dtype, features, names: tuple[str, ...
                            dot_general=_dot_f32_native if native else _dot_f32, kernel_init=_part(_init, names), name=name)
 
 
+PACKED = "_packed"  # suffix of a projection's AMX-packed stack in the `native_amx.COLLECTION` collection
+
+
+def _packed(module: nn.Module, name: str):
+    """The AMX-packed weights of ``module``'s projection ``name`` (all layers, `native_amx.pack`),
+    or None when the caller passed none (`native_amx.packed_variables`)."""
+    key = name + PACKED
+    return module.get_variable(native_amx.COLLECTION, key) if module.has_variable(native_amx.COLLECTION, key) else None
+
+
+def _project(module: nn.Module, dense, x, layer, features, names: tuple[str, ...], name: str, n_in: int = 1):
+    """``dense(features, names, name, n_in=n_in)(x)``, or the same product (float32
+    ``[..., *features]``) from the packed weights of layer ``layer`` on AMX
+    (`jaxinfer.native_amx`) when they were passed and ``x`` has more than
+    `native_gemv.MAX_ROWS` rows (fewer run in `native_gemv`'s loops)."""
+    packed = _packed(module, name)
+    lead = x.shape[:x.ndim - n_in]
+    if packed is None or math.prod(lead) <= native_gemv.MAX_ROWS:
+        return dense(features, names, name, n_in=n_in)(x)
+    feats = features if isinstance(features, tuple) else (features,)
+    return native_amx.dense(x, packed, layer, n_in).reshape(*lead, *feats)
+
+
 def _norm(cfg: ModelConfig, dtype, param_dtype, **kw):
     return functools.partial(RMSNorm, cfg.rms_norm_eps, dtype, param_dtype, cfg.norm_offset, **kw)
 
@@ -136,16 +164,17 @@ class Attention(nn.Module):
     def __call__(self, x, k_cache, v_cache, layer, meta: AttentionMetadata, plan: XlaWorkPlan | None, cos, sin):
         c = self.cfg
         dense = functools.partial(_dense, c, self.dtype, self.param_dtype, native=self.native_products)
-        q = dense((c.num_attention_heads, c.head_dim), ("embed", "heads", "head_dim"), "q_proj")(x)
-        k = dense((c.num_key_value_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), "k_proj")(x)
-        v = dense((c.num_key_value_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), "v_proj")(x)
+        project = functools.partial(_project, self, dense)
+        q = project(x, layer, (c.num_attention_heads, c.head_dim), ("embed", "heads", "head_dim"), "q_proj")
+        k = project(x, layer, (c.num_key_value_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), "k_proj")
+        v = project(x, layer, (c.num_key_value_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), "v_proj")
         if c.qk_norm:
             head_norm = _norm(c, self.dtype, self.param_dtype, axis_name="head_dim")
             q, k = head_norm(name="q_norm")(q), head_norm(name="k_norm")(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out, k_cache, v_cache = paged_attention(self.attention, q, k, v, k_cache, v_cache, layer, meta,
                                                 c.sm_scale, layer_window(c, layer), plan=plan)
-        o = dense(c.hidden_size, ("heads", "head_dim", "embed"), "o_proj", n_in=2)(out)
+        o = project(out, layer, c.hidden_size, ("heads", "head_dim", "embed"), "o_proj", n_in=2)
         return o, k_cache, v_cache
 
 
@@ -161,12 +190,13 @@ class MLP(nn.Module):
     native_products: bool = False
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, layer):
         c = self.cfg
         dense = functools.partial(_dense, c, self.dtype, self.param_dtype, native=self.native_products)
-        g = dense(c.intermediate_size, ("embed", "mlp"), "gate_proj")(x)
-        u = dense(c.intermediate_size, ("embed", "mlp"), "up_proj")(x)
-        return dense(c.hidden_size, ("mlp", "embed"), "down_proj")(_ACT[c.hidden_act](g) * u)
+        project = functools.partial(_project, self, dense)
+        g = project(x, layer, c.intermediate_size, ("embed", "mlp"), "gate_proj")
+        u = project(x, layer, c.intermediate_size, ("embed", "mlp"), "up_proj")
+        return project(_ACT[c.hidden_act](g) * u, layer, c.hidden_size, ("mlp", "embed"), "down_proj")
 
 
 class DecoderLayer(nn.Module):
@@ -192,7 +222,7 @@ class DecoderLayer(nn.Module):
         if c.sandwich_norm:
             a = norm(name="attn_out_norm")(a)
         x = x + a
-        m = MLP(c, self.dtype, self.param_dtype, self.native_products, name="mlp")(norm(name="post_attention_norm")(x))
+        m = MLP(c, self.dtype, self.param_dtype, self.native_products, name="mlp")(norm(name="post_attention_norm")(x), layer)
         if c.sandwich_norm:
             m = norm(name="mlp_out_norm")(m)
         return (x + m, k_cache, v_cache, layer + 1), None
@@ -236,7 +266,9 @@ class LlamaForCausalLM(nn.Module):
         if self.scan_layers:
             # bit-stored bfloat16 stacks (`cpu_bf16.weights_as_bits`) read as bfloat16 per layer
             layer = nn.map_variables(DecoderLayer, "params", cpu_bf16.bits_as_bfloat16, init=self.is_initializing())
-            stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
+            # packed AMX weights (`native_amx.COLLECTION`) stay whole: read in place by layer index
+            stack = nn.scan(layer, variable_axes={"params": 0}, variable_broadcast=native_amx.COLLECTION,
+                            split_rngs={"params": True},
                             in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=c.num_hidden_layers,
                             metadata_params={nn.PARTITION_NAME: "layers"})
             carry, _ = stack(c, self.attention, self.dtype, self.param_dtype, self.native_products, name="layers")(carry, meta, plan, rope)
@@ -247,7 +279,8 @@ class LlamaForCausalLM(nn.Module):
         x, k_cache, v_cache, _ = carry
         x = _norm(c, self.dtype, self.param_dtype)(name="final_norm")(x)  # row-wise: every T row, then gather
         self.sow("intermediates", HIDDEN, x)  # kept only when the caller asks (prompt logprobs read it)
-        logits = lm_head_logits(c, self.dtype, self.param_dtype, x[logits_indices], embed, self.native_products)
+        logits = lm_head_logits(c, self.dtype, self.param_dtype, x[logits_indices], embed, self.native_products,
+                                _packed(self, "lm_head"))
         return logits, k_cache, v_cache
 
 
@@ -259,12 +292,15 @@ def layer_name(i: int) -> str:
 HIDDEN = "final_hidden"  # the sown [T, D] float32 final-normed hidden states (``mutable=["intermediates"]``)
 
 
-def lm_head_logits(c: ModelConfig, dtype, param_dtype, x, embed: nn.Embed, native: bool = False):
+def lm_head_logits(c: ModelConfig, dtype, param_dtype, x, embed: nn.Embed, native: bool = False, packed=None):
     """The LM head: final-normed hidden states [R, D] -> float32 logits [R, V] (tied to
     ``embed`` or the ``lm_head`` kernel, then Gemma's soft-capping). Its submodules belong to
     the calling module, so `LlamaForCausalLM` and `LMHead` read the same parameters.
-    ``native``: as `_dense`'s."""
-    if c.tie_word_embeddings and c.quantization == "int8":
+    ``native``: as `_dense`'s. ``packed``: the head's weight [D, V] packed for AMX
+    (`native_amx.pack`, one layer), used for more than `native_gemv.MAX_ROWS` rows."""
+    if packed is not None and x.shape[0] > native_gemv.MAX_ROWS:
+        logits = native_amx.matmul(x, packed, 0)
+    elif c.tie_word_embeddings and c.quantization == "int8":
         logits = embed.attend(x)
     elif c.tie_word_embeddings:
         table = embed.embedding.astype(dtype)

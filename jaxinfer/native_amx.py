@@ -1,0 +1,143 @@
+"""Many-row products against pre-packed bfloat16 weights on Intel AMX
+(`jaxinfer/native/amx_gemm.cc`): the build, the FFI registration, the one-time packing of a
+model's weights and the jnp-side call.
+
+XLA:CPU (jax 0.10.2) re-packs a bfloat16 weight for AMX on every call and, under the layer
+scan, copies each layer's slice out of the stacked weights first; the kernel reads weights
+packed once, at load, in place through the layer index (the kernel's header says more).
+`jaxinfer.models.llama` calls it for products of more than `native_gemv.MAX_ROWS` rows when
+the runner passed the packed weights (an ``amx`` variable collection, `packed_variables`):
+a bfloat16 unquantized model on one CPU device whose CPU has AMX (``amx_bf16``).
+
+Built on first use by `jaxinfer.native_build`; with no AMX, no compiler, or
+``JAXINFER_NATIVE_AMX=0``, `available` says why and XLA's dot runs.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxinfer import native_build
+from jaxinfer.cpu_features import host_cpu_flags
+
+logger = logging.getLogger(__name__)
+
+TARGET = "jaxinfer_amx_gemm"
+SOURCE = native_build.NATIVE_DIR / "amx_gemm.cc"
+ENV_SWITCH = "JAXINFER_NATIVE_AMX"  # "0" turns the kernel off (XLA's dot runs)
+COLLECTION = "amx"  # the variable collection of packed weights (`packed_variables`)
+MAX_K = 16384  # kMaxK in amx_gemm.cc
+_ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158
+
+
+def _request_tiles() -> str | None:
+    """Ask Linux for this process's AMX tile state (``arch_prctl(ARCH_REQ_XCOMP_PERM)``,
+    Linux >= 5.16); None, or why not."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) != 0:
+            return f"the kernel refused AMX tile state (errno {ctypes.get_errno()})"
+    except (OSError, AttributeError) as err:
+        return f"could not ask for AMX tile state: {err}"
+    return None
+
+
+@functools.cache
+def _load() -> str | None:
+    """Check the CPU, ask for tile state, build (once per machine), load and register; None, or why not."""
+    flags = host_cpu_flags()
+    if not {"amx_tile", "amx_bf16"} <= flags:
+        return "this CPU has no AMX (amx_tile, amx_bf16)"
+    why = _request_tiles()
+    if why is not None:
+        return why
+    return native_build.register(SOURCE, "AMX bfloat16 product", ENV_SWITCH, {TARGET: "JaxinferAmxGemm"}, logger)
+
+
+def available() -> bool:
+    """Whether the kernel can run here (checked, built and registered on first call)."""
+    why = _load()
+    if why is not None:
+        logger.info("AMX bfloat16 products off (%s); XLA's dot is used", why)
+    return why is None
+
+
+def packable(k: int, n: int) -> bool:
+    """Whether a ``[k, n]`` weight fits the kernel: both multiples of 32, ``k <= MAX_K``."""
+    return k % 32 == 0 and n % 32 == 0 and k <= MAX_K
+
+
+def pack(w) -> np.ndarray:
+    """Weights ``[L, K, N]`` (bfloat16, or its uint16 bits) -> uint16 ``[L, N/16, K/32, 16, 16, 2]``:
+    element ``[l, j, b, p, c, e] = w[l, 32b + 2p + e, 16j + c]`` (the kernel's header: AMX's
+    pair-interleaved B operand, one 16 x 32 block after another).
+
+    Raises:
+      ValueError: not 3-D, or K / N not multiples of 32 (`packable`).
+    """
+    bits = np.asarray(w).view(np.uint16) if np.asarray(w).dtype != np.uint16 else np.asarray(w)
+    if bits.ndim != 3 or not packable(bits.shape[1], bits.shape[2]):
+        raise ValueError(f"amx pack: expected [L, K, N] with K, N multiples of 32 (K <= {MAX_K}), got {bits.shape}")
+    L, K, N = bits.shape
+    blocks = bits.reshape(L, K // 32, 16, 2, N // 16, 16)  # [l, b, p, e, j, c]
+    return np.ascontiguousarray(blocks.transpose(0, 4, 1, 2, 5, 3))
+
+
+def packed_shape_kn(packed) -> tuple[int, int]:
+    """``(K, N)`` of a packed array."""
+    return packed.shape[2] * 32, packed.shape[1] * 16
+
+
+def matmul(x, packed, layer):
+    """``x [M, K] @ w[layer]`` -> float32 ``[M, N]`` for ``packed`` = `pack` (w) of ``w [L, K, N]``;
+    ``x`` is cast to bfloat16, ``layer`` is an int32 scalar (traced or not). Call only where
+    `available` is True."""
+    k, n = packed_shape_kn(packed)
+    if x.ndim != 2 or x.shape[1] != k:
+        raise ValueError(f"amx matmul: x {x.shape} does not contract with a packed [{k}, {n}] weight")
+    out = jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32)
+    return jax.ffi.ffi_call(TARGET, out)(x.astype(jnp.bfloat16), packed, jnp.asarray(layer, jnp.int32))
+
+
+def dense(x, packed, layer, n_in: int = 1):
+    """A bias-free projection of ``x [..., *in]`` (its last ``n_in`` axes contracted) by the packed
+    weight: float32 ``[..., N]`` (the caller reshapes N into its feature axes)."""
+    lead = x.shape[:x.ndim - n_in]
+    y = matmul(x.reshape(math.prod(lead), -1), packed, layer)
+    return y.reshape(*lead, y.shape[-1])
+
+
+# The projections of `jaxinfer.models.llama` that take packed weights: (module path under
+# ``layers``, projection name, number of contracted kernel axes).
+_PROJECTIONS = (("attn", "q_proj", 1), ("attn", "k_proj", 1), ("attn", "v_proj", 1), ("attn", "o_proj", 2),
+                ("mlp", "gate_proj", 1), ("mlp", "up_proj", 1), ("mlp", "down_proj", 1))
+
+
+def packed_variables(params: dict, cfg) -> dict:
+    """The `COLLECTION` variables of a stacked bfloat16 ``params`` tree (`jaxinfer.models.llama`'s
+    layout, unquantized): each layer projection's kernel ``[L, *in, *out]`` as ``[L, K, N]``
+    packed (`pack`), under ``layers/{attn,mlp}/<name>_packed``, and the LM head's ``[D, V]``
+    (the tied embedding transposed, or ``lm_head``) as ``lm_head_packed``. Projections whose
+    K or N is not a multiple of 32 are left out (XLA's dot runs them). Packed on the host,
+    once: the weights' bytes once more in memory."""
+    from jaxinfer.models.llama import PACKED
+
+    layers = params["layers"]
+    out: dict = {"layers": {}}
+    for module, name, n_in in _PROJECTIONS:
+        kernel = np.asarray(layers[module][name]["kernel"])
+        L = kernel.shape[0]
+        k = math.prod(kernel.shape[1:1 + n_in])
+        w = kernel.reshape(L, k, -1)
+        if packable(*w.shape[1:]):
+            out["layers"].setdefault(module, {})[name + PACKED] = jnp.asarray(pack(w))
+    head = np.asarray(params["embed"]["embedding"]).T if cfg.tie_word_embeddings else np.asarray(params["lm_head"]["kernel"])
+    if packable(*head.shape):
+        out["lm_head" + PACKED] = jnp.asarray(pack(head[None]))
+    return out
