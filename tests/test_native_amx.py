@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import tiny_config
-from jaxinfer import LLM, SamplingParams, model_runner, native_amx
+from helpers import tiny_bf16_llm, tiny_config
+from jaxinfer import SamplingParams, model_runner, native_amx
 from jaxinfer.cpu_features import host_cpu_flags
 from jaxinfer.params import init_params
 
@@ -63,12 +63,9 @@ def test_kernel_errors_are_clean():
         jax.block_until_ready(jax.jit(native_amx.matmul)(jnp.zeros((4, 64), jnp.bfloat16), packed, 5))
 
 
-def _tiny_llm(amx: bool, monkeypatch):
-    monkeypatch.setattr(model_runner, "use_native_amx", lambda *a: amx)
-    cfg = tiny_config(vocab=256, hidden=64, layers=2, inter=96, tied=True)
-    return LLM("tiny", dtype="bfloat16", max_model_len=128, max_num_seqs=4, max_num_batched_tokens=32,
-               num_blocks=64, model_config=cfg, params=init_params(cfg, "bfloat16", seed=1), tokenizer=None,
-               warmup=False, enable_prefix_caching=False, return_logits=True)
+def _tiny_llm(native: bool, monkeypatch):
+    monkeypatch.setattr(model_runner, "use_native_amx", lambda *a: native)
+    return tiny_bf16_llm()
 
 
 @needs_amx

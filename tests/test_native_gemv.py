@@ -9,10 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import tiny_config
-from jaxinfer import LLM, SamplingParams, model_runner, native_attention, native_gemv
+from helpers import tiny_bf16_llm
+from jaxinfer import SamplingParams, model_runner, native_attention, native_gemv
 from jaxinfer.models import cpu_bf16
-from jaxinfer.params import init_params
 
 pytestmark = pytest.mark.skipif(not native_gemv.available(), reason="no C++ compiler: the loops cannot be built")
 RS = np.random.RandomState(0)
@@ -67,10 +66,7 @@ def test_three_rows_and_float32_weights_stay_with_xla():
 
 def _tiny_llm(native: bool, monkeypatch):
     monkeypatch.setattr(model_runner, "use_native_products", lambda *a: native)
-    cfg = tiny_config(vocab=256, hidden=64, layers=2, inter=96, tied=True)
-    return LLM("tiny", dtype="bfloat16", max_model_len=128, max_num_seqs=4, max_num_batched_tokens=32,
-               num_blocks=64, model_config=cfg, params=init_params(cfg, "bfloat16", seed=1), tokenizer=None,
-               warmup=False, enable_prefix_caching=False, return_logits=True)
+    return tiny_bf16_llm()
 
 
 def test_lone_stream_runs_the_loops_with_xla_logits(monkeypatch):
