@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxinfer import native_amx
 from jaxinfer.bench.metadata import git_commit
 from jaxinfer.models import cpu_bf16
 
@@ -56,8 +57,6 @@ def make_weights(cfg, layout: str, dtype, seed: int = 0) -> dict:
     arr = lambda *s: jnp.asarray((rs.standard_normal(s) * 0.02).astype(np.float32), dtype)  # noqa: E731
     head = {"lm_head": arr(D, V)}
     if layout == "scan_amx":
-        from jaxinfer import native_amx
-
         packed = lambda *s: jnp.asarray(native_amx.pack(np.asarray(arr(*s))))  # noqa: E731
         return {"lm_head": packed(1, D, V), "q": packed(L, D, NH), "k": packed(L, D, KH), "v": packed(L, D, KH),
                 "o": packed(L, NH, D), "gate": packed(L, D, F), "up": packed(L, D, F), "down": packed(L, F, D)}
@@ -98,8 +97,6 @@ def make_forward(cfg, layout: str, dtype):
 
     def forward(w, x):
         if layout == "scan_amx":
-            from jaxinfer import native_amx
-
             body = lambda c, layer: (_layer(c, w, NH, F, dtype, lambda a, b: native_amx.matmul(a, b, layer)), None)  # noqa: E731
             x, _ = jax.lax.scan(body, x, jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32))
             return native_amx.matmul(_norm(x).astype(dtype), w["lm_head"], 0)
@@ -144,8 +141,6 @@ def main() -> None:
 
     cfg = ModelConfig.from_dict(json.loads(Path(args.config).read_text()))
     dtype = jnp.dtype(args.dtype)
-    from jaxinfer import native_amx
-
     layouts = [lay for lay in args.layouts if lay != "scan_amx" or (native_amx.available() and dtype == jnp.bfloat16)]
     res = {lay: {str(m): probe_ms(cfg, lay, m, dtype, args.reps) for m in args.rows} for lay in layouts}
     out = {"benchmark": "dense_probe", "date": datetime.datetime.now().isoformat(timespec="seconds"),

@@ -160,15 +160,20 @@ def use_native_products(dtype, shardings, cfg: ModelConfig) -> bool:
     call has no sharding rule), and the loops built."""
     from jaxinfer import native_gemv
 
-    return (jnp.dtype(dtype) == jnp.bfloat16 and cfg.quantization is None and jax.default_backend() == "cpu"
-            and shardings is None and native_gemv.available())
+    return _one_cpu_bfloat16(dtype, shardings, cfg) and native_gemv.available()
 
 
 def use_native_amx(dtype, shardings, cfg: ModelConfig) -> bool:
     """Whether products of more rows run on AMX over weights packed once (`jaxinfer.native_amx`):
     bfloat16 unquantized weights on CPU, one device, a CPU with AMX and the kernel built."""
+    return _one_cpu_bfloat16(dtype, shardings, cfg) and native_amx.available()
+
+
+def _one_cpu_bfloat16(dtype, shardings, cfg: ModelConfig) -> bool:
+    """Unquantized bfloat16 weights on one CPU device: where the C++ products may run (a custom
+    call has no sharding rule)."""
     return (jnp.dtype(dtype) == jnp.bfloat16 and cfg.quantization is None and jax.default_backend() == "cpu"
-            and shardings is None and native_amx.available())
+            and shardings is None)
 
 
 class ModelRunner:

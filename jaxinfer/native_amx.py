@@ -5,7 +5,7 @@ model's weights and the jnp-side call.
 XLA:CPU (jax 0.10.2) re-packs a bfloat16 weight for AMX on every call and, under the layer
 scan, copies each layer's slice out of the stacked weights first; the kernel reads weights
 packed once, at load, in place through the layer index (the kernel's header says more).
-`jaxinfer.models.llama` calls it for products of more than `native_gemv.MAX_ROWS` rows when
+`jaxinfer.models.llama` calls it for products of more rows than `native_gemv` takes (`takes_rows`) when
 the runner passed the packed weights (an ``amx`` variable collection, `packed_variables`):
 a bfloat16 unquantized model on one CPU device whose CPU has AMX (``amx_bf16``).
 
@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer import native_build
+from jaxinfer import native_build, native_gemv
 from jaxinfer.cpu_features import host_cpu_flags
 
 logger = logging.getLogger(__name__)
@@ -81,12 +81,18 @@ def pack(w) -> np.ndarray:
     Raises:
       ValueError: not 3-D, or K / N not multiples of 32 (`packable`).
     """
-    bits = np.asarray(w).view(np.uint16) if np.asarray(w).dtype != np.uint16 else np.asarray(w)
+    bits = np.asarray(w).view(np.uint16)  # bfloat16 or its bits: the same 16-bit patterns
     if bits.ndim != 3 or not packable(bits.shape[1], bits.shape[2]):
         raise ValueError(f"amx pack: expected [L, K, N] with K, N multiples of 32 (K <= {MAX_K}), got {bits.shape}")
     L, K, N = bits.shape
     blocks = bits.reshape(L, K // 32, 16, 2, N // 16, 16)  # [l, b, p, e, j, c]
     return np.ascontiguousarray(blocks.transpose(0, 4, 1, 2, 5, 3))
+
+
+def takes_rows(rows: int) -> bool:
+    """Whether a product of ``rows`` rows runs in the kernel: more than `native_gemv.MAX_ROWS`
+    (fewer run in `native_gemv`'s one- and two-row loops)."""
+    return rows > native_gemv.MAX_ROWS
 
 
 def packed_shape_kn(packed) -> tuple[int, int]:
@@ -103,14 +109,6 @@ def matmul(x, packed, layer):
         raise ValueError(f"amx matmul: x {x.shape} does not contract with a packed [{k}, {n}] weight")
     out = jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32)
     return jax.ffi.ffi_call(TARGET, out)(x.astype(jnp.bfloat16), packed, jnp.asarray(layer, jnp.int32))
-
-
-def dense(x, packed, layer, n_in: int = 1):
-    """A bias-free projection of ``x [..., *in]`` (its last ``n_in`` axes contracted) by the packed
-    weight: float32 ``[..., N]`` (the caller reshapes N into its feature axes)."""
-    lead = x.shape[:x.ndim - n_in]
-    y = matmul(x.reshape(math.prod(lead), -1), packed, layer)
-    return y.reshape(*lead, y.shape[-1])
 
 
 # The projections of `jaxinfer.models.llama` that take packed weights: (module path under

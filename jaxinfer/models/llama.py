@@ -57,7 +57,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxinfer import native_amx, native_gemv
+from jaxinfer import native_amx
 from jaxinfer.attention import AttentionBackend, AttentionMetadata, paged_attention
 from jaxinfer.config import ModelConfig
 from jaxinfer.models import cpu_bf16
@@ -127,14 +127,14 @@ def _packed(module: nn.Module, name: str):
 def _project(module: nn.Module, dense, x, layer, features, names: tuple[str, ...], name: str, n_in: int = 1):
     """``dense(features, names, name, n_in=n_in)(x)``, or the same product (float32
     ``[..., *features]``) from the packed weights of layer ``layer`` on AMX
-    (`jaxinfer.native_amx`) when they were passed and ``x`` has more than
-    `native_gemv.MAX_ROWS` rows (fewer run in `native_gemv`'s loops)."""
+    (`jaxinfer.native_amx`) when they were passed and its row count is the kernel's
+    (`native_amx.takes_rows`)."""
     packed = _packed(module, name)
     lead = x.shape[:x.ndim - n_in]
-    if packed is None or math.prod(lead) <= native_gemv.MAX_ROWS:
+    if packed is None or not native_amx.takes_rows(math.prod(lead)):
         return dense(features, names, name, n_in=n_in)(x)
     feats = features if isinstance(features, tuple) else (features,)
-    return native_amx.dense(x, packed, layer, n_in).reshape(*lead, *feats)
+    return native_amx.matmul(x.reshape(math.prod(lead), -1), packed, layer).reshape(*lead, *feats)
 
 
 def _norm(cfg: ModelConfig, dtype, param_dtype, **kw):
@@ -297,8 +297,8 @@ def lm_head_logits(c: ModelConfig, dtype, param_dtype, x, embed: nn.Embed, nativ
     ``embed`` or the ``lm_head`` kernel, then Gemma's soft-capping). Its submodules belong to
     the calling module, so `LlamaForCausalLM` and `LMHead` read the same parameters.
     ``native``: as `_dense`'s. ``packed``: the head's weight [D, V] packed for AMX
-    (`native_amx.pack`, one layer), used for more than `native_gemv.MAX_ROWS` rows."""
-    if packed is not None and x.shape[0] > native_gemv.MAX_ROWS:
+    (`native_amx.pack`, one layer), used where `native_amx.takes_rows`."""
+    if packed is not None and native_amx.takes_rows(x.shape[0]):
         logits = native_amx.matmul(x, packed, 0)
     elif c.tie_word_embeddings and c.quantization == "int8":
         logits = embed.attend(x)

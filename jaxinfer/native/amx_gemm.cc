@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "parallel_items.h"
 #include "xla/ffi/api/ffi.h"
@@ -37,11 +38,12 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int64_t kMaxK = 16384;  // = native_amx.MAX_K: a 32-row panel of x stays in the item's buffer
+constexpr int64_t kMaxK = 16384;  // = native_amx.MAX_K: the widest contraction accepted (every model here is far below)
 
 struct Problem {
   const uint16_t* x;
-  const uint16_t* w;  // this layer's packed weight
+  const uint16_t* tail;  // x's last rows past a multiple of 32, zero-padded to 32 (nullptr: none)
+  const uint16_t* w;     // this layer's packed weight
   float* y;
   int64_t M, K, N;
 };
@@ -97,7 +99,6 @@ void panel(const uint16_t* a, int64_t lda, const Problem& p, int64_t j, bool ful
 
 // Column-block pairs [q0, q1) (pair q: blocks 2q, 2q + 1) for every row.
 void columns(const Problem& p, int64_t q0, int64_t q1) {
-  static thread_local uint16_t pad[32 * kMaxK] __attribute__((aligned(64)));
   alignas(64) float c[32 * 32];
   alignas(64) uint8_t saved[64];
   _tile_storeconfig(saved);
@@ -105,12 +106,7 @@ void columns(const Problem& p, int64_t q0, int64_t q1) {
   _tile_loadconfig(&ours);
   for (int64_t m0 = 0; m0 < p.M; m0 += 32) {
     const int64_t rows = std::min<int64_t>(32, p.M - m0);
-    const uint16_t* a = p.x + m0 * p.K;
-    if (rows < 32) {  // the last rows, zero-padded to a whole panel
-      std::memcpy(pad, a, rows * p.K * sizeof(uint16_t));
-      std::memset(pad + rows * p.K, 0, (32 - rows) * p.K * sizeof(uint16_t));
-      a = pad;
-    }
+    const uint16_t* a = rows < 32 ? p.tail : p.x + m0 * p.K;
     for (int64_t q = q0; q < q1; ++q) {
       if (rows == 32) {
         panel(a, p.K, p, 2 * q, true, p.y + m0 * p.N + 32 * q, p.N);
@@ -139,7 +135,12 @@ ffi::Error gemm(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::U16> w,
     return ffi::Error::InvalidArgument("amx_gemm: K differs from x's, exceeds the limit, N is not a multiple of 32 "
                                        "or the layer is out of range");
 #ifdef JAXINFER_AMX
-  const Problem p{static_cast<const uint16_t*>(x.untyped_data()), w.typed_data() + l * N * K, y->typed_data(), M, K, N};
+  const auto* xs = static_cast<const uint16_t*>(x.untyped_data());
+  // The last rows past a multiple of 32, zero-padded to a whole panel once for every item.
+  const int64_t whole = M / 32 * 32;
+  std::vector<uint16_t> tail(M > whole ? 32 * K : 0, 0);
+  std::copy(xs + whole * K, xs + M * K, tail.data());
+  const Problem p{xs, tail.empty() ? nullptr : tail.data(), w.typed_data() + l * N * K, y->typed_data(), M, K, N};
   const int64_t pairs = N / 32;
   const int64_t per_item = std::max<int64_t>(1, pairs / (8 * std::max<int64_t>(1, pool.num_threads())));
   const int64_t items = (pairs + per_item - 1) / per_item;
