@@ -16,6 +16,7 @@ from jaxinfer import native_attention
 from jaxinfer.attention import (AttentionBackend, AttentionMetadata, gather_pages, paged_attention, write_kv,
                                 xla_paged_attention)
 from jaxinfer.buckets import Bucket, BucketLadders
+from jaxinfer.cpu_features import host_cpu_flags
 from jaxinfer.step_metadata import from_arrays
 from jaxinfer.xla_work_plan import plan_xla_work
 
@@ -105,10 +106,12 @@ def test_ragged_step_matches_float64_reference(rows, window, native, H):
 @pytest.mark.parametrize("window", [None, 40])
 @pytest.mark.parametrize("H", [H, 64])  # 64: the kernel's AVX-512 loops, where the CPU has them
 @pytest.mark.parametrize("bf16", [True, False], ids=["bf16-bits", "float32"])
-def test_native_reads_bit_stored_bfloat16_pages_like_the_jnp_loop(window, H, bf16):
+def test_native_reads_bit_stored_bfloat16_pages_like_the_jnp_loop(window, H, bf16, monkeypatch):
     """A bfloat16 cache on CPU holds uint16 bits (`attention.kv_storage_dtype`): the kernel
     widens them as the jnp loop does, so both give the same attention (float32 pages too, so
-    that both kinds of page go through the kernel's AVX-512 loops at H = 64)."""
+    that both kinds of page go through the kernel's AVX-512 loops at H = 64). The AMX loop of
+    prefill runs (bfloat16 operands) is off here: `test_amx_prefill_runs_match_the_jnp_loop`."""
+    monkeypatch.setenv("JAXINFER_NATIVE_AMX", "0")  # read by the kernel per call
     rows = [(1, 1), (70, 1), (0, 1), (300, 1), (45, 6)]
     width = 32
     a, _, nb = _pack(rows, width)
@@ -125,6 +128,48 @@ def test_native_reads_bit_stored_bfloat16_pages_like_the_jnp_loop(window, H, bf1
     outs = [xla_paged_attention(q, k_new, v_new, k_cache, v_cache, jnp.int32(1), meta, plan_xla_work(meta, BS),
                                 H ** -0.5, win, native=native) for native in (False, True)]
     np.testing.assert_allclose(np.asarray(outs[1]), np.asarray(outs[0]), atol=1e-5, rtol=1e-5)
+
+
+AMX = pytest.mark.skipif(not (native_attention.available() and {"amx_tile", "amx_bf16"} <= host_cpu_flags()),
+                         reason="needs the native kernel on a CPU with AMX (amx_tile, amx_bf16)")
+
+
+@AMX
+@pytest.mark.parametrize("window", [None, 1, 17, 40])
+@pytest.mark.parametrize("H", [64, 128, 256])
+def test_amx_prefill_runs_match_the_float64_reference(window, H, monkeypatch):
+    """On bfloat16 pages the kernel's prefill runs (2+ consecutive queries of one sequence) go
+    through its AMX loop: Q and the probabilities rounded to bfloat16, float32 sums. Against the
+    float64 reference of the stored (bfloat16) keys and values, within bfloat16's rounding; a
+    masked key, a wrong page or a stale value would be off by ~0.1 or more. Runs start and end
+    inside pages and inside the loop's 32-key blocks (17 queries: a run of 16 and one of 1),
+    beside decode rows; the loop is shown to run (AMX off gives other bits)."""
+    rows = [(0, 40), (33, 17), (1, 1), (5, 2), (300, 1), (70, 5), (0, 1)]
+    width = 32
+    a, tables, nb = _pack(rows, width)
+    rng = np.random.default_rng(H)
+    T = len(a["token_ids"])
+    bf16 = lambda x: jnp.asarray(x, jnp.bfloat16)  # noqa: E731
+    bits = lambda x: jax.lax.bitcast_convert_type(bf16(x), jnp.uint16)  # noqa: E731
+    as64 = lambda x: np.asarray(bf16(x), np.float64)  # noqa: E731
+    q = rng.standard_normal((T, K * G, H))
+    k_new, v_new = rng.standard_normal((T, K, H)), rng.standard_normal((T, K, H))
+    k_cache, v_cache = rng.standard_normal((L, nb, BS, K, H)), rng.standard_normal((L, nb, BS, K, H))
+    meta = from_arrays(AttentionMetadata, {k: jnp.asarray(v) for k, v in a.items()})
+    win = None if window is None else jnp.int32(window)
+    kc, vc, kn, vn = _written(bits(k_cache), bits(v_cache), jnp.asarray(k_new, jnp.float32),
+                              jnp.asarray(v_new, jnp.float32), meta)
+    outs = {}
+    for amx in ("1", "0"):
+        monkeypatch.setenv("JAXINFER_NATIVE_AMX", amx)  # read by the kernel per call
+        outs[amx] = np.asarray(xla_paged_attention(jnp.asarray(q, jnp.float32), kn, vn, kc, vc, jnp.int32(1), meta,
+                                                   plan_xla_work(meta, BS), H ** -0.5, win, native=True))
+    want = _reference(q, np.asarray(kn, np.float64), np.asarray(vn, np.float64), as64(k_cache), as64(v_cache), rows,
+                      tables, 1, H ** -0.5, window)  # the new K/V as written (rounded from float32)
+    np.testing.assert_allclose(outs["1"], want, atol=1.5e-2, rtol=0)
+    np.testing.assert_allclose(outs["0"], want, atol=2e-5, rtol=1e-4)
+    if window != 1:  # a lone key: probability 1, exact in bfloat16 too
+        assert not np.array_equal(outs["1"], outs["0"])
 
 
 def test_xla_backend_refuses_a_step_without_its_work_plan():

@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -44,6 +45,8 @@
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "parallel_items.h"
 #include "xla/ffi/api/ffi.h"
@@ -513,12 +516,217 @@ void attend_tile(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
   std::copy(st.acc, st.acc + n * N * H, in.acc + r0 * N * H);
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+// ---- Prefill runs on Intel AMX (bfloat16 pages of 16 tokens, head dim a multiple of 32).
+//
+// The same run as `attend_tile` (up to 16 consecutive queries of one sequence), with both
+// products on AMX's tile unit: per block of two pages (32 keys) and query head, the scores
+// S = Q K^T (16 queries x 32 keys, float32 sums of bfloat16 products), an online-softmax step
+// per query over its 32 scores (AVX-512), then P V with P rounded to bfloat16
+// (FlashAttention-2's blocked loop, Dao 2023; bfloat16 operands with float32 accumulation, as
+// its GPU kernels). Q is rounded to bfloat16 once per run. Each block's keys are laid out once
+// per KV head as the B operand of S (pairs of head dims per key) and its values as the B
+// operand of P V (pairs of keys per head dim): Intel's pair-interleaved layout for TDPBF16PS.
+// Tiles (all 16 rows x 64 bytes): 0, 6: S of keys 0-15 / 16-31; 1: a 32-dim slice of Q;
+// 2, 7: that slice of the keys 0-15 / 16-31; 3: P; 4: 16 head dims of V; 5: their P V.
+
+// Whether this process may use AMX tiles: Linux (>= 5.16) grants the tile state per process
+// on request (arch_prctl ARCH_REQ_XCOMP_PERM, feature 18: XTILEDATA); asked once.
+bool amx_tiles_granted() {
+  static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
+  return granted;
+}
+
+// The AMX loop is used unless JAXINFER_NATIVE_AMX=0 (the switch of the AMX products too,
+// jaxinfer/native_amx.py), read per call so that a process can compare both loops.
+bool amx_attention_on() {
+  const char* env = std::getenv("JAXINFER_NATIVE_AMX");
+  return !(env && env[0] == '0' && env[1] == '\0') && amx_tiles_granted();
+}
+
+struct AmxTileConfig {  // the 64-byte operand of LDTILECFG (palette 1)
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// A run's state: Q in bfloat16 ([N heads][16 queries][H]), the block's keys and values in the
+// B layouts of one KV head, S, P and P V of one head, and per (query, head) the running max,
+// sum and weighted values (acc [16 queries][N][H], as attend_tile's).
+struct AmxRunState {
+  uint16_t q[kMaxHeads * 16 * kMaxHeadDim] __attribute__((aligned(64)));
+  uint32_t keys[kMaxHeadDim / 32 * 2 * 16 * 16] __attribute__((aligned(64)));  // [H/32][half][pair][key]
+  uint16_t values[kMaxHeadDim / 16 * 16 * 32] __attribute__((aligned(64)));    // [H/16][key pair][dim][2]
+  float s[2 * 16 * 16] __attribute__((aligned(64)));                              // [half][query][key]
+  uint16_t p[16 * 32] __attribute__((aligned(64)));                               // [query][key]
+  float pv[16 * kMaxHeadDim] __attribute__((aligned(64)));                        // [query][H]
+  float m[16 * kMaxHeads], l[16 * kMaxHeads];
+  float acc[16 * kMaxHeads * kMaxHeadDim] __attribute__((aligned(64)));
+};
+
+// Block keys [0, 32) of KV head kh into st.keys; `pages[h]` is half h's page (nullptr: none);
+// keys outside [a, b) are zeroed so that no stale row reaches a product.
+void amx_block_operands(const uint16_t* const* pages, int64_t K, int64_t H, int64_t kh, int64_t a, int64_t b,
+                        bool keys, AmxRunState& st) {
+  const int64_t row = K * H;
+  for (int64_t t = 0; t < 32; ++t) {
+    const uint16_t* page = pages[t / 16];
+    const bool live = page && t >= a && t < b;
+    const uint16_t* src = live ? page + (t % 16) * row + kh * H : nullptr;
+    if (keys) {  // keys[c][t / 16][p][t % 16] = the pair (2p, 2p + 1) of dims 32c.. of key t
+      for (int64_t c = 0; c < H / 32; ++c) {
+        uint32_t* dst = st.keys + ((c * 2 + t / 16) * 16) * 16 + t % 16;
+        for (int64_t p = 0; p < 16; ++p) {
+          uint32_t pair = 0;
+          if (live) std::memcpy(&pair, src + 32 * c + 2 * p, 4);
+          dst[p * 16] = pair;
+        }
+      }
+    } else {  // values[d][t / 2][e][t % 2] = dim 16d + e of value t
+      for (int64_t d = 0; d < H / 16; ++d) {
+        uint16_t* dst = st.values + ((d * 16 + t / 2) * 16) * 2 + t % 2;
+        for (int64_t e = 0; e < 16; ++e) dst[e * 2] = live ? src[16 * d + e] : 0;
+      }
+    }
+  }
+}
+
+// One (query, head) step over a block's 32 scores s0 | s1 (lanes outside live0 | live1 masked):
+// the running max and sum updated, P's row written (bfloat16), and the factor for the old
+// accumulator returned (0 when there was none).
+inline float amx_softmax_row(__m512 s0, __m512 s1, __mmask16 live0, __mmask16 live1, float& m, float& l,
+                             uint16_t* p_row) {
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 a = _mm512_mask_mov_ps(ninf, live0, s0), b = _mm512_mask_mov_ps(ninf, live1, s1);
+  const float m_new = std::max(m, _mm512_reduce_max_ps(_mm512_max_ps(a, b)));
+  const __m512 shift = _mm512_set1_ps(m_new);
+  const __m512 p0 = _mm512_maskz_mov_ps(live0, exp16(_mm512_sub_ps(a, shift)));
+  const __m512 p1 = _mm512_maskz_mov_ps(live1, exp16(_mm512_sub_ps(b, shift)));
+  const float rescale = std::isinf(m) ? 0.f : fast_exp(m - m_new);
+  l = l * rescale + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+  m = m_new;
+  _mm512_store_si512(p_row, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+  return rescale;
+}
+
+// Rows [r0, r1) of one run on AMX (see above); the caller saved and restores the tile config.
+template <int64_t H>
+void attend_tile_amx(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
+  const int64_t K = s.K, G = s.G, N = K * G, n = r1 - r0, row = K * H;
+  static thread_local AmxRunState st;
+  std::fill(st.m, st.m + n * N, -std::numeric_limits<float>::infinity());
+  std::fill(st.l, st.l + n * N, 0.f);
+  std::fill(st.acc, st.acc + n * N * H, 0.f);
+  for (int64_t i = 0; i < N; ++i)  // Q rounded to bfloat16, rows past n zero
+    for (int64_t j = 0; j < 16; ++j)
+      for (int64_t h = 0; h < H; h += 16) {
+        const __m512 x = j < n ? _mm512_loadu_ps(in.q + ((r0 + j) * N + i) * H + h) : _mm512_setzero_ps();
+        _mm256_store_si256(reinterpret_cast<__m256i*>(st.q + (i * 16 + j) * H + h), (__m256i)_mm512_cvtneps_pbh(x));
+      }
+  std::fill(st.p, st.p + 16 * 32, uint16_t(0));
+  auto lo = [&](int64_t r) { return in.window > 0 ? std::max<int64_t>(0, int64_t(in.q_pos[r]) - in.window + 1) : int64_t(0); };
+  const uint16_t* k_cache = static_cast<const uint16_t*>(in.k);
+  const uint16_t* v_cache = static_cast<const uint16_t*>(in.v);
+  const int32_t* table = in.tables + r0 * s.W;
+  const int64_t first = lo(r0) / 16, end = (in.ctx[r1 - 1] + 15) / 16;
+  for (int64_t page = first; page < end; page += 2) {
+    const int64_t key0 = page * 16;  // position of the block's first key
+    const uint16_t* kp[2] = {nullptr, nullptr};
+    const uint16_t* vp[2] = {nullptr, nullptr};
+    for (int64_t h = 0; h < 2 && page + h < end; ++h) {
+      const int64_t base = (in.layer * s.NB + table[page + h]) * 16 * row;
+      kp[h] = k_cache + base;
+      vp[h] = v_cache + base;
+    }
+    const int64_t a = std::max<int64_t>(lo(r0) - key0, 0), b = std::min<int64_t>(32, in.ctx[r1 - 1] - key0);
+    uint32_t live[16];  // per query: its keys of this block, bits [t0, t1)
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t t0 = std::clamp<int64_t>(lo(r0 + j) - key0, 0, 32), t1 = std::clamp<int64_t>(in.ctx[r0 + j] - key0, 0, 32);
+      live[j] = t0 >= t1 ? 0u : uint32_t((t1 == 32 ? ~0ull : (1ull << t1) - 1) & ~((1ull << t0) - 1));
+    }
+    for (int64_t kh = 0; kh < K; ++kh) {
+      amx_block_operands(kp, K, H, kh, a, b, true, st);
+      amx_block_operands(vp, K, H, kh, a, b, false, st);
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t i = kh * G + g;
+        _tile_zero(0);
+        _tile_zero(6);
+        for (int64_t c = 0; c < H / 32; ++c) {
+          _tile_loadd(1, st.q + i * 16 * H + 32 * c, H * 2);
+          _tile_loadd(2, st.keys + (c * 2) * 256, 64);
+          _tile_loadd(7, st.keys + (c * 2 + 1) * 256, 64);
+          _tile_dpbf16ps(0, 1, 2);
+          _tile_dpbf16ps(6, 1, 7);
+        }
+        _tile_stored(0, st.s, 64);
+        _tile_stored(6, st.s + 256, 64);
+        float rescale[16];
+        for (int64_t j = 0; j < n; ++j) {
+          uint16_t* p_row = st.p + j * 32;
+          if (!live[j]) {
+            std::fill(p_row, p_row + 32, uint16_t(0));
+            rescale[j] = 1.f;
+            continue;
+          }
+          rescale[j] = amx_softmax_row(_mm512_load_ps(st.s + j * 16), _mm512_load_ps(st.s + 256 + j * 16),
+                                       __mmask16(live[j]), __mmask16(live[j] >> 16), st.m[j * N + i], st.l[j * N + i],
+                                       p_row);
+        }
+        _tile_loadd(3, st.p, 64);
+        for (int64_t d = 0; d < H / 16; ++d) {
+          _tile_zero(5);
+          _tile_loadd(4, st.values + d * 512, 64);
+          _tile_dpbf16ps(5, 3, 4);
+          _tile_stored(5, st.pv + 16 * d, H * 4);
+        }
+        for (int64_t j = 0; j < n; ++j) {
+          if (!live[j]) continue;
+          float* acc = st.acc + (j * N + i) * H;
+          const __m512 f = _mm512_set1_ps(rescale[j]);
+          for (int64_t h = 0; h < H; h += 16)
+            _mm512_storeu_ps(acc + h, _mm512_fmadd_ps(_mm512_loadu_ps(acc + h), f, _mm512_load_ps(st.pv + j * H + h)));
+        }
+      }
+    }
+  }
+  std::copy(st.m, st.m + n * N, in.m + r0 * N);
+  std::copy(st.l, st.l + n * N, in.l + r0 * N);
+  std::copy(st.acc, st.acc + n * N * H, in.acc + r0 * N * H);
+}
+
+// A run on AMX where it applies (bfloat16 pages of 16 tokens, head dim 64, 128 or 256, AMX on);
+// the thread's tile configuration is saved and restored, since XLA's own AMX kernels share it.
+bool attend_run_amx(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
+  if (s.H != 64 && s.H != 128 && s.H != 256) return false;
+  if (!amx_attention_on()) return false;
+  alignas(64) uint8_t saved[64];
+  _tile_storeconfig(saved);
+  AmxTileConfig ours;
+  for (int t = 0; t < 8; ++t) {
+    ours.rows[t] = 16;
+    ours.colsb[t] = 64;
+  }
+  _tile_loadconfig(&ours);
+  if (s.H == 64) attend_tile_amx<64>(r0, r1, s, in);
+  else if (s.H == 128) attend_tile_amx<128>(r0, r1, s, in);
+  else attend_tile_amx<256>(r0, r1, s, in);
+  if (saved[0] == 0)
+    _tile_release();
+  else
+    _tile_loadconfig(saved);
+  return true;
+}
+#else
+bool attend_run_amx(int64_t, int64_t, const Shape&, const Inputs&) { return false; }
+#endif
+
 // The tiled loops for a run of several queries, where they apply (float or bfloat16 pages of 16
 // tokens, head dim 64, 128 or 256, no scales); false: the caller runs the rows one at a time.
 template <typename T>
 bool attend_run_tiled(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
   if (r1 - r0 < 2 || s.bs != 16 || in.k_scales || !(std::is_same<T, float>::value || std::is_same<T, uint16_t>::value))
     return false;
+  if (std::is_same<T, uint16_t>::value && attend_run_amx(r0, r1, s, in)) return true;
   if (s.H == 64) attend_tile<T, 4>(r0, r1, s, in);
   else if (s.H == 128) attend_tile<T, 8>(r0, r1, s, in);
   else if (s.H == 256) attend_tile<T, 16>(r0, r1, s, in);
