@@ -564,29 +564,36 @@ struct AmxRunState {
   float acc[16 * kMaxHeads * kMaxHeadDim] __attribute__((aligned(64)));
 };
 
-// Block keys [0, 32) of KV head kh into st.keys; `pages[h]` is half h's page (nullptr: none);
-// keys outside [a, b) are zeroed so that no stale row reaches a product.
-void amx_block_operands(const uint16_t* const* pages, int64_t K, int64_t H, int64_t kh, int64_t a, int64_t b,
-                        bool keys, AmxRunState& st) {
+// Block keys [0, 32) of KV head kh as the B operands: st.keys[c][t / 16][p][t % 16] = the pair of
+// dims (32c + 2p, 32c + 2p + 1) of key t (one scatter per key and 32 dims), and
+// st.values[d][t / 2][e][t % 2] = dim 16d + e of value t (two values' 16 dims interleaved by one
+// permute). `pages[h]` is half h's page (nullptr: none); keys outside [a, b) are zeros, so that no
+// stale row reaches a product.
+void amx_block_operands(const uint16_t* const* pages, const uint16_t* const* value_pages, int64_t K, int64_t H,
+                        int64_t kh, int64_t a, int64_t b, AmxRunState& st) {
   const int64_t row = K * H;
+  auto key_row = [&](const uint16_t* const* src, int64_t t) -> const uint16_t* {
+    return src[t / 16] && t >= a && t < b ? src[t / 16] + (t % 16) * row + kh * H : nullptr;
+  };
+  const __m512i down = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(16));
   for (int64_t t = 0; t < 32; ++t) {
-    const uint16_t* page = pages[t / 16];
-    const bool live = page && t >= a && t < b;
-    const uint16_t* src = live ? page + (t % 16) * row + kh * H : nullptr;
-    if (keys) {  // keys[c][t / 16][p][t % 16] = the pair (2p, 2p + 1) of dims 32c.. of key t
-      for (int64_t c = 0; c < H / 32; ++c) {
-        uint32_t* dst = st.keys + ((c * 2 + t / 16) * 16) * 16 + t % 16;
-        for (int64_t p = 0; p < 16; ++p) {
-          uint32_t pair = 0;
-          if (live) std::memcpy(&pair, src + 32 * c + 2 * p, 4);
-          dst[p * 16] = pair;
-        }
-      }
-    } else {  // values[d][t / 2][e][t % 2] = dim 16d + e of value t
-      for (int64_t d = 0; d < H / 16; ++d) {
-        uint16_t* dst = st.values + ((d * 16 + t / 2) * 16) * 2 + t % 2;
-        for (int64_t e = 0; e < 16; ++e) dst[e * 2] = live ? src[16 * d + e] : 0;
-      }
+    const uint16_t* key = key_row(pages, t);
+    for (int64_t c = 0; c < H / 32; ++c) {
+      const __m512i pairs = key ? _mm512_loadu_si512(key + 32 * c) : _mm512_setzero_si512();
+      _mm512_i32scatter_epi32(st.keys + ((c * 2 + t / 16) * 16) * 16 + t % 16, down, pairs, 4);
+    }
+  }
+  const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
+                                       5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int64_t t = 0; t < 32; t += 2) {
+    const uint16_t* v0 = key_row(value_pages, t);
+    const uint16_t* v1 = key_row(value_pages, t + 1);
+    for (int64_t d = 0; d < H / 16; ++d) {
+      const __m256i x0 = v0 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v0 + 16 * d)) : _mm256_setzero_si256();
+      const __m256i x1 = v1 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v1 + 16 * d)) : _mm256_setzero_si256();
+      const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(x0), x1, 1);
+      _mm512_store_si512(st.values + (d * 16 + t / 2) * 32, _mm512_permutexvar_epi16(zip, both));
     }
   }
 }
@@ -645,8 +652,7 @@ void attend_tile_amx(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
       live[j] = t0 >= t1 ? 0u : uint32_t((t1 == 32 ? ~0ull : (1ull << t1) - 1) & ~((1ull << t0) - 1));
     }
     for (int64_t kh = 0; kh < K; ++kh) {
-      amx_block_operands(kp, K, H, kh, a, b, true, st);
-      amx_block_operands(vp, K, H, kh, a, b, false, st);
+      amx_block_operands(kp, vp, K, H, kh, a, b, st);
       for (int64_t g = 0; g < G; ++g) {
         const int64_t i = kh * G + g;
         _tile_zero(0);
