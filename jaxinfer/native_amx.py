@@ -10,7 +10,9 @@ the runner passed the packed weights (an ``amx`` variable collection, `packed_va
 a bfloat16 unquantized model on one CPU device whose CPU has AMX (``amx_bf16``).
 
 Built on first use by `jaxinfer.native_build`; with no AMX, no compiler, or
-``JAXINFER_NATIVE_AMX=0``, `available` says why and XLA's dot runs.
+``JAXINFER_NATIVE_AMX=0``, `available` says why and XLA's dot runs. The same switch keeps the
+attention kernel's prefill runs off AMX (`jaxinfer.native_attention`, which reads it per call
+and asks Linux for the tile state itself).
 """
 from __future__ import annotations
 

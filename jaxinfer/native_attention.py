@@ -9,7 +9,10 @@ at 32 rows and a context of ~640 that was ~270 ms of a ~350 ms decode step,
 `benchmarks/results/2026-12-01-cpu2-s3/`). Prefill tokens then still went through the jnp
 path's dense [T, T] scores, which grow with the square of the step's tokens: a 512-token
 prefill step ran at ~800-940 prompt tokens/s, and ~2,200 with every token in the kernel
-(`benchmarks/results/2026-12-02-cpu2-prefill/`).
+(`benchmarks/results/2026-12-02-cpu2-prefill/`). On a CPU with AMX and a bfloat16 cache, a
+prompt chunk's queries multiply Q K^T and P V on the AMX tiles (bfloat16 operands, float32
+sums; `JAXINFER_NATIVE_AMX=0` keeps the AVX-512 loop): the kernel alone on a 512-token chunk,
+79 against 200 ms for SmolLM2's 30 layers (`benchmarks/results/2026-12-03-cpu2-amx-attention/`).
 
 The source is compiled on first use by `jaxinfer.native_build` (the machine's C++ compiler,
 cached in ``~/.cache/jaxinfer/native/paged_decode-<hash>.so``).
