@@ -66,6 +66,23 @@ TileConfig our_config() {
   return c;
 }
 
+// Weight blocks are prefetched this many K blocks (2 KB of each column-block pair) ahead of the
+// tile loads. A weight block is read once per call and this CPU's L3 (105 MB) holds less than the
+// model, so it comes from DRAM; a tile load cannot start before the products still reading its
+// tile are done, so without prefetch every block waits out DRAM's latency. Probe (30 scanned
+// products, 8 weight stacks in rotation, 0 against 4 ahead alternated in one process,
+// benchmarks/results/2026-12-03-cpu2-amx-attention/probes/amx_prefetch_ab.py): 32 x 576 x 1536
+// 6.6 -> 5.2 ms, 8 rows 4.4 -> 3.7 ms, 32 x 1536 x 576 5.1 -> 4.8 ms; 512 rows alike within
+// noise. 2 and 4 ahead measured alike, 8 no better. 0 turns it off.
+constexpr int64_t kAhead = 4;
+
+inline void prefetch_block(const uint16_t* w0, const uint16_t* w1) {
+  for (int line = 0; line < 16; ++line) {  // a block: 16 rows of 64 bytes
+    _mm_prefetch(reinterpret_cast<const char*>(w0) + 64 * line, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w1) + 64 * line, _MM_HINT_T0);
+  }
+}
+
 // Column blocks j, j + 1 for rows [m0, m0 + 32) of a (32-row, K) panel `a` with row stride `lda`
 // (elements), into c (32 x 32 float32, row stride `ldc` floats). `full`: all 32 rows are real
 // (else only the first 16 are computed).
@@ -78,6 +95,7 @@ void panel(const uint16_t* a, int64_t lda, const Problem& p, int64_t j, bool ful
   _tile_zero(2);
   _tile_zero(3);
   for (int64_t b = 0; b < blocks; ++b) {
+    if (kAhead > 0 && b + kAhead < blocks) prefetch_block(b0 + (b + kAhead) * 512, b1 + (b + kAhead) * 512);
     _tile_loadd(4, a + b * 32, lda * 2);
     _tile_loadd(6, b0 + b * 512, 64);
     _tile_loadd(7, b1 + b * 512, 64);
