@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer import kv_quant, native_amx
+from jaxinfer import kv_quant, native_amx, native_argmax
 from jaxinfer.attention import AttentionBackend, AttentionMetadata, kv_storage_dtype
 from jaxinfer.batch import StepInputs
 from jaxinfer.buckets import Bucket
@@ -169,6 +169,12 @@ def use_native_amx(dtype, shardings, cfg: ModelConfig) -> bool:
     return _one_cpu_bfloat16(dtype, shardings, cfg) and native_amx.available()
 
 
+def use_native_argmax(shardings) -> bool:
+    """Whether each step's greedy ids come from the C++ argmax loop (`jaxinfer.native_argmax`):
+    on CPU, one device (a custom call has no sharding rule), any dtype, and the loop built."""
+    return jax.default_backend() == "cpu" and shardings is None and native_argmax.available()
+
+
 def _one_cpu_bfloat16(dtype, shardings, cfg: ModelConfig) -> bool:
     """Unquantized bfloat16 weights on one CPU device: where the C++ products may run (a custom
     call has no sharding rule)."""
@@ -239,10 +245,12 @@ class ModelRunner:
         # sharded: KV stays in its sharding across steps; logits gathered for the sampler
         rep = shardings[2] if shardings else None
         out = {} if shardings is None else {"out_shardings": (rep, rep, shardings[1], shardings[1], rep)}
-        self._jitted = jax.jit(functools.partial(self._model_step, self.model), donate_argnums=(1, 2), **out)
+        self.native_argmax = use_native_argmax(shardings)
+        step = functools.partial(self._model_step, native_ids=self.native_argmax)
+        self._jitted = jax.jit(functools.partial(step, self.model), donate_argnums=(1, 2), **out)
         unrolled = LlamaForCausalLM(cfg, attention, self.dtype, self.dtype, scan_layers=False,
                                     native_products=self.native_products)
-        self._jitted_unrolled = jax.jit(functools.partial(self._model_step, unrolled), donate_argnums=(1, 2), **out)
+        self._jitted_unrolled = jax.jit(functools.partial(step, unrolled), donate_argnums=(1, 2), **out)
         self._jitted_head = jax.jit(self._prompt_step, **({} if shardings is None else {"out_shardings": shardings[2]}))
 
     def _alloc_cache(self):
@@ -264,10 +272,10 @@ class ModelRunner:
         return {"params": self.params, **({native_amx.COLLECTION: self.amx} if self.amx else {})}
 
     @staticmethod
-    def _model_step(model, variables, k_cache, v_cache, token_ids, meta: AttentionMetadata):
+    def _model_step(model, variables, k_cache, v_cache, token_ids, meta: AttentionMetadata, native_ids=False):
         (logits, k_cache, v_cache), state = model.apply(
             variables, token_ids, meta, k_cache, v_cache, meta.logits_indices, mutable=["intermediates"])
-        greedy_ids = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # the sampler's ids in a `greedy_only` step
+        greedy_ids = native_argmax.greedy_ids(logits, native_ids)  # the sampler's ids in a `greedy_only` step
         return logits, greedy_ids, k_cache, v_cache, state["intermediates"][HIDDEN][0]
 
     def _head_params(self, params) -> dict:
