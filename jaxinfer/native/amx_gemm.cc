@@ -75,6 +75,13 @@ TileConfig our_config() {
 // 6.6 -> 5.2 ms, 8 rows 4.4 -> 3.7 ms, 32 x 1536 x 576 5.1 -> 4.8 ms; 512 rows alike within
 // noise. 2 and 4 ahead measured alike, 8 no better. 0 turns it off.
 constexpr int64_t kAhead = 4;
+// The A rows of the panel (one 64-byte line per row and K block) are prefetched kAheadA K blocks
+// ahead. With many rows, each item re-reads every 32-row panel of A from L2 for each of its column
+// pairs, and a tile load waits for the products still reading the tile. Probe (amx_a_prefetch_ab.py
+// in benchmarks/results/2026-12-03-cpu2-128-requests/probes/, 0 against 2 ahead alternated in one
+// process, two runs): 30 x (512 x 576 x 1536) 44.9 -> 40.7 and 55.9 -> 49.1 ms, 512 x 1536 x 576
+// 46.9 -> 42.1 and 65.5 -> 55.1 ms; 8 and 32 rows alike. 1 and 4 ahead gave less. 0 turns it off.
+constexpr int64_t kAheadA = 2;
 
 inline void prefetch_block(const uint16_t* w0, const uint16_t* w1) {
   for (int line = 0; line < 16; ++line) {  // a block: 16 rows of 64 bytes
@@ -96,6 +103,9 @@ void panel(const uint16_t* a, int64_t lda, const Problem& p, int64_t j, bool ful
   _tile_zero(3);
   for (int64_t b = 0; b < blocks; ++b) {
     if (kAhead > 0 && b + kAhead < blocks) prefetch_block(b0 + (b + kAhead) * 512, b1 + (b + kAhead) * 512);
+    if (kAheadA > 0 && b + kAheadA < blocks)
+      for (int r = 0; r < (full ? 32 : 16); ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(a + r * lda + (b + kAheadA) * 32), _MM_HINT_T0);
     _tile_loadd(4, a + b * 32, lda * 2);
     _tile_loadd(6, b0 + b * 512, 64);
     _tile_loadd(7, b1 + b * 512, 64);
