@@ -36,7 +36,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 @pytest.fixture(scope="module")
 def llm():
     params = init_params(CFG, scale=5.0, seed=1)
-    return LLM("tiny", max_model_len=64, max_num_seqs=64, max_num_batched_tokens=64, num_blocks=160,
+    return LLM("tiny", max_model_len=64, max_num_seqs=16, max_num_batched_tokens=64, num_blocks=160,
                model_config=CFG, params=params, tokenizer=None, speculative_config=SPEC, use_tqdm=False)
 
 
