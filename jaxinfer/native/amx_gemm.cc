@@ -77,12 +77,12 @@ TileConfig our_config() {
 constexpr int64_t kAhead = 4;
 // The A rows of the panel (one 64-byte line per row and K block) are prefetched kAheadA K blocks
 // ahead. With many rows, each item re-reads every 32-row panel of A from L2 for each of its column
-// pairs, and a tile load waits for the products still reading the tile. Probe (amx_a_prefetch_ab.py
-// in benchmarks/results/2026-12-03-cpu2-128-requests/probes/, 0 against 2 ahead alternated in one
-// process, two runs): 30 x (512 x 576 x 1536) 44.9 -> 40.7 and 55.9 -> 49.1 ms, 512 x 1536 x 576
-// 46.9 -> 42.1 and 65.5 -> 55.1 ms; 8 and 32 rows alike. 1 and 4 ahead gave less. A third run,
-// with the machine faster, gave 512 rows alike (28.8 ms both): it helps when A has left L2.
-// 0 turns it off.
+// pairs, and a tile load waits for the products still reading the tile. Probe (CONSTANT=kAheadA
+// with the kAhead probe above; outputs in benchmarks/results/2026-12-03-cpu2-128-requests/probes/,
+// 0 against 2 ahead alternated in one process, two runs): 30 x (512 x 576 x 1536) 44.9 -> 40.7
+// and 55.9 -> 49.1 ms, 512 x 1536 x 576 46.9 -> 42.1 and 65.5 -> 55.1 ms; 8 and 32 rows alike.
+// 1 and 4 ahead gave less. A third run, with the machine faster, gave 512 rows alike (28.8 ms
+// both): it helps when A has left L2. 0 turns it off.
 constexpr int64_t kAheadA = 2;
 
 inline void prefetch_block(const uint16_t* w0, const uint16_t* w1) {

@@ -8,31 +8,19 @@ a and each step its own residual (long steps included).
 
 Usage: per_row_ceiling.py CONTINUOUS.json STATIC.json [PER_ROW_MS,CONTEXT_SCALE ...]
 """
-import json
 import sys
+from pathlib import Path
 
 import numpy as np
 
-GAP = 0.02
+# The step reconstruction of steps_from_runs.py (tokens less than 20 ms apart are one step).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "2026-12-03-cpu2-amx-attention" / "probes"))
+from steps_from_runs import steps as arrival_steps  # noqa: E402
 
 
 def steps(path):
-    reqs = [x for x in json.load(open(path))["requests"] if x["outcome"] == "ok"]
-    t0 = min(x["start"] for x in reqs)
-    events = []
-    for x in reqs:
-        t = x["start"] - t0 + x["ttft"]
-        events.append((t, x["prompt_len"] + 1))
-        for k, itl in enumerate(x["itl"]):
-            t += itl
-            events.append((t, x["prompt_len"] + 2 + k))
-    events.sort()
-    groups = [[events[0]]]
-    for ev in events[1:]:
-        (groups[-1].append(ev) if ev[0] - groups[-1][-1][0] < GAP else groups.append([ev]))
-    T = np.array([g[0][0] for g in groups])
-    R = np.array([len(g) for g in groups], float)
-    C = np.array([sum(c for _, c in g) for g in groups], float) / 1000
+    T, R, C = arrival_steps(path)
+    R, C = R.astype(float), C.astype(float) / 1000
     dt, R, C = np.diff(T), R[1:], C[1:]
     short = dt < 2 * np.median(dt)
     A = np.stack([np.ones(short.sum()), R[short], C[short]], 1)

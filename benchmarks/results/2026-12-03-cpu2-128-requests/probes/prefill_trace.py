@@ -5,21 +5,19 @@ jax.profiler, and the trace's events are summed by name (custom calls are ffi_ca
 attention kernel and each AMX product are called 30 times per step, once per layer; `while`
 events contain the layer scan's others, so totals overlap).
 Usage: prefill_trace.py [P=512]; prints the median step, prompt tok/s and the 25 largest totals."""
-import collections
-import glob
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import jax
 import numpy as np
-from jax.profiler import ProfileData
 
 ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT))
 from jaxinfer import LLM, SamplingParams  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "2026-12-03-cpu2-amx-attention" / "probes"))
+from decode_trace import print_trace_totals  # noqa: E402
 
 prompt = int(sys.argv[1]) if len(sys.argv) > 1 else 512
 llm = LLM(str(ROOT / "weights/smollm2-135m-instruct"), use_tqdm=False, enable_prefix_caching=False)
@@ -37,17 +35,4 @@ for _ in range(6):
     times.append(time.perf_counter() - t)
 step = statistics.median(times)
 print(f"prompts of {prompt}: median step {1e3 * step:.1f} ms (untraced), {prompt / step:.0f} prompt tok/s")
-out = tempfile.mkdtemp()
-jax.profiler.start_trace(out)
-for _ in range(6):
-    e.step()
-jax.profiler.stop_trace()
-total, count = collections.Counter(), collections.Counter()
-for plane in ProfileData.from_file(glob.glob(f"{out}/plugins/profile/*/*.xplane.pb")[0]).planes:
-    for line in plane.lines:
-        for ev in line.events:
-            if ev.name.startswith("ffi_call") or "fusion" in ev.name or ev.name.startswith("while"):
-                total[ev.name] += ev.duration_ns
-                count[ev.name] += 1
-for name, ns in total.most_common(25):
-    print(f"  {ns / 6e6:7.2f} ms per step  {count[name] / 6:5.1f} calls per step  {name}")
+print_trace_totals(e.step, 6)

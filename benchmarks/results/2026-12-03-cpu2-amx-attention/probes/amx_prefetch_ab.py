@@ -2,8 +2,11 @@
 in one process: each variant is this checkout's jaxinfer/native/amx_gemm.cc with kAhead replaced,
 built and registered under its own FFI target. 30 scanned products M x K x N per weight stack,
 8 stacks in rotation (413 MB for 576 x 1536: more than this CPU's L3, so weights come from DRAM,
-as in the model's step). Median of 6 alternated rounds of 8 calls. Usage: amx_prefetch_ab.py [kAhead ...]."""
+as in the model's step). Median of 6 alternated rounds of 8 calls. Usage: amx_prefetch_ab.py [kAhead ...].
+CONSTANT=kAheadA varies the activation-row prefetch instead (any `constexpr int64_t` of the file);
+ROWS=1,3,128,512 replaces the row counts (default 8,32,512)."""
 import logging
+import os
 import re
 import sys
 import time
@@ -22,16 +25,21 @@ assert native_amx.available(), "needs AMX"
 L, NC = 30, 8
 source = native_amx.SOURCE.read_text()
 targets = {}
+CONSTANT = os.environ.get("CONSTANT", "kAhead")
+ROWS = [int(m) for m in os.environ.get("ROWS", "8,32,512").split(",")]
+pattern = rf"constexpr int64_t {CONSTANT} = \d+;"
+assert re.search(pattern, source), f"no {CONSTANT} in {native_amx.SOURCE}"
 for ahead in [int(a) for a in sys.argv[1:]] or [0, 2, 4, 8]:
-    variant = native_amx.SOURCE.parent / f"_probe_ahead{ahead}.cc"
-    variant.write_text(re.sub(r"constexpr int64_t kAhead = \d+;", f"constexpr int64_t kAhead = {ahead};", source))
+    name = f"probe_{CONSTANT}{ahead}"
+    variant = native_amx.SOURCE.parent / f"_{name}.cc"
+    variant.write_text(re.sub(pattern, f"constexpr int64_t {CONSTANT} = {ahead};", source))
     try:
-        why = native_build.register(variant, f"probe kAhead={ahead}", "JAXINFER_NATIVE_AMX",
-                                    {f"probe_ahead{ahead}": "JaxinferAmxGemm"}, logging.getLogger("probe"))
+        why = native_build.register(variant, f"probe {CONSTANT}={ahead}", "JAXINFER_NATIVE_AMX",
+                                    {name: "JaxinferAmxGemm"}, logging.getLogger("probe"))
     finally:
         variant.unlink()
     assert why is None, why
-    targets[f"ahead {ahead}"] = f"probe_ahead{ahead}"
+    targets[f"ahead {ahead}"] = name
 
 
 def scanned(target):
@@ -50,7 +58,7 @@ rng = np.random.default_rng(0)
 for K, N in [(576, 1536), (1536, 576)]:
     stacks = [jnp.asarray(native_amx.pack(jnp.asarray(rng.standard_normal((L, K, N)) * 0.02, jnp.bfloat16)))
               for _ in range(NC)]
-    for M in (8, 32, 512):
+    for M in ROWS:
         x = jnp.asarray(rng.standard_normal((M, K)), jnp.float32)
         outs = {name: [np.asarray(f(x, s)) for s in stacks] for name, f in runs.items()}
         first = next(iter(outs.values()))

@@ -19,33 +19,45 @@ ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT))
 from jaxinfer import LLM, SamplingParams  # noqa: E402
 
-rows = int(sys.argv[1])
-prompt = int(sys.argv[2]) if len(sys.argv) > 2 else 400
-llm = LLM(str(ROOT / "weights/smollm2-135m-instruct"), use_tqdm=False, enable_prefix_caching=False)
-e = llm.engine
-rs = np.random.RandomState(0)
-sp = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
-for i in range(rows):
-    e.add_request(f"d{i}", rs.randint(256, 16000, prompt).tolist(), sp)
-while any(r.num_output_tokens == 0 for r in e.requests.values()):
-    e.step()
-times = []
-for _ in range(15):
-    t = time.perf_counter()
-    e.step()
-    times.append(time.perf_counter() - t)
-print(f"{rows} rows, context ~{prompt + 10}: median step {1e3 * statistics.median(times[5:]):.1f} ms (untraced)")
-out = tempfile.mkdtemp()
-jax.profiler.start_trace(out)
-for _ in range(10):
-    e.step()
-jax.profiler.stop_trace()
-total, count = collections.Counter(), collections.Counter()
-for plane in ProfileData.from_file(glob.glob(f"{out}/plugins/profile/*/*.xplane.pb")[0]).planes:
-    for line in plane.lines:
-        for ev in line.events:
-            if ev.name.startswith("ffi_call") or "fusion" in ev.name or ev.name.startswith("while"):
-                total[ev.name] += ev.duration_ns
-                count[ev.name] += 1
-for name, ns in total.most_common(25):
-    print(f"  {ns / 1e7:7.2f} ms per step  {count[name] / 10:5.1f} calls per step  {name}")
+
+def print_trace_totals(step, n=10):
+    """Runs ``step()`` n times under jax.profiler and prints the 25 largest event totals per step
+    (custom calls, fusions and while loops, summed by name)."""
+    out = tempfile.mkdtemp()
+    jax.profiler.start_trace(out)
+    for _ in range(n):
+        step()
+    jax.profiler.stop_trace()
+    total, count = collections.Counter(), collections.Counter()
+    for plane in ProfileData.from_file(glob.glob(f"{out}/plugins/profile/*/*.xplane.pb")[0]).planes:
+        for line in plane.lines:
+            for ev in line.events:
+                if ev.name.startswith("ffi_call") or "fusion" in ev.name or ev.name.startswith("while"):
+                    total[ev.name] += ev.duration_ns
+                    count[ev.name] += 1
+    for name, ns in total.most_common(25):
+        print(f"  {ns / (n * 1e6):7.2f} ms per step  {count[name] / n:5.1f} calls per step  {name}")
+
+
+def main():
+    rows = int(sys.argv[1])
+    prompt = int(sys.argv[2]) if len(sys.argv) > 2 else 400
+    llm = LLM(str(ROOT / "weights/smollm2-135m-instruct"), use_tqdm=False, enable_prefix_caching=False)
+    e = llm.engine
+    rs = np.random.RandomState(0)
+    sp = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
+    for i in range(rows):
+        e.add_request(f"d{i}", rs.randint(256, 16000, prompt).tolist(), sp)
+    while any(r.num_output_tokens == 0 for r in e.requests.values()):
+        e.step()
+    times = []
+    for _ in range(15):
+        t = time.perf_counter()
+        e.step()
+        times.append(time.perf_counter() - t)
+    print(f"{rows} rows, context ~{prompt + 10}: median step {1e3 * statistics.median(times[5:]):.1f} ms (untraced)")
+    print_trace_totals(e.step)
+
+
+if __name__ == "__main__":
+    main()

@@ -30,15 +30,16 @@ def steps(path: str):
             np.array([sum(c for _, c in g) for g in groups]))
 
 
-for path in sys.argv[1:]:
-    T, R, C = steps(path)
-    dt, R1, C1 = np.diff(T), R[1:], C[1:]
-    ok = dt < 2 * np.median(dt)
-    A = np.stack([np.ones(ok.sum()), R1[ok], C1[ok] / 1000], 1)
-    coef, *_ = np.linalg.lstsq(A, 1000 * dt[ok], rcond=None)
-    print(f"{path}: {len(T)} steps, {R.sum()} tokens; median step {1000 * np.median(dt):.1f} ms; "
-          f"fit: {coef[0]:.1f} ms + {coef[1]:.2f} ms per row + {coef[2]:.2f} ms per 1,000 context tokens "
-          f"(residual sd {np.std(1000 * dt[ok] - A @ coef):.1f} ms; {int((~ok).sum())} longer steps, {dt[~ok].sum():.1f} s)")
-    window = np.digitize(T, np.arange(0, T[-1] + 5, 5))
-    print("  per 5 s (steps, mean rows):",
-          ", ".join(f"({int((window == w).sum())}, {R[window == w].mean():.1f})" for w in np.unique(window)))
+if __name__ == "__main__":
+    for path in sys.argv[1:]:
+        T, R, C = steps(path)
+        dt, R1, C1 = np.diff(T), R[1:], C[1:]
+        ok = dt < 2 * np.median(dt)
+        A = np.stack([np.ones(ok.sum()), R1[ok], C1[ok] / 1000], 1)
+        coef, *_ = np.linalg.lstsq(A, 1000 * dt[ok], rcond=None)
+        print(f"{path}: {len(T)} steps, {R.sum()} tokens; median step {1000 * np.median(dt):.1f} ms; "
+              f"fit: {coef[0]:.1f} ms + {coef[1]:.2f} ms per row + {coef[2]:.2f} ms per 1,000 context tokens "
+              f"(residual sd {np.std(1000 * dt[ok] - A @ coef):.1f} ms; {int((~ok).sum())} longer steps, {dt[~ok].sum():.1f} s)")
+        window = np.digitize(T, np.arange(0, T[-1] + 5, 5))
+        print("  per 5 s (steps, mean rows):",
+              ", ".join(f"({int((window == w).sum())}, {R[window == w].mean():.1f})" for w in np.unique(window)))
