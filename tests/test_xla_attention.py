@@ -142,10 +142,10 @@ def test_amx_prefill_runs_match_the_float64_reference(window, H, monkeypatch):
     through its AMX loop: Q and the probabilities rounded to bfloat16, float32 sums. Against the
     float64 reference of the stored (bfloat16) keys and values, within bfloat16's rounding; a
     masked key, a wrong page or a stale value would be off by ~0.1 or more. Runs start and end
-    inside pages and inside the loop's 32-key blocks (17 queries: a run of 16 and one of 1),
-    beside decode rows (which stay on the AVX-512 loops); the loop is shown to run (AMX off gives
-    other bits)."""
-    rows = [(0, 40), (33, 17), (1, 1), (5, 2), (300, 1), (70, 5), (0, 1)]
+    inside pages and inside the loop's 32-key blocks and 16-query groups (70 queries: a run of 64
+    and one of 6), beside decode rows (which stay on the AVX-512 loops); the loop is shown to run
+    (AMX off gives other bits)."""
+    rows = [(0, 40), (33, 17), (1, 1), (5, 2), (300, 1), (70, 5), (0, 1), (9, 70)]
     width = 32
     a, tables, nb = _pack(rows, width)
     rng = np.random.default_rng(H)

@@ -20,7 +20,10 @@
 // (`page_values_group`): 32 rows at context ~281, all 30 layers, 13 against 19 ms.
 // With bfloat16 pages on a CPU with AMX (and JAXINFER_NATIVE_AMX not 0), a run's two products
 // go to the tile unit instead (`attend_tile_amx`, 32 keys per block, Q and P rounded to
-// bfloat16): a 512-token prompt's 30 layers, 79 against 200 ms. Decode rows stay on AVX-512:
+// bfloat16): a 512-token prompt's 30 layers, 79 against 200 ms. Runs there hold up to 64
+// queries (kMaxAmxRun), so that each block's keys and values are laid out for the tiles once per
+// 64 queries instead of per 16: the kernel alone 57-73 against 73-86 ms, prefill of 16 x 512
+// 1,708 against 1,444 prompt tok/s (benchmarks/results/2026-12-03-cpu2-prefill-runs/). Decode rows stay on AVX-512:
 // their scores on AMX (keys as stored as the A operand, the query as B) were no faster, 24.3
 // against 19.7 ms for 32 rows at context ~281 (13.8 against 12.8 with the pages in cache).
 //
@@ -395,7 +398,8 @@ void attend_row(int64_t r, const Shape& s, const Inputs& in) {
 
 // ---- Prefill rows: runs of consecutive queries of one sequence, 16 keys by many queries at a time.
 
-constexpr int64_t kMaxRun = 16;  // queries of one run (one work item)
+constexpr int64_t kMaxRun = 16;     // queries of one run (one work item)
+constexpr int64_t kMaxAmxRun = 64;  // the same on AMX (`attend_run_amx`)
 constexpr int kChains = 12;      // (query, head) score vectors computed together per key page
 
 // Whether query b may share query a's pass over the pages: b is the next position (b sees one
@@ -407,12 +411,12 @@ inline bool same_pages(const Shape& s, const Inputs& in, int64_t a, int64_t b) {
   return std::equal(in.tables + a * s.W, in.tables + a * s.W + pages, in.tables + b * s.W);
 }
 
-// Work items: runs of up to kMaxRun consecutive rows that pass `same_pages` (a decode row is a
+// Work items: runs of up to max_run consecutive rows that pass `same_pages` (a decode row is a
 // run of one); starts[i], starts[i + 1] bound run i. Returns the number of runs.
-inline int64_t plan_runs(const Shape& s, const Inputs& in, int64_t* starts) {
+inline int64_t plan_runs(const Shape& s, const Inputs& in, int64_t max_run, int64_t* starts) {
   int64_t count = 0;
   for (int64_t r = 0; r < s.R; ++r)
-    if (r == 0 || r - starts[count - 1] >= kMaxRun || !same_pages(s, in, r - 1, r)) starts[count++] = r;
+    if (r == 0 || r - starts[count - 1] >= max_run || !same_pages(s, in, r - 1, r)) starts[count++] = r;
   starts[count] = s.R;
   return count;
 }
@@ -524,7 +528,7 @@ void attend_tile(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 // ---- Prefill runs on Intel AMX (bfloat16 pages of 16 tokens, head dim a multiple of 32).
 //
-// The same run as `attend_tile` (up to 16 consecutive queries of one sequence), with both
+// The same run as `attend_tile` (consecutive queries of one sequence, up to kMaxAmxRun), with both
 // products on AMX's tile unit: per block of two pages (32 keys) and query head, the scores
 // S = Q K^T (16 queries x 32 keys, float32 sums of bfloat16 products), an online-softmax step
 // per query over its 32 scores (AVX-512), then P V with P rounded to bfloat16
@@ -532,8 +536,7 @@ void attend_tile(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
 // its GPU kernels). Q is rounded to bfloat16 once per run. Each block's keys are laid out once
 // per KV head as the B operand of S (pairs of head dims per key) and its values as the B
 // operand of P V (pairs of keys per head dim): Intel's pair-interleaved layout for TDPBF16PS.
-// Tiles (all 16 rows x 64 bytes): 0, 6: S of keys 0-15 / 16-31; 1: a 32-dim slice of Q;
-// 2, 7: that slice of the keys 0-15 / 16-31; 3: P; 4: 16 head dims of V; 5: their P V.
+// Tiles (all 16 rows x 64 bytes): `amx_block_step` says which holds what.
 
 // Whether this process may use AMX tiles: Linux (>= 5.16) grants the tile state per process
 // on request (arch_prctl ARCH_REQ_XCOMP_PERM, feature 18: XTILEDATA); asked once.
@@ -555,18 +558,18 @@ struct AmxTileConfig {  // the 64-byte operand of LDTILECFG (palette 1)
   uint8_t rows[16] = {};
 };
 
-// A run's state: Q in bfloat16 ([N heads][16 queries][H]), the block's keys and values in the
-// B layouts of one KV head, S, P and P V of one head, and per (query, head) the running max,
-// sum and weighted values (acc [16 queries][N][H], as attend_tile's).
+// A run's state: Q in bfloat16 ([N heads][kMaxAmxRun queries][H]), the block's keys and values
+// in the B layouts of one KV head, S, P and P V of one head and 16 queries, and per (query, head)
+// the running max, sum and weighted values (acc [queries][N][H], as attend_tile's).
 struct AmxRunState {
-  uint16_t q[kMaxHeads * 16 * kMaxHeadDim] __attribute__((aligned(64)));
+  uint16_t q[kMaxHeads * kMaxAmxRun * kMaxHeadDim] __attribute__((aligned(64)));
   uint32_t keys[kMaxHeadDim / 32 * 2 * 16 * 16] __attribute__((aligned(64)));  // [H/32][half][pair][key]
   uint16_t values[kMaxHeadDim / 16 * 16 * 32] __attribute__((aligned(64)));    // [H/16][key pair][dim][2]
   float s[2 * 16 * 16] __attribute__((aligned(64)));                              // [half][query][key]
   uint16_t p[16 * 32] __attribute__((aligned(64)));                               // [query][key]
   float pv[16 * kMaxHeadDim] __attribute__((aligned(64)));                        // [query][H]
-  float m[16 * kMaxHeads], l[16 * kMaxHeads];
-  float acc[16 * kMaxHeads * kMaxHeadDim] __attribute__((aligned(64)));
+  float m[kMaxAmxRun * kMaxHeads], l[kMaxAmxRun * kMaxHeads];
+  float acc[kMaxAmxRun * kMaxHeads * kMaxHeadDim] __attribute__((aligned(64)));
 };
 
 // Block keys [0, 32) of KV head kh as the B operands: st.keys[c][t / 16][p][t % 16] = the pair of
@@ -621,19 +624,85 @@ inline float amx_softmax_row(__m512 s0, __m512 s1, __mmask16 live0, __mmask16 li
   return rescale;
 }
 
-// Rows [r0, r1) of one run on AMX (see above); the caller saved and restores the tile config.
+// One block of 32 keys for query head i and the run's queries [q0, q0 + nq) (nq <= 16), the
+// block's operands in st: S = Q K^T on tiles 0, 6 (the 32-dim slices of Q and K alternate between
+// tiles 1, 2, 7 and 3, 4, 5, so that a slice's loads need not wait for the previous slice's
+// products), the online-softmax step per query, then P V for 64 head dims at a time on tiles 0,
+// 5, 6, 7 (V's slices in 1, 2, 4, then 1 again), and the accumulators rescaled and summed.
+template <int64_t H>
+inline void amx_block_step(int64_t i, int64_t q0, int64_t nq, const uint32_t* live, int64_t N, AmxRunState& st) {
+  const uint16_t* q = st.q + (i * kMaxAmxRun + q0) * H;
+  _tile_zero(0);
+  _tile_zero(6);
+  for (int64_t c = 0; c < H / 32; c += 2) {
+    _tile_loadd(1, q + 32 * c, H * 2);
+    _tile_loadd(2, st.keys + (c * 2) * 256, 64);
+    _tile_loadd(7, st.keys + (c * 2 + 1) * 256, 64);
+    _tile_dpbf16ps(0, 1, 2);
+    _tile_dpbf16ps(6, 1, 7);
+    _tile_loadd(3, q + 32 * (c + 1), H * 2);
+    _tile_loadd(4, st.keys + (c * 2 + 2) * 256, 64);
+    _tile_loadd(5, st.keys + (c * 2 + 3) * 256, 64);
+    _tile_dpbf16ps(0, 3, 4);
+    _tile_dpbf16ps(6, 3, 5);
+  }
+  _tile_stored(0, st.s, 64);
+  _tile_stored(6, st.s + 256, 64);
+  float rescale[16];
+  for (int64_t j = 0; j < nq; ++j) {
+    uint16_t* p_row = st.p + j * 32;
+    if (!live[j]) {
+      std::fill(p_row, p_row + 32, uint16_t(0));
+      rescale[j] = 1.f;
+      continue;
+    }
+    const int64_t at = (q0 + j) * N + i;
+    rescale[j] = amx_softmax_row(_mm512_load_ps(st.s + j * 16), _mm512_load_ps(st.s + 256 + j * 16),
+                                 __mmask16(live[j]), __mmask16(live[j] >> 16), st.m[at], st.l[at], p_row);
+  }
+  _tile_loadd(3, st.p, 64);
+  for (int64_t d = 0; d < H / 16; d += 4) {
+    _tile_zero(0);
+    _tile_zero(5);
+    _tile_zero(6);
+    _tile_zero(7);
+    _tile_loadd(1, st.values + d * 512, 64);
+    _tile_dpbf16ps(0, 3, 1);
+    _tile_loadd(2, st.values + (d + 1) * 512, 64);
+    _tile_dpbf16ps(5, 3, 2);
+    _tile_loadd(4, st.values + (d + 2) * 512, 64);
+    _tile_dpbf16ps(6, 3, 4);
+    _tile_loadd(1, st.values + (d + 3) * 512, 64);
+    _tile_dpbf16ps(7, 3, 1);
+    _tile_stored(0, st.pv + 16 * d, H * 4);
+    _tile_stored(5, st.pv + 16 * (d + 1), H * 4);
+    _tile_stored(6, st.pv + 16 * (d + 2), H * 4);
+    _tile_stored(7, st.pv + 16 * (d + 3), H * 4);
+  }
+  for (int64_t j = 0; j < nq; ++j) {
+    if (!live[j]) continue;
+    float* acc = st.acc + ((q0 + j) * N + i) * H;
+    const __m512 f = _mm512_set1_ps(rescale[j]);
+    for (int64_t h = 0; h < H; h += 16)
+      _mm512_storeu_ps(acc + h, _mm512_fmadd_ps(_mm512_loadu_ps(acc + h), f, _mm512_load_ps(st.pv + j * H + h)));
+  }
+}
+// Rows [r0, r1) of one run on AMX (see above), 16 queries at a time: each block's operands are
+// laid out once per KV head for all of the run's queries; a group of 16 with no key in the block
+// skips it. The caller saved and restores the tile config.
 template <int64_t H>
 void attend_tile_amx(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
-  const int64_t K = s.K, G = s.G, N = K * G, n = r1 - r0, row = K * H;
+  const int64_t K = s.K, G = s.G, N = K * G, n = r1 - r0, row = K * H, groups = (n + 15) / 16;
   static thread_local AmxRunState st;
   std::fill(st.m, st.m + n * N, -std::numeric_limits<float>::infinity());
   std::fill(st.l, st.l + n * N, 0.f);
   std::fill(st.acc, st.acc + n * N * H, 0.f);
-  for (int64_t i = 0; i < N; ++i)  // Q rounded to bfloat16, rows past n zero
-    for (int64_t j = 0; j < 16; ++j)
+  for (int64_t i = 0; i < N; ++i)  // Q rounded to bfloat16, rows past n (to the group's 16) zero
+    for (int64_t j = 0; j < groups * 16; ++j)
       for (int64_t h = 0; h < H; h += 16) {
         const __m512 x = j < n ? _mm512_loadu_ps(in.q + ((r0 + j) * N + i) * H + h) : _mm512_setzero_ps();
-        _mm256_store_si256(reinterpret_cast<__m256i*>(st.q + (i * 16 + j) * H + h), (__m256i)_mm512_cvtneps_pbh(x));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(st.q + (i * kMaxAmxRun + j) * H + h),
+                           (__m256i)_mm512_cvtneps_pbh(x));
       }
   std::fill(st.p, st.p + 16 * 32, uint16_t(0));
   auto lo = [&](int64_t r) { return in.window > 0 ? std::max<int64_t>(0, int64_t(in.q_pos[r]) - in.window + 1) : int64_t(0); };
@@ -641,6 +710,7 @@ void attend_tile_amx(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
   const uint16_t* v_cache = static_cast<const uint16_t*>(in.v);
   const int32_t* table = in.tables + r0 * s.W;
   const int64_t first = lo(r0) / 16, end = (in.ctx[r1 - 1] + 15) / 16;
+  uint32_t live[kMaxAmxRun];  // per query: its keys of this block, bits [t0, t1)
   for (int64_t page = first; page < end; page += 2) {
     const int64_t key0 = page * 16;  // position of the block's first key
     const uint16_t* kp[2] = {nullptr, nullptr};
@@ -651,53 +721,18 @@ void attend_tile_amx(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
       vp[h] = v_cache + base;
     }
     const int64_t a = std::max<int64_t>(lo(r0) - key0, 0), b = std::min<int64_t>(32, in.ctx[r1 - 1] - key0);
-    uint32_t live[16];  // per query: its keys of this block, bits [t0, t1)
-    for (int64_t j = 0; j < n; ++j) {
-      const int64_t t0 = std::clamp<int64_t>(lo(r0 + j) - key0, 0, 32), t1 = std::clamp<int64_t>(in.ctx[r0 + j] - key0, 0, 32);
+    bool group_live[kMaxAmxRun / 16] = {};
+    for (int64_t j = 0; j < groups * 16; ++j) {
+      const int64_t t0 = j < n ? std::clamp<int64_t>(lo(r0 + j) - key0, 0, 32) : 32;
+      const int64_t t1 = j < n ? std::clamp<int64_t>(in.ctx[r0 + j] - key0, 0, 32) : 0;
       live[j] = t0 >= t1 ? 0u : uint32_t((t1 == 32 ? ~0ull : (1ull << t1) - 1) & ~((1ull << t0) - 1));
+      group_live[j / 16] |= live[j] != 0;
     }
     for (int64_t kh = 0; kh < K; ++kh) {
       amx_block_operands(kp, vp, K, H, kh, a, b, st);
-      for (int64_t g = 0; g < G; ++g) {
-        const int64_t i = kh * G + g;
-        _tile_zero(0);
-        _tile_zero(6);
-        for (int64_t c = 0; c < H / 32; ++c) {
-          _tile_loadd(1, st.q + i * 16 * H + 32 * c, H * 2);
-          _tile_loadd(2, st.keys + (c * 2) * 256, 64);
-          _tile_loadd(7, st.keys + (c * 2 + 1) * 256, 64);
-          _tile_dpbf16ps(0, 1, 2);
-          _tile_dpbf16ps(6, 1, 7);
-        }
-        _tile_stored(0, st.s, 64);
-        _tile_stored(6, st.s + 256, 64);
-        float rescale[16];
-        for (int64_t j = 0; j < n; ++j) {
-          uint16_t* p_row = st.p + j * 32;
-          if (!live[j]) {
-            std::fill(p_row, p_row + 32, uint16_t(0));
-            rescale[j] = 1.f;
-            continue;
-          }
-          rescale[j] = amx_softmax_row(_mm512_load_ps(st.s + j * 16), _mm512_load_ps(st.s + 256 + j * 16),
-                                       __mmask16(live[j]), __mmask16(live[j] >> 16), st.m[j * N + i], st.l[j * N + i],
-                                       p_row);
-        }
-        _tile_loadd(3, st.p, 64);
-        for (int64_t d = 0; d < H / 16; ++d) {
-          _tile_zero(5);
-          _tile_loadd(4, st.values + d * 512, 64);
-          _tile_dpbf16ps(5, 3, 4);
-          _tile_stored(5, st.pv + 16 * d, H * 4);
-        }
-        for (int64_t j = 0; j < n; ++j) {
-          if (!live[j]) continue;
-          float* acc = st.acc + (j * N + i) * H;
-          const __m512 f = _mm512_set1_ps(rescale[j]);
-          for (int64_t h = 0; h < H; h += 16)
-            _mm512_storeu_ps(acc + h, _mm512_fmadd_ps(_mm512_loadu_ps(acc + h), f, _mm512_load_ps(st.pv + j * H + h)));
-        }
-      }
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t u = 0; u < groups; ++u)
+          if (group_live[u]) amx_block_step<H>(kh * G + g, u * 16, std::min<int64_t>(16, n - u * 16), live + u * 16, N, st);
     }
   }
   std::copy(st.m, st.m + n * N, in.m + r0 * N);
@@ -705,11 +740,15 @@ void attend_tile_amx(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
   std::copy(st.acc, st.acc + n * N * H, in.acc + r0 * N * H);
 }
 
-// A run on AMX where it applies (bfloat16 pages of 16 tokens, head dim 64, 128 or 256, AMX on);
-// the thread's tile configuration is saved and restored, since XLA's own AMX kernels share it.
-bool attend_run_amx(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
-  if (s.H != 64 && s.H != 128 && s.H != 256) return false;
-  if (!amx_attention_on()) return false;
+// Whether a run of rows goes to `attend_run_amx` (bfloat16 pages of 16 tokens without scales, head
+// dim 64, 128 or 256, AMX on); `run_items` plans runs of up to kMaxAmxRun queries then.
+bool amx_applies(const Shape& s, const Inputs& in) {
+  return s.bs == 16 && !in.k_scales && (s.H == 64 || s.H == 128 || s.H == 256) && amx_attention_on();
+}
+
+// A run on AMX (`amx_applies` held); the thread's tile configuration is saved and restored,
+// since XLA's own AMX kernels share it.
+void attend_run_amx(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
   alignas(64) uint8_t saved[64];
   _tile_storeconfig(saved);
   AmxTileConfig ours;
@@ -725,10 +764,10 @@ bool attend_run_amx(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
     _tile_release();
   else
     _tile_loadconfig(saved);
-  return true;
 }
 #else
-bool attend_run_amx(int64_t, int64_t, const Shape&, const Inputs&) { return false; }
+bool amx_applies(const Shape&, const Inputs&) { return false; }
+void attend_run_amx(int64_t, int64_t, const Shape&, const Inputs&) {}
 #endif
 
 // The tiled loops for a run of several queries, where they apply (float or bfloat16 pages of 16
@@ -737,7 +776,6 @@ template <typename T>
 bool attend_run_tiled(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
   if (r1 - r0 < 2 || s.bs != 16 || in.k_scales || !(std::is_same<T, float>::value || std::is_same<T, uint16_t>::value))
     return false;
-  if (std::is_same<T, uint16_t>::value && attend_run_amx(r0, r1, s, in)) return true;
   if (s.H == 64) attend_tile<T, 4>(r0, r1, s, in);
   else if (s.H == 128) attend_tile<T, 8>(r0, r1, s, in);
   else if (s.H == 256) attend_tile<T, 16>(r0, r1, s, in);
@@ -747,17 +785,25 @@ bool attend_run_tiled(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) 
 #else
 template <typename T>
 bool attend_run_tiled(int64_t, int64_t, const Shape&, const Inputs&) { return false; }
+bool amx_applies(const Shape&, const Inputs&) { return false; }
+void attend_run_amx(int64_t, int64_t, const Shape&, const Inputs&) {}
 #endif
 
 // One work item per run of rows (`plan_runs`: a decode row alone, a prefill chunk's queries up
-// to kMaxRun together), over XLA's intra-op pool (parallel_items.h).
+// to kMaxRun together, kMaxAmxRun on AMX), over XLA's intra-op pool (parallel_items.h). Items
+// are taken last run first: a chunk's last queries see the most keys, and starting the longest
+// items first lets the threads finish together.
 template <typename T>
 void run_items(ffi::ThreadPool& pool, const Shape& s, const Inputs& in) {
   auto starts = std::make_shared<std::vector<int64_t>>(s.R + 1);
-  const int64_t runs = plan_runs(s, in, starts->data());
-  jaxinfer::parallel_items(pool, runs, [s, in, starts](int64_t i) {
+  const bool amx = std::is_same<T, uint16_t>::value && amx_applies(s, in);
+  const int64_t runs = plan_runs(s, in, amx ? kMaxAmxRun : kMaxRun, starts->data());
+  jaxinfer::parallel_items(pool, runs, [s, in, starts, runs, amx](int64_t item) {
+    const int64_t i = runs - 1 - item;
     const int64_t r0 = (*starts)[i], r1 = (*starts)[i + 1];
-    if (!attend_run_tiled<T>(r0, r1, s, in))
+    if (amx && r1 - r0 >= 2)
+      attend_run_amx(r0, r1, s, in);
+    else if (!attend_run_tiled<T>(r0, r1, s, in))
       for (int64_t r = r0; r < r1; ++r) attend_row<T>(r, s, in);
   });
 }
