@@ -20,10 +20,12 @@
 // (`page_values_group`): 32 rows at context ~281, all 30 layers, 13 against 19 ms.
 // With bfloat16 pages on a CPU with AMX (and JAXINFER_NATIVE_AMX not 0), a run's two products
 // go to the tile unit instead (`attend_tile_amx`, 32 keys per block, Q and P rounded to
-// bfloat16): a 512-token prompt's 30 layers, 79 against 200 ms. Runs there hold up to 64
-// queries (kMaxAmxRun), so that each block's keys and values are laid out for the tiles once per
-// 64 queries instead of per 16: the kernel alone 57-73 against 73-86 ms, prefill of 16 x 512
-// 1,708 against 1,444 prompt tok/s (benchmarks/results/2026-12-03-cpu2-prefill-runs/). Decode rows stay on AVX-512:
+// bfloat16): a 512-token prompt's 30 layers, 79 against 200 ms. Two changes since
+// (benchmarks/results/2026-12-03-cpu2-prefill-runs/, kernel alone, 512-token chunk, 30 layers):
+// runs there hold up to 64 queries (kMaxAmxRun) instead of 16, so that each block is laid out
+// for the tiles once per 64 queries, 83.5 -> 66.2 ms; the scores are computed transposed (keys
+// read in place as the A operand, a group of 16 queries in a vector's lanes), so that the
+// online softmax needs no reduction across lanes, 64.4 -> 51.8 ms. Decode rows stay on AVX-512:
 // their scores on AMX (keys as stored as the A operand, the query as B) were no faster, 24.3
 // against 19.7 ms for 32 rows at context ~281 (13.8 against 12.8 with the pages in cache).
 //
@@ -529,13 +531,16 @@ void attend_tile(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
 // ---- Prefill runs on Intel AMX (bfloat16 pages of 16 tokens, head dim a multiple of 32).
 //
 // The same run as `attend_tile` (consecutive queries of one sequence, up to kMaxAmxRun), with both
-// products on AMX's tile unit: per block of two pages (32 keys) and query head, the scores
-// S = Q K^T (16 queries x 32 keys, float32 sums of bfloat16 products), an online-softmax step
-// per query over its 32 scores (AVX-512), then P V with P rounded to bfloat16
-// (FlashAttention-2's blocked loop, Dao 2023; bfloat16 operands with float32 accumulation, as
-// its GPU kernels). Q is rounded to bfloat16 once per run. Each block's keys are laid out once
-// per KV head as the B operand of S (pairs of head dims per key) and its values as the B
-// operand of P V (pairs of keys per head dim): Intel's pair-interleaved layout for TDPBF16PS.
+// products on AMX's tile unit, its queries in groups of 16: per block of two pages (32 keys),
+// query head and group, the scores S^T = K Q^T (32 keys x 16 queries, float32 sums of bfloat16
+// products), an online-softmax step of the group's queries (AVX-512, a query per lane, a vector
+// per key), then (P V)^T = V^T P^T with P rounded to bfloat16 (FlashAttention-2's blocked loop,
+// Dao 2023; bfloat16 operands with float32 accumulation, as its GPU kernels). Computed this way
+// round, the keys are AMX's A operand as stored (row-major, a key per row, read in place from
+// the page), and the softmax's max and sum over keys are sums of vectors, not reductions across
+// lanes. Q^T is laid out once per run as the B operand (pairs of head dims per query), each
+// block's values once per KV head as V^T (a head dim per row) and P^T per step (pairs of keys per
+// query): Intel's pair-interleaved layout for TDPBF16PS.
 // Tiles (all 16 rows x 64 bytes): `amx_block_step` says which holds what.
 
 // Whether this process may use AMX tiles: Linux (>= 5.16) grants the tile state per process
@@ -558,159 +563,181 @@ struct AmxTileConfig {  // the 64-byte operand of LDTILECFG (palette 1)
   uint8_t rows[16] = {};
 };
 
-// A run's state: Q in bfloat16 ([N heads][kMaxAmxRun queries][H]), the block's keys and values
-// in the B layouts of one KV head, S, P and P V of one head and 16 queries, and per (query, head)
-// the running max, sum and weighted values (acc [queries][N][H], as attend_tile's).
+// A run's state, for queries taken in groups of 16 (a group's queries are the 16 lanes of a
+// vector and the 16 columns of a tile): Q^T of each head and group as the B operand of S^T
+// ([N][group][H / 32][dim pair p][query]: dims 2p, 2p + 1 of a 32-dim slice), the block's values
+// of one KV head as V^T, the A operand of (P V)^T ([dim][key]), S^T ([key][query]), P^T as the B
+// operand of (P V)^T ([key pair][query]: keys 2p, 2p + 1), (P V)^T ([dim][query]), and per
+// (head, group) the running max, sum and weighted values with the group's queries in lanes
+// (m, l [N][group][16], acc [N][group][H][16]).
+constexpr int64_t kAmxGroups = kMaxAmxRun / 16;
 struct AmxRunState {
-  uint16_t q[kMaxHeads * kMaxAmxRun * kMaxHeadDim] __attribute__((aligned(64)));
-  uint32_t keys[kMaxHeadDim / 32 * 2 * 16 * 16] __attribute__((aligned(64)));  // [H/32][half][pair][key]
-  uint16_t values[kMaxHeadDim / 16 * 16 * 32] __attribute__((aligned(64)));    // [H/16][key pair][dim][2]
-  float s[2 * 16 * 16] __attribute__((aligned(64)));                              // [half][query][key]
-  uint16_t p[16 * 32] __attribute__((aligned(64)));                               // [query][key]
-  float pv[16 * kMaxHeadDim] __attribute__((aligned(64)));                        // [query][H]
-  float m[kMaxAmxRun * kMaxHeads], l[kMaxAmxRun * kMaxHeads];
-  float acc[kMaxAmxRun * kMaxHeads * kMaxHeadDim] __attribute__((aligned(64)));
+  uint32_t q_t[kMaxHeads * kAmxGroups * (kMaxHeadDim / 32) * 256] __attribute__((aligned(64)));
+  uint16_t values_t[kMaxHeadDim * 32] __attribute__((aligned(64)));
+  float s[32 * 16] __attribute__((aligned(64)));
+  uint32_t p[16 * 16] __attribute__((aligned(64)));
+  float pv[kMaxHeadDim * 16] __attribute__((aligned(64)));
+  float m[kMaxHeads * kAmxGroups * 16] __attribute__((aligned(64)));
+  float l[kMaxHeads * kAmxGroups * 16] __attribute__((aligned(64)));
+  float acc[kMaxHeads * kAmxGroups * kMaxHeadDim * 16] __attribute__((aligned(64)));
 };
 
-// Block keys [0, 32) of KV head kh as the B operands: st.keys[c][t / 16][p][t % 16] = the pair of
-// dims (32c + 2p, 32c + 2p + 1) of key t (one scatter per key and 32 dims), and
-// st.values[d][t / 2][e][t % 2] = dim 16d + e of value t (two values' 16 dims interleaved by one
-// permute). `pages[h]` is half h's page (nullptr: none); keys outside [a, b) are zeros, so that no
-// stale row reaches a product.
-void amx_block_operands(const uint16_t* const* pages, const uint16_t* const* value_pages, int64_t K, int64_t H,
-                        int64_t kh, int64_t a, int64_t b, AmxRunState& st) {
+// 16 x 16 lanes: lane e of vector x goes to element e * 16 of a scatter (a column of a 16 x 16
+// 32-bit matrix); pairs: the two halves of 32 16-bit lanes interleaved (lane 2e <- e, 2e + 1 <- 16 + e).
+inline __m512i column_index() {
+  return _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(16));
+}
+inline __m512i pair_index() {
+  return _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19,
+                          3, 18, 2, 17, 1, 16, 0);
+}
+
+// Q^T of the run's rows [r0, r1) into st.q_t, rounded to bfloat16 (query columns past the run zero).
+template <int64_t H>
+void amx_queries(int64_t r0, int64_t n, int64_t N, const float* q, AmxRunState& st) {
+  const __m512i down = column_index();
+  const int64_t groups = (n + 15) / 16;
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t u = 0; u < groups; ++u)
+      for (int64_t c = 0; c < H / 32; ++c) {
+        uint32_t* tile = st.q_t + ((i * kAmxGroups + u) * (H / 32) + c) * 256;
+        for (int64_t j = 0; j < 16; ++j) {
+          const int64_t r = u * 16 + j;
+          const float* x = q + ((r0 + r) * N + i) * H + 32 * c;
+          const __m512i dims = r < n ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x))
+                                     : _mm512_setzero_si512();
+          _mm512_i32scatter_epi32(tile + j, down, dims, 4);
+        }
+      }
+}
+
+// The block's values [0, 32) of KV head kh as V^T in st.values_t (row e: dim e's 32 values); keys
+// outside [a, b) are zeros, so that a masked probability (0) never meets a stale value.
+// `pages[h]` is half h's page (nullptr: none).
+void amx_block_values(const uint16_t* const* pages, int64_t K, int64_t H, int64_t kh, int64_t a, int64_t b,
+                      AmxRunState& st) {
   const int64_t row = K * H;
-  auto key_row = [&](const uint16_t* const* src, int64_t t) -> const uint16_t* {
-    return src[t / 16] && t >= a && t < b ? src[t / 16] + (t % 16) * row + kh * H : nullptr;
+  auto value_row = [&](int64_t t) -> const uint16_t* {
+    return pages[t / 16] && t >= a && t < b ? pages[t / 16] + (t % 16) * row + kh * H : nullptr;
   };
-  const __m512i down = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                          _mm512_set1_epi32(16));
-  for (int64_t t = 0; t < 32; ++t) {
-    const uint16_t* key = key_row(pages, t);
-    for (int64_t c = 0; c < H / 32; ++c) {
-      const __m512i pairs = key ? _mm512_loadu_si512(key + 32 * c) : _mm512_setzero_si512();
-      _mm512_i32scatter_epi32(st.keys + ((c * 2 + t / 16) * 16) * 16 + t % 16, down, pairs, 4);
-    }
-  }
-  const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
-                                       5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i down = column_index(), zip = pair_index();
+  uint32_t* out = reinterpret_cast<uint32_t*>(st.values_t);  // [dim][key pair]
   for (int64_t t = 0; t < 32; t += 2) {
-    const uint16_t* v0 = key_row(value_pages, t);
-    const uint16_t* v1 = key_row(value_pages, t + 1);
+    const uint16_t* v0 = value_row(t);
+    const uint16_t* v1 = value_row(t + 1);
     for (int64_t d = 0; d < H / 16; ++d) {
       const __m256i x0 = v0 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v0 + 16 * d)) : _mm256_setzero_si256();
       const __m256i x1 = v1 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v1 + 16 * d)) : _mm256_setzero_si256();
       const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(x0), x1, 1);
-      _mm512_store_si512(st.values + (d * 16 + t / 2) * 32, _mm512_permutexvar_epi16(zip, both));
+      _mm512_i32scatter_epi32(out + (16 * d) * 16 + t / 2, down, _mm512_permutexvar_epi16(zip, both), 4);
     }
   }
 }
 
-// One (query, head) step over a block's 32 scores s0 | s1 (lanes outside live0 | live1 masked):
-// the running max and sum updated, P's row written (bfloat16), and the factor for the old
-// accumulator returned (0 when there was none).
-inline float amx_softmax_row(__m512 s0, __m512 s1, __mmask16 live0, __mmask16 live1, float& m, float& l,
-                             uint16_t* p_row) {
-  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  const __m512 a = _mm512_mask_mov_ps(ninf, live0, s0), b = _mm512_mask_mov_ps(ninf, live1, s1);
-  const float m_new = std::max(m, _mm512_reduce_max_ps(_mm512_max_ps(a, b)));
-  const __m512 shift = _mm512_set1_ps(m_new);
-  const __m512 p0 = _mm512_maskz_mov_ps(live0, exp16(_mm512_sub_ps(a, shift)));
-  const __m512 p1 = _mm512_maskz_mov_ps(live1, exp16(_mm512_sub_ps(b, shift)));
-  const float rescale = std::isinf(m) ? 0.f : fast_exp(m - m_new);
-  l = l * rescale + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
-  m = m_new;
-  _mm512_store_si512(p_row, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
-  return rescale;
-}
-
-// One block of 32 keys for query head i and the run's queries [q0, q0 + nq) (nq <= 16), the
-// block's operands in st: S = Q K^T on tiles 0, 6 (the 32-dim slices of Q and K alternate between
-// tiles 1, 2, 7 and 3, 4, 5, so that a slice's loads need not wait for the previous slice's
-// products), the online-softmax step per query, then P V for 64 head dims at a time on tiles 0,
-// 5, 6, 7 (V's slices in 1, 2, 4, then 1 again), and the accumulators rescaled and summed.
+// One block of 32 keys for query head i and group u (its 16 queries in lanes; `live[t]`: the
+// queries that see key t), the block's values in st: S^T = K Q^T on tiles 0, 6 (keys 0-15 /
+// 16-31 as A, read in place from their pages with the cache's row stride; Q^T's 32-dim slices as
+// B; slices alternate between tiles 2, 7, 1 and 4, 5, 3, so that a slice's loads need not wait for
+// the previous slice's products), the online-softmax step of the 16 queries with one vector per
+// key (no reduction across lanes), then (P V)^T for 64 head dims at a time on tiles 0, 5, 6, 7
+// (V^T's slices in 1, 2, 4, then 1 again; P^T in 3), and the accumulators rescaled and summed.
 template <int64_t H>
-inline void amx_block_step(int64_t i, int64_t q0, int64_t nq, const uint32_t* live, int64_t N, AmxRunState& st) {
-  const uint16_t* q = st.q + (i * kMaxAmxRun + q0) * H;
+inline void amx_block_step(int64_t i, int64_t u, const uint16_t* const* keys, int64_t key_stride,
+                           const __mmask16* live, AmxRunState& st) {
+  const uint32_t* q_t = st.q_t + (i * kAmxGroups + u) * (H / 32) * 256;
   _tile_zero(0);
   _tile_zero(6);
   for (int64_t c = 0; c < H / 32; c += 2) {
-    _tile_loadd(1, q + 32 * c, H * 2);
-    _tile_loadd(2, st.keys + (c * 2) * 256, 64);
-    _tile_loadd(7, st.keys + (c * 2 + 1) * 256, 64);
-    _tile_dpbf16ps(0, 1, 2);
-    _tile_dpbf16ps(6, 1, 7);
-    _tile_loadd(3, q + 32 * (c + 1), H * 2);
-    _tile_loadd(4, st.keys + (c * 2 + 2) * 256, 64);
-    _tile_loadd(5, st.keys + (c * 2 + 3) * 256, 64);
-    _tile_dpbf16ps(0, 3, 4);
-    _tile_dpbf16ps(6, 3, 5);
+    _tile_loadd(1, q_t + c * 256, 64);
+    _tile_loadd(2, keys[0] + 32 * c, key_stride);
+    _tile_dpbf16ps(0, 2, 1);
+    if (keys[1]) {
+      _tile_loadd(7, keys[1] + 32 * c, key_stride);
+      _tile_dpbf16ps(6, 7, 1);
+    }
+    _tile_loadd(3, q_t + (c + 1) * 256, 64);
+    _tile_loadd(4, keys[0] + 32 * (c + 1), key_stride);
+    _tile_dpbf16ps(0, 4, 3);
+    if (keys[1]) {
+      _tile_loadd(5, keys[1] + 32 * (c + 1), key_stride);
+      _tile_dpbf16ps(6, 5, 3);
+    }
   }
   _tile_stored(0, st.s, 64);
   _tile_stored(6, st.s + 256, 64);
-  float rescale[16];
-  for (int64_t j = 0; j < nq; ++j) {
-    uint16_t* p_row = st.p + j * 32;
-    if (!live[j]) {
-      std::fill(p_row, p_row + 32, uint16_t(0));
-      rescale[j] = 1.f;
-      continue;
-    }
-    const int64_t at = (q0 + j) * N + i;
-    rescale[j] = amx_softmax_row(_mm512_load_ps(st.s + j * 16), _mm512_load_ps(st.s + 256 + j * 16),
-                                 __mmask16(live[j]), __mmask16(live[j] >> 16), st.m[at], st.l[at], p_row);
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  float* m = st.m + (i * kAmxGroups + u) * 16;
+  float* l = st.l + (i * kAmxGroups + u) * 16;
+  const __m512 m_old = _mm512_load_ps(m);
+  __m512 top = ninf;
+  for (int64_t t = 0; t < 32; ++t) top = _mm512_mask_max_ps(top, live[t], top, _mm512_load_ps(st.s + 16 * t));
+  const __m512 m_new = _mm512_max_ps(m_old, top);
+  const __m512 shift = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m_new, ninf, _CMP_NEQ_OQ), m_new);
+  const __m512 rescale = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m_old, ninf, _CMP_NEQ_OQ),
+                                             exp16(_mm512_sub_ps(m_old, shift)));
+  const __m512i zip = pair_index();
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t t = 0; t < 32; t += 2) {
+    const __m512 p0 = _mm512_maskz_mov_ps(live[t], exp16(_mm512_sub_ps(_mm512_load_ps(st.s + 16 * t), shift)));
+    const __m512 p1 = _mm512_maskz_mov_ps(live[t + 1], exp16(_mm512_sub_ps(_mm512_load_ps(st.s + 16 * t + 16), shift)));
+    sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
+    _mm512_store_si512(st.p + 8 * t, _mm512_permutexvar_epi16(zip, (__m512i)_mm512_cvtne2ps_pbh(p1, p0)));
   }
+  _mm512_store_ps(l, _mm512_fmadd_ps(_mm512_load_ps(l), rescale, sum));
+  _mm512_store_ps(m, m_new);
   _tile_loadd(3, st.p, 64);
   for (int64_t d = 0; d < H / 16; d += 4) {
     _tile_zero(0);
     _tile_zero(5);
     _tile_zero(6);
     _tile_zero(7);
-    _tile_loadd(1, st.values + d * 512, 64);
-    _tile_dpbf16ps(0, 3, 1);
-    _tile_loadd(2, st.values + (d + 1) * 512, 64);
-    _tile_dpbf16ps(5, 3, 2);
-    _tile_loadd(4, st.values + (d + 2) * 512, 64);
-    _tile_dpbf16ps(6, 3, 4);
-    _tile_loadd(1, st.values + (d + 3) * 512, 64);
-    _tile_dpbf16ps(7, 3, 1);
-    _tile_stored(0, st.pv + 16 * d, H * 4);
-    _tile_stored(5, st.pv + 16 * (d + 1), H * 4);
-    _tile_stored(6, st.pv + 16 * (d + 2), H * 4);
-    _tile_stored(7, st.pv + 16 * (d + 3), H * 4);
+    _tile_loadd(1, st.values_t + (16 * d) * 32, 64);
+    _tile_dpbf16ps(0, 1, 3);
+    _tile_loadd(2, st.values_t + (16 * d + 16) * 32, 64);
+    _tile_dpbf16ps(5, 2, 3);
+    _tile_loadd(4, st.values_t + (16 * d + 32) * 32, 64);
+    _tile_dpbf16ps(6, 4, 3);
+    _tile_loadd(1, st.values_t + (16 * d + 48) * 32, 64);
+    _tile_dpbf16ps(7, 1, 3);
+    _tile_stored(0, st.pv + (16 * d) * 16, 64);
+    _tile_stored(5, st.pv + (16 * d + 16) * 16, 64);
+    _tile_stored(6, st.pv + (16 * d + 32) * 16, 64);
+    _tile_stored(7, st.pv + (16 * d + 48) * 16, 64);
   }
-  for (int64_t j = 0; j < nq; ++j) {
-    if (!live[j]) continue;
-    float* acc = st.acc + ((q0 + j) * N + i) * H;
-    const __m512 f = _mm512_set1_ps(rescale[j]);
-    for (int64_t h = 0; h < H; h += 16)
-      _mm512_storeu_ps(acc + h, _mm512_fmadd_ps(_mm512_loadu_ps(acc + h), f, _mm512_load_ps(st.pv + j * H + h)));
-  }
+  float* acc = st.acc + (i * kAmxGroups + u) * H * 16;
+  for (int64_t h = 0; h < H; ++h)
+    _mm512_store_ps(acc + 16 * h, _mm512_fmadd_ps(_mm512_load_ps(acc + 16 * h), rescale, _mm512_load_ps(st.pv + 16 * h)));
 }
-// Rows [r0, r1) of one run on AMX (see above), 16 queries at a time: each block's operands are
-// laid out once per KV head for all of the run's queries; a group of 16 with no key in the block
-// skips it. The caller saved and restores the tile config.
+
+// Rows [r0, r1) of one run on AMX (see above), its queries in groups of 16: each block's values
+// are laid out once per KV head for all of the run's queries (its keys are read in place); a
+// group with no key in a block skips it. The caller saved and restores the tile config.
 template <int64_t H>
 void attend_tile_amx(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
   const int64_t K = s.K, G = s.G, N = K * G, n = r1 - r0, row = K * H, groups = (n + 15) / 16;
   static thread_local AmxRunState st;
-  std::fill(st.m, st.m + n * N, -std::numeric_limits<float>::infinity());
-  std::fill(st.l, st.l + n * N, 0.f);
-  std::fill(st.acc, st.acc + n * N * H, 0.f);
-  for (int64_t i = 0; i < N; ++i)  // Q rounded to bfloat16, rows past n (to the group's 16) zero
-    for (int64_t j = 0; j < groups * 16; ++j)
-      for (int64_t h = 0; h < H; h += 16) {
-        const __m512 x = j < n ? _mm512_loadu_ps(in.q + ((r0 + j) * N + i) * H + h) : _mm512_setzero_ps();
-        _mm256_store_si256(reinterpret_cast<__m256i*>(st.q + (i * kMaxAmxRun + j) * H + h),
-                           (__m256i)_mm512_cvtneps_pbh(x));
-      }
-  std::fill(st.p, st.p + 16 * 32, uint16_t(0));
-  auto lo = [&](int64_t r) { return in.window > 0 ? std::max<int64_t>(0, int64_t(in.q_pos[r]) - in.window + 1) : int64_t(0); };
+  for (int64_t x = 0; x < N * kAmxGroups; ++x) {
+    std::fill(st.m + 16 * x, st.m + 16 * x + 16, -std::numeric_limits<float>::infinity());
+    std::fill(st.l + 16 * x, st.l + 16 * x + 16, 0.f);
+  }
+  std::fill(st.acc, st.acc + N * kAmxGroups * H * 16, 0.f);
+  amx_queries<H>(r0, n, N, in.q, st);
+  // per group: each query's keys [lo, ctx) as lanes (lo from the sliding window; past the run: none)
+  __m512i lo[kAmxGroups], ctx[kAmxGroups];
+  for (int64_t u = 0; u < groups; ++u) {
+    const __mmask16 real = __mmask16(n - 16 * u >= 16 ? 0xFFFF : (1u << (n - 16 * u)) - 1);
+    ctx[u] = _mm512_maskz_loadu_epi32(real, in.ctx + r0 + 16 * u);
+    lo[u] = in.window > 0 ? _mm512_max_epi32(_mm512_setzero_si512(),
+                                             _mm512_sub_epi32(_mm512_maskz_loadu_epi32(real, in.q_pos + r0 + 16 * u),
+                                                              _mm512_set1_epi32(int32_t(in.window - 1))))
+                          : _mm512_setzero_si512();
+  }
+  const int64_t first_key = in.window > 0 ? std::max<int64_t>(0, int64_t(in.q_pos[r0]) - in.window + 1) : 0;
   const uint16_t* k_cache = static_cast<const uint16_t*>(in.k);
   const uint16_t* v_cache = static_cast<const uint16_t*>(in.v);
   const int32_t* table = in.tables + r0 * s.W;
-  const int64_t first = lo(r0) / 16, end = (in.ctx[r1 - 1] + 15) / 16;
-  uint32_t live[kMaxAmxRun];  // per query: its keys of this block, bits [t0, t1)
+  const int64_t first = first_key / 16, end = (in.ctx[r1 - 1] + 15) / 16;
+  __mmask16 live[kAmxGroups][32];  // per group and key of the block: the queries that see it
   for (int64_t page = first; page < end; page += 2) {
     const int64_t key0 = page * 16;  // position of the block's first key
     const uint16_t* kp[2] = {nullptr, nullptr};
@@ -720,24 +747,41 @@ void attend_tile_amx(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
       kp[h] = k_cache + base;
       vp[h] = v_cache + base;
     }
-    const int64_t a = std::max<int64_t>(lo(r0) - key0, 0), b = std::min<int64_t>(32, in.ctx[r1 - 1] - key0);
-    bool group_live[kMaxAmxRun / 16] = {};
-    for (int64_t j = 0; j < groups * 16; ++j) {
-      const int64_t t0 = j < n ? std::clamp<int64_t>(lo(r0 + j) - key0, 0, 32) : 32;
-      const int64_t t1 = j < n ? std::clamp<int64_t>(in.ctx[r0 + j] - key0, 0, 32) : 0;
-      live[j] = t0 >= t1 ? 0u : uint32_t((t1 == 32 ? ~0ull : (1ull << t1) - 1) & ~((1ull << t0) - 1));
-      group_live[j / 16] |= live[j] != 0;
+    const int64_t a = std::max<int64_t>(first_key - key0, 0), b = std::min<int64_t>(32, in.ctx[r1 - 1] - key0);
+    bool group_live[kAmxGroups] = {};
+    for (int64_t u = 0; u < groups; ++u) {
+      __mmask16 any = 0;
+      for (int64_t t = 0; t < 32; ++t) {
+        const __m512i key = _mm512_set1_epi32(int32_t(key0 + t));
+        live[u][t] = _mm512_cmplt_epi32_mask(key, ctx[u]) & _mm512_cmpge_epi32_mask(key, lo[u]);
+        any |= live[u][t];
+      }
+      group_live[u] = any != 0;
     }
     for (int64_t kh = 0; kh < K; ++kh) {
-      amx_block_operands(kp, vp, K, H, kh, a, b, st);
+      amx_block_values(vp, K, H, kh, a, b, st);
+      const uint16_t* keys[2] = {kp[0] + kh * H, kp[1] ? kp[1] + kh * H : nullptr};
       for (int64_t g = 0; g < G; ++g)
         for (int64_t u = 0; u < groups; ++u)
-          if (group_live[u]) amx_block_step<H>(kh * G + g, u * 16, std::min<int64_t>(16, n - u * 16), live + u * 16, N, st);
+          if (group_live[u]) amx_block_step<H>(kh * G + g, u, keys, row * 2, live[u], st);
     }
   }
-  std::copy(st.m, st.m + n * N, in.m + r0 * N);
-  std::copy(st.l, st.l + n * N, in.l + r0 * N);
-  std::copy(st.acc, st.acc + n * N * H, in.acc + r0 * N * H);
+  // back to the outputs' layout: m, l [R, N], acc [R, N, H]
+  const __m512i by_query = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                              _mm512_set1_epi32(int32_t(N * H)));
+  for (int64_t u = 0; u < groups; ++u) {
+    const int64_t nq = std::min<int64_t>(16, n - 16 * u);
+    const __mmask16 real = __mmask16(nq >= 16 ? 0xFFFF : (1u << nq) - 1);
+    for (int64_t i = 0; i < N; ++i) {
+      for (int64_t j = 0; j < nq; ++j) {
+        in.m[(r0 + 16 * u + j) * N + i] = st.m[(i * kAmxGroups + u) * 16 + j];
+        in.l[(r0 + 16 * u + j) * N + i] = st.l[(i * kAmxGroups + u) * 16 + j];
+      }
+      const float* acc = st.acc + (i * kAmxGroups + u) * H * 16;
+      float* out = in.acc + ((r0 + 16 * u) * N + i) * H;
+      for (int64_t h = 0; h < H; ++h) _mm512_mask_i32scatter_ps(out + h, real, by_query, _mm512_load_ps(acc + 16 * h), 4);
+    }
+  }
 }
 
 // Whether a run of rows goes to `attend_run_amx` (bfloat16 pages of 16 tokens without scales, head
