@@ -7,7 +7,8 @@ scan, copies each layer's slice out of the stacked weights first; the kernel rea
 packed once, at load, in place through the layer index (the kernel's header says more).
 `jaxinfer.models.llama` calls it for products of more rows than `native_gemv` takes (`takes_rows`) when
 the runner passed the packed weights (an ``amx`` variable collection, `packed_variables`):
-a bfloat16 unquantized model on one CPU device whose CPU has AMX (``amx_bf16``).
+a bfloat16 unquantized model on one CPU device whose CPU has AMX (``amx_bf16``). The gated MLP's
+gate and up products run as one call that writes act(gate) * up in bfloat16 (`gated_matmul`).
 
 Built on first use by `jaxinfer.native_build`; with no AMX, no compiler, or
 ``JAXINFER_NATIVE_AMX=0``, `available` says why and XLA's dot runs. The same switch keeps the
@@ -31,6 +32,8 @@ from jaxinfer.cpu_features import host_cpu_flags
 logger = logging.getLogger(__name__)
 
 TARGET = "jaxinfer_amx_gemm"
+GATED_TARGET = "jaxinfer_amx_gated"  # act(x wg) * (x wu) in one call (`gated_matmul`)
+GATED_ACTS = {"silu": 0, "gelu_pytorch_tanh": 1}  # hidden_act -> the kernel's ``act`` attribute
 SOURCE = native_build.NATIVE_DIR / "amx_gemm.cc"
 ENV_SWITCH = "JAXINFER_NATIVE_AMX"  # "0" turns the kernel off (XLA's dot runs)
 COLLECTION = "amx"  # the variable collection of packed weights (`packed_variables`)
@@ -59,7 +62,8 @@ def _load() -> str | None:
     why = _request_tiles()
     if why is not None:
         return why
-    return native_build.register(SOURCE, "AMX bfloat16 product", ENV_SWITCH, {TARGET: "JaxinferAmxGemm"}, logger)
+    return native_build.register(SOURCE, "AMX bfloat16 product", ENV_SWITCH,
+                                 {TARGET: "JaxinferAmxGemm", GATED_TARGET: "JaxinferAmxGated"}, logger)
 
 
 def available() -> bool:
@@ -75,6 +79,13 @@ def packable(k: int, n: int) -> bool:
     return k % 32 == 0 and n % 32 == 0 and k <= MAX_K
 
 
+def _blocks(bits: np.ndarray) -> np.ndarray:
+    """uint16 ``[L, K, N]`` (K a multiple of 32, N of 16) -> its 16 x 32 blocks, `pack`'s layout."""
+    L, K, N = bits.shape
+    blocks = bits.reshape(L, K // 32, 16, 2, N // 16, 16)  # [l, b, p, e, j, c]
+    return np.ascontiguousarray(blocks.transpose(0, 4, 1, 2, 5, 3))
+
+
 def pack(w) -> np.ndarray:
     """Weights ``[L, K, N]`` (bfloat16, or its uint16 bits) -> uint16 ``[L, N/16, K/32, 16, 16, 2]``:
     element ``[l, j, b, p, c, e] = w[l, 32b + 2p + e, 16j + c]`` (the kernel's header: AMX's
@@ -86,9 +97,31 @@ def pack(w) -> np.ndarray:
     bits = np.asarray(w).view(np.uint16)  # bfloat16 or its bits: the same 16-bit patterns
     if bits.ndim != 3 or not packable(bits.shape[1], bits.shape[2]):
         raise ValueError(f"amx pack: expected [L, K, N] with K, N multiples of 32 (K <= {MAX_K}), got {bits.shape}")
-    L, K, N = bits.shape
-    blocks = bits.reshape(L, K // 32, 16, 2, N // 16, 16)  # [l, b, p, e, j, c]
-    return np.ascontiguousarray(blocks.transpose(0, 4, 1, 2, 5, 3))
+    return _blocks(bits)
+
+
+def gated_packable(k: int, f: int) -> bool:
+    """Whether gate and up weights ``[k, f]`` fit `pack_gated`: the interleaved ``[k, 2f]`` is
+    `packable` (``k`` a multiple of 32, ``f`` of 16)."""
+    return packable(k, 2 * f)
+
+
+def pack_gated(w_gate, w_up) -> np.ndarray:
+    """Gate and up weights ``[L, K, F]`` (bfloat16, or their uint16 bits) -> `pack` of the
+    ``[L, K, 2F]`` matrix whose 16-column blocks alternate gate block q, up block q: uint16
+    ``[L, 2F/16, K/32, 16, 16, 2]`` with ``[:, 2q] = pack(w_gate)[:, q]`` and ``[:, 2q + 1] =
+    pack(w_up)[:, q]``, so that the kernel's column-block pair q holds the gate and up
+    columns 16q .. 16q + 15 (`gated_matmul`).
+
+    Raises:
+      ValueError: shapes differ, not 3-D, or K / F not multiples of 32 / 16 (`gated_packable`).
+    """
+    gate, up = np.asarray(w_gate).view(np.uint16), np.asarray(w_up).view(np.uint16)
+    if gate.shape != up.shape or gate.ndim != 3 or not gated_packable(*gate.shape[1:]):
+        raise ValueError(f"amx pack_gated: expected two [L, K, F] with K a multiple of 32 (<= {MAX_K}) and F of 16, "
+                         f"got {gate.shape} and {up.shape}")
+    pair = np.stack([_blocks(gate), _blocks(up)], axis=2)  # [L, F/16, 2, K/32, 16, 16, 2]
+    return pair.reshape(gate.shape[0], -1, *pair.shape[3:])
 
 
 def takes_rows(rows: int) -> bool:
@@ -113,6 +146,24 @@ def matmul(x, packed, layer):
     return jax.ffi.ffi_call(TARGET, out)(x.astype(jnp.bfloat16), packed, jnp.asarray(layer, jnp.int32))
 
 
+def gated_matmul(x, packed, layer, act: str):
+    """The gated MLP's first half in one kernel call: ``x [M, K]`` -> bfloat16 ``[M, F]``,
+    ``act(x @ wg[layer]) * (x @ wu[layer])`` for ``packed`` = `pack_gated` (wg, wu) of
+    ``wg, wu [L, K, F]``: bfloat16 operands, float32 sums (as `matmul`), act and product in
+    float32, rounded to bfloat16 (nearest even). ``act``: "silu" (SwiGLU, Shazeer 2020, "GLU
+    variants improve transformer") or "gelu_pytorch_tanh" (GeGLU, the tanh-approximated GELU),
+    the keys of `GATED_ACTS`. ``x`` is cast to bfloat16, ``layer`` is an int32 scalar (traced
+    or not). Call only where `available` is True."""
+    k, n = packed_shape_kn(packed)
+    if x.ndim != 2 or x.shape[1] != k:
+        raise ValueError(f"amx gated_matmul: x {x.shape} does not contract with a packed [{k}, {n}] weight")
+    if act not in GATED_ACTS:
+        raise ValueError(f"amx gated_matmul: act {act!r} is not one of {', '.join(GATED_ACTS)}")
+    out = jax.ShapeDtypeStruct((x.shape[0], n // 2), jnp.bfloat16)
+    return jax.ffi.ffi_call(GATED_TARGET, out)(x.astype(jnp.bfloat16), packed, jnp.asarray(layer, jnp.int32),
+                                               act=np.int32(GATED_ACTS[act]))
+
+
 # The projections of `jaxinfer.models.llama` that take packed weights: (module path under
 # ``layers``, projection name, number of contracted kernel axes).
 _PROJECTIONS = (("attn", "q_proj", 1), ("attn", "k_proj", 1), ("attn", "v_proj", 1), ("attn", "o_proj", 2),
@@ -124,13 +175,21 @@ def packed_variables(params: dict, cfg) -> dict:
     layout, unquantized): each layer projection's kernel ``[L, *in, *out]`` as ``[L, K, N]``
     packed (`pack`), under ``layers/{attn,mlp}/<name>_packed``, and the LM head's ``[D, V]``
     (the tied embedding transposed, or ``lm_head``) as ``lm_head_packed``. Projections whose
-    K or N is not a multiple of 32 are left out (XLA's dot runs them). Packed on the host,
-    once: the weights' bytes once more in memory."""
+    K or N is not a multiple of 32 are left out (XLA's dot runs them). The MLP's gate and up
+    kernels, where `gated_packable` and ``cfg.hidden_act`` is one of `GATED_ACTS`, are packed
+    together instead (`pack_gated`, ``layers/mlp/gate_up_packed``, for `gated_matmul`) and not
+    also one by one. Packed on the host, once: the weights' bytes once more in memory."""
     from jaxinfer.models.llama import PACKED
 
     layers = params["layers"]
     out: dict = {"layers": {}}
+    gate, up = (np.asarray(layers["mlp"][name]["kernel"]) for name in ("gate_proj", "up_proj"))
+    gated = cfg.hidden_act in GATED_ACTS and gated_packable(*gate.shape[1:])
+    if gated:
+        out["layers"]["mlp"] = {"gate_up" + PACKED: jnp.asarray(pack_gated(gate, up))}
     for module, name, n_in in _PROJECTIONS:
+        if gated and name in ("gate_proj", "up_proj"):
+            continue
         kernel = np.asarray(layers[module][name]["kernel"])
         L = kernel.shape[0]
         k = math.prod(kernel.shape[1:1 + n_in])

@@ -144,13 +144,14 @@ def post_completions_at_once(url: str, clients: int, max_tokens: int, join_s: fl
     return results, threads
 
 
-def tiny_bf16_llm():
-    """A tiny random bfloat16 model (tied head, dims multiples of 32) that returns each step's
-    logits: for tests that compare a C++ product path against XLA's (patch the runner's switch first)."""
+def tiny_bf16_llm(hidden_act: str = "silu"):
+    """A tiny random bfloat16 model (tied head, dims multiples of 32, MLP gate ``hidden_act``) that
+    returns each step's logits: for tests that compare a C++ product path against XLA's (patch the
+    runner's switch first)."""
     from jaxinfer import LLM
     from jaxinfer.params import init_params
 
-    cfg = tiny_config(vocab=256, hidden=64, layers=2, inter=96, tied=True)
+    cfg = dataclasses.replace(tiny_config(vocab=256, hidden=64, layers=2, inter=96, tied=True), hidden_act=hidden_act)
     return LLM("tiny", dtype="bfloat16", max_model_len=128, max_num_seqs=4, max_num_batched_tokens=32,
                num_blocks=64, model_config=cfg, params=init_params(cfg, "bfloat16", seed=1), tokenizer=None,
                warmup=False, enable_prefix_caching=False, return_logits=True)

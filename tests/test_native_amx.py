@@ -2,6 +2,8 @@
 layout everywhere, the products and the model's use of them where the CPU has AMX."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -54,6 +56,72 @@ def test_products_match_float64(rows, k, n):
         assert np.all(np.abs(got - ref) <= 1e-5 * bound + 1e-6)
 
 
+def test_pack_gated_is_pack_of_the_interleaved_blocks():
+    """`pack_gated` (wg, wu) = `pack` of the [K, 2F] matrix whose 16-column blocks alternate
+    gate block q, up block q (F = 48: a multiple of 16, not of 32, is enough)."""
+    rng = np.random.default_rng(7)
+    for K, F in [(64, 48), (96, 32)]:
+        wg, wu = (jnp.asarray(rng.standard_normal((3, K, F)), jnp.bfloat16) for _ in range(2))
+        blocks = np.stack([np.asarray(w).reshape(3, K, F // 16, 16) for w in (wg, wu)], axis=3)  # [l, k, q, g|u, c]
+        packed = native_amx.pack_gated(wg, wu)
+        assert packed.dtype == np.uint16 and packed.shape == (3, 2 * F // 16, K // 32, 16, 16, 2)
+        np.testing.assert_array_equal(packed, native_amx.pack(blocks.reshape(3, K, 2 * F)))
+    for g, u in [((1, 48, 32), (1, 48, 32)), ((1, 32, 40), (1, 32, 40)), ((1, 32, 32), (1, 32, 64)), ((32, 32),) * 2]:
+        with pytest.raises(ValueError):
+            native_amx.pack_gated(np.zeros(g, np.uint16), np.zeros(u, np.uint16))
+    assert native_amx.gated_packable(576, 1536) and native_amx.gated_packable(64, 48)
+    assert not native_amx.gated_packable(576, 40) and not native_amx.gated_packable(48, 64)
+
+
+_GATED_REF = {"silu": jax.nn.silu, "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True)}
+
+
+@functools.cache
+def _gated_weights(k: int, f: int):
+    """Gate and up stacks [3, k, f] (bfloat16, std 0.05, every layer different) and their `pack_gated`."""
+    rng = np.random.default_rng(k * 7 + f)
+    wg, wu = (jnp.asarray(rng.standard_normal((3, k, f)) * 0.05, jnp.bfloat16) for _ in range(2))
+    return wg, wu, jnp.asarray(native_amx.pack_gated(wg, wu))
+
+
+def _bf16_ulp(v: np.ndarray) -> np.ndarray:
+    """The spacing of bfloat16 at |v| (8 significant bits; 2^-133, the smallest step, at 0)."""
+    _, e = np.frexp(np.abs(v))
+    return np.maximum(np.ldexp(1.0, e - 8), 2.0 ** -133)
+
+
+@needs_amx
+@pytest.mark.parametrize("act", list(native_amx.GATED_ACTS))
+@pytest.mark.parametrize("rows", [3, 16, 17, 32, 33, 100, 512])
+@pytest.mark.parametrize("k,f", [(576, 1536), (640, 2048), (64, 48)], ids=["smollm2", "gemma3", "small"])
+def test_gated_product_matches_xla(k, f, rows, act):
+    """act(x wg) * (x wu) in one call against XLA's: the same bfloat16 operands, float32 dots,
+    act and product in float32, rounded to bfloat16; layer 2 of a stack of 3; whole and
+    partial 16- and 32-row panels; SwiGLU and GeGLU shapes of SmolLM2 and Gemma 3 and a small one
+    (F a multiple of 16 only). Every third row of x is 100x, so gate values reach far past
+    +-30 and the kernel's exp clamps (SiLU beyond |g| ~ 88, GELU beyond |g| ~ 10): no NaN or
+    inf. Tolerance, per element: one bfloat16 step (both results are rounded once) plus
+    the float32 sums' order (1e-5 of |x| |w| as `test_products_match_float64`, through
+    |act'| <= 1.2 and |act(g)|) plus 2^-22 |g u| for XLA's own act: its GELU, 0.5 g (1 + tanh),
+    loses the digits of 1 + tanh for negative g (the kernel takes g sigmoid(2y) instead)."""
+    wg, wu, packed = _gated_weights(k, f)
+    rng = np.random.default_rng(rows * 10 + k + f)
+    scale = np.where(np.arange(rows) % 3 == 2, 100.0, 1.0)[:, None]
+    x = jnp.asarray(rng.standard_normal((rows, k)) * scale, jnp.bfloat16)
+    got = np.asarray(jax.jit(native_amx.gated_matmul, static_argnums=3)(x, packed, 2, act))
+    assert got.shape == (rows, f) and got.dtype == jnp.bfloat16
+    g, u = (jnp.dot(x, w[2], preferred_element_type=jnp.float32) for w in (wg, wu))
+    ref = np.asarray((_GATED_REF[act](g) * u).astype(jnp.bfloat16)).astype(np.float64)
+    a = np.asarray(_GATED_REF[act](g), np.float64)
+    got, g, u = got.astype(np.float64), np.asarray(g, np.float64), np.asarray(u, np.float64)
+    bound_g, bound_u = (np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(w[2], np.float64)) for w in (wg, wu))
+    tol = (_bf16_ulp(np.maximum(np.abs(got), np.abs(ref))) + 2.0 ** -22 * np.abs(g * u)
+           + 1e-5 * (1.2 * bound_g * np.abs(u) + np.abs(a) * bound_u))
+    assert np.all(np.isfinite(got)) and np.abs(g).max() > 30
+    bad = np.abs(got - ref) > tol
+    assert not bad.any(), f"{bad.sum()} of {bad.size}, first at {np.argwhere(bad)[0]}: {got[bad][:4]} vs {ref[bad][:4]}"
+
+
 @needs_amx
 def test_kernel_errors_are_clean():
     packed = jnp.asarray(native_amx.pack(np.zeros((2, 64, 32), np.uint16)))
@@ -61,44 +129,69 @@ def test_kernel_errors_are_clean():
         native_amx.matmul(jnp.zeros((4, 32), jnp.bfloat16), packed, 0)  # K differs
     with pytest.raises(Exception, match="out of range"):
         jax.block_until_ready(jax.jit(native_amx.matmul)(jnp.zeros((4, 64), jnp.bfloat16), packed, 5))
+    with pytest.raises(ValueError):
+        native_amx.gated_matmul(jnp.zeros((4, 64), jnp.bfloat16), packed, 0, "relu")  # no such act
+    with pytest.raises(Exception, match="out of range"):
+        gated = jax.jit(native_amx.gated_matmul, static_argnums=3)
+        jax.block_until_ready(gated(jnp.zeros((4, 64), jnp.bfloat16), packed, 5, "silu"))
 
 
-def _tiny_llm(native: bool, monkeypatch):
+def _tiny_llm(native: bool, monkeypatch, hidden_act: str = "silu"):
     monkeypatch.setattr(model_runner, "use_native_amx", lambda *a: native)
-    return tiny_bf16_llm()
+    return tiny_bf16_llm(hidden_act)
 
 
 @needs_amx
-def test_model_steps_run_the_kernel_with_xla_logits(monkeypatch):
+@pytest.mark.parametrize("hidden_act,gated", [("silu", True), ("gelu_pytorch_tanh", True), ("silu", False)],
+                         ids=["swiglu", "geglu", "swiglu-unfused"])
+def test_model_steps_run_the_kernel_with_xla_logits(monkeypatch, hidden_act, gated):
     """Four prompts decode together (4-row steps, scanned layers): those steps call the kernel
-    for every projection and the LM head, and every step's logits match XLA's products."""
+    for every projection and the LM head, the MLP's gate and up as one gated call (SwiGLU and
+    GeGLU; as two products where the gated kernel lacks the activation), and every step's
+    logits match XLA's products."""
+    if not gated:
+        monkeypatch.setattr(native_amx, "GATED_ACTS", {})
     prompts = [[5, 6, 7, 8, 9], [11, 12], [3] * 20, [40, 41, 42]]
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     runs = {}
     for amx in (True, False):
-        llm = _tiny_llm(amx, monkeypatch)
+        llm = _tiny_llm(amx, monkeypatch, hidden_act)
         assert (llm.engine.runner.amx is not None) is amx
         outs = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
         runs[amx] = ([o.token_ids for o in outs], [np.array(o.logits) for o in outs])
         texts = [e.as_text() for b, e in llm.engine.runner._executables.items() if b.num_tokens > 2]
         assert texts and all((t.count(native_amx.TARGET) >= 1) is amx for t in texts)
+        assert all((native_amx.GATED_TARGET in t) is (amx and gated) for t in texts)
     assert runs[True][0] == runs[False][0]
     for a, b in zip(runs[True][1], runs[False][1]):
         np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-2)
 
 
-def test_packed_variables_cover_every_projection_and_the_head():
-    """Shapes of the packed tree of a tiny model (tied and untied heads); a projection whose
-    width is not a multiple of 32 is left to XLA."""
+def test_packed_variables_cover_every_projection_and_the_head(monkeypatch):
+    """Shapes of the packed tree of a tiny model (tied and untied heads): the MLP's gate and up
+    packed together (`pack_gated`), not also one by one; a projection whose width is not a
+    multiple of 32 is left to XLA (gate and up together need 16); an activation the gated
+    kernel lacks keeps gate and up packed one by one."""
     for tied in (True, False):
         cfg = tiny_config(vocab=256, hidden=64, layers=2, inter=96, tied=tied)
-        tree = native_amx.packed_variables(init_params(cfg, "bfloat16", seed=0), cfg)
+        params = init_params(cfg, "bfloat16", seed=0)
+        tree = native_amx.packed_variables(params, cfg)
         assert set(tree["layers"]["attn"]) == {"q_proj_packed", "k_proj_packed", "v_proj_packed", "o_proj_packed"}
-        assert set(tree["layers"]["mlp"]) == {"gate_proj_packed", "up_proj_packed", "down_proj_packed"}
+        assert set(tree["layers"]["mlp"]) == {"gate_up_packed", "down_proj_packed"}
+        mlp = params["layers"]["mlp"]
+        np.testing.assert_array_equal(tree["layers"]["mlp"]["gate_up_packed"],
+                                      native_amx.pack_gated(mlp["gate_proj"]["kernel"], mlp["up_proj"]["kernel"]))
         assert tree["layers"]["mlp"]["down_proj_packed"].shape == (2, 64 // 16, 96 // 32, 16, 16, 2)
         assert tree["lm_head_packed"].shape == (1, 256 // 16, 64 // 32, 16, 16, 2)
     cfg = tiny_config(vocab=256, hidden=64, layers=2, inter=80, tied=True)
+    tree = native_amx.packed_variables(init_params(cfg, "bfloat16", seed=0), cfg)
+    assert set(tree["layers"]["mlp"]) == {"gate_up_packed"}
+    cfg = tiny_config(vocab=256, hidden=64, layers=2, inter=72, tied=True)
     assert "mlp" not in native_amx.packed_variables(init_params(cfg, "bfloat16", seed=0), cfg)["layers"]
+    monkeypatch.setattr(native_amx, "GATED_ACTS", {"gelu_pytorch_tanh": 1})  # the tiny config's SiLU left out
+    cfg = tiny_config(vocab=256, hidden=64, layers=2, inter=96, tied=True)
+    tree = native_amx.packed_variables(init_params(cfg, "bfloat16", seed=0), cfg)
+    assert set(tree["layers"]["mlp"]) == {"gate_proj_packed", "up_proj_packed", "down_proj_packed"}
 
 
 def test_native_code_says_why_it_is_off(monkeypatch):

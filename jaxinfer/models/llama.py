@@ -28,7 +28,8 @@ stack is stored as uint16 bits, its embedding rows gathered as bits and its one-
 run as two rows: `jaxinfer.models.cpu_bf16` says why. Where the caller passes AMX-packed
 weights (the ``amx`` collection, `jaxinfer.native_amx.packed_variables`: one CPU device with
 AMX), every projection and the LM head of more than two rows reads them instead
-(`_project`), in place by layer index: the scan broadcasts that collection, never slices it.
+(`_project`; the MLP's gate and up as one call, `MLP`), in place by layer index: the scan
+broadcasts that collection, never slices it.
 
 Parameter tree (``params`` collection; L stacked on axis 0; logical axis names in
 brackets, mapped to mesh axes in one place by the sharding module):
@@ -182,7 +183,11 @@ _ACT = {"silu": nn.silu, "gelu_pytorch_tanh": functools.partial(nn.gelu, approxi
 
 
 class MLP(nn.Module):
-    """Gated MLP: down(act(gate(x)) * up(x)); act = SiLU (SwiGLU) or tanh-approximated GELU (GeGLU)."""
+    """Gated MLP: down(act(gate(x)) * up(x)); act = SiLU (SwiGLU) or tanh-approximated GELU (GeGLU).
+    Where the caller passed gate and up packed together (``gate_up_packed``,
+    `native_amx.packed_variables`) and the row count is the kernel's, act(gate(x)) * up(x) is one
+    AMX call that returns it in bfloat16 (`native_amx.gated_matmul`); the down projection casts
+    its input to bfloat16 either way."""
 
     cfg: ModelConfig
     dtype: jnp.dtype
@@ -194,9 +199,15 @@ class MLP(nn.Module):
         c = self.cfg
         dense = functools.partial(_dense, c, self.dtype, self.param_dtype, native=self.native_products)
         project = functools.partial(_project, self, dense)
-        g = project(x, layer, c.intermediate_size, ("embed", "mlp"), "gate_proj")
-        u = project(x, layer, c.intermediate_size, ("embed", "mlp"), "up_proj")
-        return project(_ACT[c.hidden_act](g) * u, layer, c.hidden_size, ("mlp", "embed"), "down_proj")
+        gate_up, lead = _packed(self, "gate_up"), x.shape[:-1]
+        if gate_up is not None and c.hidden_act in native_amx.GATED_ACTS and native_amx.takes_rows(math.prod(lead)):
+            h = native_amx.gated_matmul(x.reshape(math.prod(lead), -1), gate_up, layer, c.hidden_act)
+            h = h.reshape(*lead, -1)
+        else:
+            g = project(x, layer, c.intermediate_size, ("embed", "mlp"), "gate_proj")
+            u = project(x, layer, c.intermediate_size, ("embed", "mlp"), "up_proj")
+            h = _ACT[c.hidden_act](g) * u
+        return project(h, layer, c.hidden_size, ("mlp", "embed"), "down_proj")
 
 
 class DecoderLayer(nn.Module):

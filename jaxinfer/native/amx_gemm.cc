@@ -1,6 +1,7 @@
-// Products of many rows against pre-packed bfloat16 weights on Intel AMX, as an XLA FFI custom
-// call ("jaxinfer_amx_gemm"). Built and registered by jaxinfer/native_amx.py; called from
-// jaxinfer/models/cpu_bf16.py for the layers' and the LM head's products of 3 rows or more.
+// Products of many rows against pre-packed bfloat16 weights on Intel AMX, as XLA FFI custom
+// calls ("jaxinfer_amx_gemm", and "jaxinfer_amx_gated" for the gated MLP's first half, below).
+// Built and registered by jaxinfer/native_amx.py; called from jaxinfer/models/llama.py
+// (`_project`, `MLP`, `lm_head_logits`) for the layers' and the LM head's products of 3 rows or more.
 //
 // Why: XLA:CPU (jax 0.10.2) multiplies a bfloat16 dot on AMX too (YNNPACK), but it re-packs the
 // weight operand into AMX's pair-interleaved layout on every call, and under the layer scan it
@@ -21,9 +22,28 @@
 // the rows 32 at a time (two A tiles, four C tiles of 16 x 16 float32). The thread's tile
 // configuration is saved and restored around an item, since XLA's own AMX kernels run on the
 // same threads.
+//
+// "jaxinfer_amx_gated": the gated MLP's first half in one call, h = act(x Wg) * (x Wu) (SwiGLU,
+// Shazeer 2020, with act = SiLU; GeGLU with the tanh-approximated GELU), rounded to bfloat16.
+// Why: as two "jaxinfer_amx_gemm" calls, gate and up each went to memory as float32 [M, F] and
+// XLA read both back for act(g) * u and the cast to bfloat16 (~7% of a 512-token prefill step);
+// here each 32 x 32 float32 block of (g, u) stays in L1 and only h, half the bytes of one of
+// them, is written. Probe (SmolLM2-135M's K 576, F 1536, 30 scanned layers, 8 weight stacks in
+// rotation, the two ways alternated in one process,
+// benchmarks/results/2026-12-03-cpu2-prefill-runs/probes/gated_mlp_ab.py): 32 rows 11.1 -> 8.5 ms,
+// 512 rows 81.0 -> 61.1 ms.
+// Inputs: x and layer as above; w u16 [L, 2F / 16, K / 32, 16, 16, 2]: the [K, 2F] matrix whose
+// 16-column blocks alternate gate block q, up block q (`native_amx.pack_gated`), so that a
+// column-block pair of the product above is (g, u) of h's columns 16q .. 16q + 15.
+// Attribute: act s32, 0 = SiLU x sigmoid(x), 1 = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
+// Output: h bf16 [M, F], each element act(g) * u from the float32 sums g, u, rounded to nearest
+// even (as XLA's act(g) * u then astype(bfloat16), with another exp and another summing order).
+// Work as above; each 32-row panel's block pair goes through `panel` into a local buffer, then
+// `gated_rows` (AVX-512) turns its rows into h.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "parallel_items.h"
@@ -127,60 +147,183 @@ void panel(const uint16_t* a, int64_t lda, const Problem& p, int64_t j, bool ful
   }
 }
 
-// Column-block pairs [q0, q1) (pair q: blocks 2q, 2q + 1) for every row.
-void columns(const Problem& p, int64_t q0, int64_t q1) {
-  alignas(64) float c[32 * 32];
+// Runs body() under our tile configuration, then restores the thread's own (XLA's AMX kernels
+// run on the same threads) or releases the tile state when it had none.
+template <typename Body>
+void with_our_tiles(Body body) {
   alignas(64) uint8_t saved[64];
   _tile_storeconfig(saved);
   const TileConfig ours = our_config();
   _tile_loadconfig(&ours);
-  for (int64_t m0 = 0; m0 < p.M; m0 += 32) {
-    const int64_t rows = std::min<int64_t>(32, p.M - m0);
-    const uint16_t* a = rows < 32 ? p.tail : p.x + m0 * p.K;
-    for (int64_t q = q0; q < q1; ++q) {
-      if (rows == 32) {
-        panel(a, p.K, p, 2 * q, true, p.y + m0 * p.N + 32 * q, p.N);
-        continue;
-      }
-      panel(a, p.K, p, 2 * q, rows > 16, c, 32);
-      for (int64_t r = 0; r < rows; ++r) std::memcpy(p.y + (m0 + r) * p.N + 32 * q, c + r * 32, 32 * sizeof(float));
-    }
-  }
+  body();
   if (saved[0] == 0)
     _tile_release();  // the thread had no configuration before
   else
     _tile_loadconfig(saved);
 }
+
+// Column-block pairs [q0, q1) (pair q: blocks 2q, 2q + 1) for every row.
+void columns(const Problem& p, int64_t q0, int64_t q1) {
+  alignas(64) float c[32 * 32];
+  with_our_tiles([&] {
+    for (int64_t m0 = 0; m0 < p.M; m0 += 32) {
+      const int64_t rows = std::min<int64_t>(32, p.M - m0);
+      const uint16_t* a = rows < 32 ? p.tail : p.x + m0 * p.K;
+      for (int64_t q = q0; q < q1; ++q) {
+        if (rows == 32) {
+          panel(a, p.K, p, 2 * q, true, p.y + m0 * p.N + 32 * q, p.N);
+          continue;
+        }
+        panel(a, p.K, p, 2 * q, rows > 16, c, 32);
+        for (int64_t r = 0; r < rows; ++r) std::memcpy(p.y + (m0 + r) * p.N + 32 * q, c + r * 32, 32 * sizeof(float));
+      }
+    }
+  });
+}
+
+// ---- The gated epilogue ("jaxinfer_amx_gated").
+enum Act : int32_t { kSilu = 0, kGeluTanh = 1 };
+
+// exp of 16 lanes, the range reduction and polynomial of paged_decode.cc's `exp16` (copied, since
+// that file has its own): exp(x) = 2^n e^r with n = round(x log2 e), r = x - n ln 2 (ln 2 in two
+// parts, Cody-Waite), |r| <= ln 2 / 2, e^r by its Taylor polynomial to degree 7 (truncation
+// < 3e-9 relative). x is clamped to [-87, 88], so the result is finite and > 0 for every input
+// (exp(-87) ~ 1.6e-38, exp(88) ~ 1.65e38).
+inline __m512 exp16(__m512 x) {
+  constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693145751953125f, kLn2Lo = 1.42860682030941723e-6f;
+  constexpr float kTaylor[8] = {1.f / 5040, 1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f};
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x));
+  __m512 y = _mm512_set1_ps(kTaylor[0]);
+  for (int i = 1; i < 8; ++i) y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(kTaylor[i]));
+  return _mm512_scalef_ps(y, n);
+}
+
+// act(g) of 16 lanes as g sigmoid(z), sigmoid(z) = 1 / (1 + exp(-z)) with a true division (a few
+// float32 ulps): SiLU's z = g; the tanh GELU's z = 2 sqrt(2 / pi) (g + 0.044715 g^3), since
+// 0.5 (1 + tanh(y)) = sigmoid(2y). That form has no 1 + tanh(y) to cancel for negative g (there
+// 1 - 2 / (exp(2y) + 1) would lose most digits of a small 1 + tanh(y)). exp16's clamp keeps
+// 1 + exp(-z) finite for any g, so the sigmoid is in [0, 1]: no inf, no NaN.
+template <Act A>
+inline __m512 act16(__m512 g) {
+  __m512 z = g;
+  if (A == kGeluTanh) {
+    constexpr float kC1 = 1.5957691216057308f;        // 2 sqrt(2 / pi)
+    constexpr float kC3 = 1.5957691216057308f * 0.044715f;
+    z = _mm512_mul_ps(g, _mm512_fmadd_ps(_mm512_mul_ps(g, g), _mm512_set1_ps(kC3), _mm512_set1_ps(kC1)));
+  }
+  const __m512 one = _mm512_set1_ps(1.f);
+  const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), z));
+  return _mm512_mul_ps(g, _mm512_div_ps(one, _mm512_add_ps(one, e)));
+}
+
+// 16 float32 lanes -> 16 bfloat16, rounded to nearest even (NaN stays NaN).
+inline __m256i to_bf16(__m512 h) {
+#ifdef __AVX512BF16__
+  return (__m256i)_mm512_cvtneps_pbh(h);
+#else
+  const __m512i b = _mm512_castps_si512(h), high = _mm512_srli_epi32(b, 16);
+  const __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(h, h, _CMP_UNORD_Q), _mm512_or_si512(high, _mm512_set1_epi32(0x40)));
+  return _mm512_cvtepi32_epi16(r);
+#endif
+}
+
+// Rows [0, rows) of a 32 x 32 float32 block c (row r: g = c[r][0:16], u = c[r][16:32]) -> h's
+// 16 bfloat16 act(g) * u at h + r * ldh.
+template <Act A>
+void gated_rows(const float* c, int64_t rows, uint16_t* h, int64_t ldh) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m512 g = _mm512_load_ps(c + 32 * r), u = _mm512_load_ps(c + 32 * r + 16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(h + r * ldh), to_bf16(_mm512_mul_ps(act16<A>(g), u)));
+  }
+}
+
+// Gate/up pairs [q0, q1) for every row, into h [M, F] (F = N / 2).
+template <Act A>
+void gated_columns(const Problem& p, uint16_t* h, int64_t q0, int64_t q1) {
+  alignas(64) float c[32 * 32];
+  const int64_t F = p.N / 2;
+  with_our_tiles([&] {
+    for (int64_t m0 = 0; m0 < p.M; m0 += 32) {
+      const int64_t rows = std::min<int64_t>(32, p.M - m0);
+      const uint16_t* a = rows < 32 ? p.tail : p.x + m0 * p.K;
+      for (int64_t q = q0; q < q1; ++q) {
+        panel(a, p.K, p, 2 * q, rows > 16, c, 32);
+        gated_rows<A>(c, rows, h + m0 * F + 16 * q, F);
+      }
+    }
+  });
+}
+
+// Checks x, w and layer (`name` starts the messages) and sets p up for that layer: x's rows past
+// a multiple of 32 copied, zero-padded to a whole panel, into `tail` once for every item.
+ffi::Error setup(const char* name, ffi::AnyBuffer x, ffi::Buffer<ffi::U16> w, ffi::Buffer<ffi::S32> layer,
+                 std::vector<uint16_t>& tail, Problem& p) {
+  const auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 6 || wd[3] != 16 || wd[4] != 16 || wd[5] != 2 ||
+      (x.element_type() != ffi::U16 && x.element_type() != ffi::BF16))
+    return ffi::Error::InvalidArgument(std::string(name) +
+                                       ": x bf16 [M, K] and w u16 [L, N/16, K/32, 16, 16, 2] expected");
+  const int64_t L = wd[0], N = wd[1] * 16, K = wd[2] * 32, M = xd[0];
+  const int64_t l = layer.typed_data()[0];
+  if (xd[1] != K || K > kMaxK || N % 32 != 0 || l < 0 || l >= L)
+    return ffi::Error::InvalidArgument(std::string(name) +
+                                       ": K differs from x's, exceeds the limit, N is not a multiple of 32 "
+                                       "or the layer is out of range");
+  const auto* xs = static_cast<const uint16_t*>(x.untyped_data());
+  const int64_t whole = M / 32 * 32;
+  tail.assign(M > whole ? 32 * K : 0, 0);
+  std::copy(xs + whole * K, xs + M * K, tail.data());
+  p = Problem{xs, tail.empty() ? nullptr : tail.data(), w.typed_data() + l * N * K, nullptr, M, K, N};
+  return ffi::Error::Success();
+}
+
+// Runs item(q0, q1) over [0, pairs) column-block pairs, about 8 items per thread.
+template <typename Item>
+void spread(ffi::ThreadPool& pool, int64_t pairs, Item item) {
+  const int64_t per_item = std::max<int64_t>(1, pairs / (8 * std::max<int64_t>(1, pool.num_threads())));
+  const int64_t items = (pairs + per_item - 1) / per_item;
+  jaxinfer::parallel_items(pool, items, [item, per_item, pairs](int64_t i) {
+    item(i * per_item, std::min(pairs, (i + 1) * per_item));
+  });
+}
 #endif
 
 ffi::Error gemm(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::U16> w, ffi::Buffer<ffi::S32> layer,
                 ffi::ResultBuffer<ffi::F32> y) {
-  const auto xd = x.dimensions(), wd = w.dimensions();
-  if (xd.size() != 2 || wd.size() != 6 || wd[3] != 16 || wd[4] != 16 || wd[5] != 2 ||
-      (x.element_type() != ffi::U16 && x.element_type() != ffi::BF16))
-    return ffi::Error::InvalidArgument("amx_gemm: x bf16 [M, K] and w u16 [L, N/16, K/32, 16, 16, 2] expected");
-  const int64_t L = wd[0], N = wd[1] * 16, K = wd[2] * 32, M = xd[0];
-  const int64_t l = layer.typed_data()[0];
-  if (xd[1] != K || K > kMaxK || N % 32 != 0 || l < 0 || l >= L)
-    return ffi::Error::InvalidArgument("amx_gemm: K differs from x's, exceeds the limit, N is not a multiple of 32 "
-                                       "or the layer is out of range");
 #ifdef JAXINFER_AMX
-  const auto* xs = static_cast<const uint16_t*>(x.untyped_data());
-  // The last rows past a multiple of 32, zero-padded to a whole panel once for every item.
-  const int64_t whole = M / 32 * 32;
-  std::vector<uint16_t> tail(M > whole ? 32 * K : 0, 0);
-  std::copy(xs + whole * K, xs + M * K, tail.data());
-  const Problem p{xs, tail.empty() ? nullptr : tail.data(), w.typed_data() + l * N * K, y->typed_data(), M, K, N};
-  const int64_t pairs = N / 32;
-  const int64_t per_item = std::max<int64_t>(1, pairs / (8 * std::max<int64_t>(1, pool.num_threads())));
-  const int64_t items = (pairs + per_item - 1) / per_item;
-  jaxinfer::parallel_items(pool, items, [p, per_item, pairs](int64_t i) {
-    columns(p, i * per_item, std::min(pairs, (i + 1) * per_item));
-  });
+  std::vector<uint16_t> tail;
+  Problem p;
+  if (ffi::Error err = setup("amx_gemm", x, w, layer, tail, p); err.failure()) return err;
+  p.y = y->typed_data();
+  spread(pool, p.N / 32, [p](int64_t q0, int64_t q1) { columns(p, q0, q1); });
   return ffi::Error::Success();
 #else
-  (void)M;
   return ffi::Error::InvalidArgument("amx_gemm: built without AMX (this CPU lacks amx_tile / amx_bf16)");
+#endif
+}
+
+ffi::Error gated(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::U16> w, ffi::Buffer<ffi::S32> layer,
+                 int32_t act, ffi::ResultBuffer<ffi::BF16> h) {
+#ifdef JAXINFER_AMX
+  std::vector<uint16_t> tail;
+  Problem p;
+  if (ffi::Error err = setup("amx_gated", x, w, layer, tail, p); err.failure()) return err;
+  const auto hd = h->dimensions();
+  if (hd.size() != 2 || hd[0] != p.M || hd[1] != p.N / 2 || (act != kSilu && act != kGeluTanh))
+    return ffi::Error::InvalidArgument("amx_gated: h must be bf16 [M, N/2] and act 0 (SiLU) or 1 (tanh GELU)");
+  uint16_t* out = h->typed_data();  // bfloat16 bits
+  if (act == kSilu)
+    spread(pool, p.N / 32, [p, out](int64_t q0, int64_t q1) { gated_columns<kSilu>(p, out, q0, q1); });
+  else
+    spread(pool, p.N / 32, [p, out](int64_t q0, int64_t q1) { gated_columns<kGeluTanh>(p, out, q0, q1); });
+  return ffi::Error::Success();
+#else
+  return ffi::Error::InvalidArgument("amx_gated: built without AMX (this CPU lacks amx_tile / amx_bf16)");
 #endif
 }
 
@@ -193,3 +336,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxinferAmxGemm, gemm,
                                   .Arg<ffi::Buffer<ffi::U16>>()    // packed w
                                   .Arg<ffi::Buffer<ffi::S32>>()    // layer
                                   .Ret<ffi::Buffer<ffi::F32>>());  // y
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxinferAmxGated, gated,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()            // x
+                                  .Arg<ffi::Buffer<ffi::U16>>()     // packed [wg | wu] blocks
+                                  .Arg<ffi::Buffer<ffi::S32>>()     // layer
+                                  .Attr<int32_t>("act")             // 0 SiLU, 1 tanh GELU
+                                  .Ret<ffi::Buffer<ffi::BF16>>());  // h
