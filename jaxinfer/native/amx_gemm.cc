@@ -46,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "fast_exp.h"
 #include "parallel_items.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -184,22 +185,7 @@ void columns(const Problem& p, int64_t q0, int64_t q1) {
 // ---- The gated epilogue ("jaxinfer_amx_gated").
 enum Act : int32_t { kSilu = 0, kGeluTanh = 1 };
 
-// exp of 16 lanes, the range reduction and polynomial of paged_decode.cc's `exp16` (copied, since
-// that file has its own): exp(x) = 2^n e^r with n = round(x log2 e), r = x - n ln 2 (ln 2 in two
-// parts, Cody-Waite), |r| <= ln 2 / 2, e^r by its Taylor polynomial to degree 7 (truncation
-// < 3e-9 relative). x is clamped to [-87, 88], so the result is finite and > 0 for every input
-// (exp(-87) ~ 1.6e-38, exp(88) ~ 1.65e38).
-inline __m512 exp16(__m512 x) {
-  constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693145751953125f, kLn2Lo = 1.42860682030941723e-6f;
-  constexpr float kTaylor[8] = {1.f / 5040, 1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f};
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x));
-  __m512 y = _mm512_set1_ps(kTaylor[0]);
-  for (int i = 1; i < 8; ++i) y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(kTaylor[i]));
-  return _mm512_scalef_ps(y, n);
-}
+using jaxinfer::exp16;  // fast_exp.h: exp of 16 lanes, clamped to [-87, 88]
 
 // act(g) of 16 lanes as g sigmoid(z), sigmoid(z) = 1 / (1 + exp(-z)) with a true division (a few
 // float32 ulps): SiLU's z = g; the tanh GELU's z = 2 sqrt(2 / pi) (g + 0.044715 g^3), since

@@ -58,6 +58,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "fast_exp.h"
 #include "parallel_items.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -129,27 +130,7 @@ struct Prefetch {
   }
 };
 
-// exp(x) for the softmax, written so that `omp simd` loops vectorize it (glibc's expf is a call
-// per element: it was most of this kernel's time). exp(x) = 2^n * e^r with n = round(x log2 e) and
-// r = x - n ln 2, |r| <= ln2 / 2; e^r by its Taylor polynomial to degree 7 (truncation < 3e-9
-// relative). x is clamped to -87 (exp(-87) ~ 1.6e-38): here x = score - running max <= 0.
-// The constants both exps share (fast_exp here, exp16 for the tiled loops): log2(e), ln 2 in two
-// parts (Cody-Waite), and e^r's Taylor coefficients from degree 7 down to 0.
-constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693145751953125f, kLn2Lo = 1.42860682030941723e-6f,
-                kExpMin = -87.f;
-constexpr float kExpTaylor[8] = {1.f / 5040, 1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f};
-
-inline float fast_exp(float x) {
-  x = std::max(x, kExpMin);
-  const float n = std::nearbyint(x * kLog2e);
-  const float r = std::fma(n, -kLn2Hi, x) - n * kLn2Lo;
-  float y = kExpTaylor[0];
-  for (int i = 1; i < 8; ++i) y = std::fma(y, r, kExpTaylor[i]);
-  const int32_t bits = (int32_t(n) + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof(two_n));
-  return y * two_n;
-}
+using jaxinfer::fast_exp;  // fast_exp.h: exp for the softmax (x = score - running max <= 0 here)
 
 // Calls body(t, i, row, scale) for each token t in [t0, t1) and query head i = kh * G + g, with
 // the token's key or value row of KV head kh and its scale (1 for float caches).
@@ -206,16 +187,7 @@ inline __m512 load16(const Fp8E4M3* x) {  // through the 256-entry table
   return _mm512_i32gather_ps(index, kFp8.value, 4);
 }
 
-// exp of 16 lanes (x <= 0 here): the same range reduction and polynomial as `fast_exp`.
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(kExpMin));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x));
-  __m512 y = _mm512_set1_ps(kExpTaylor[0]);
-  for (int i = 1; i < 8; ++i) y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(kExpTaylor[i]));
-  return _mm512_scalef_ps(y, n);
-}
+using jaxinfer::exp16;  // fast_exp.h: 16 lanes
 
 // One online-softmax step (FlashAttention's running max and sum) over 16 scores, lanes outside
 // `live` masked: updates m and l, sets `rescale` (the factor for the old accumulator, 0 when there

@@ -1,26 +1,21 @@
 """Whole engine (`LLM`, server defaults), this checkout against the same engine with 6949f94's attention kernel and without
 the gated MLP call (gate and up packed one by one, XLA's act * u), two engines in one process,
 alternated: 32 prompts x 512 tokens submitted at once, 64 output tokens each (greedy), 3 alternated rounds. Usage: engine_ab.py [REV=6949f94] [OUT=64]."""
-import logging, statistics, subprocess, sys, time
+import statistics, sys, time
 from pathlib import Path
 ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT))
-from jaxinfer import LLM, SamplingParams, native_amx, native_attention, native_build
+from jaxinfer import LLM, SamplingParams, native_amx, native_attention
+import kernel_variant  # noqa: E402  (this folder)
 assert native_attention.available() and native_amx.available()
 rev = sys.argv[1] if len(sys.argv) > 1 else "6949f94"
-old = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:jaxinfer/native/paged_decode.cc"], capture_output=True, text=True, check=True).stdout
-v = native_attention.SOURCE.parent / "_probe_old.cc"
-v.write_text(old)
-try:
-    assert native_build.register(v, "old", "JAXINFER_NATIVE_AMX", {"pa_old": "JaxinferPagedDecode"}, logging.getLogger("p")) is None
-finally:
-    v.unlink()
+old_target = kernel_variant.register_at(rev)
 OUT = int(sys.argv[2]) if len(sys.argv) > 2 else 64
 sp = SamplingParams(temperature=0.0, max_tokens=OUT, ignore_eos=True)
 prompts = [[(i * 7 + j) % 40000 + 100 for j in range(512)] for i in range(32)]
 main_target, gated = native_attention.TARGET, dict(native_amx.GATED_ACTS)
 def configure(name):
-    native_attention.TARGET = main_target if name == "new" else "pa_old"
+    native_attention.TARGET = main_target if name == "new" else old_target
     native_amx.GATED_ACTS.clear()
     if name == "new":
         native_amx.GATED_ACTS.update(gated)

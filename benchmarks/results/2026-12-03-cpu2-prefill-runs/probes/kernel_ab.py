@@ -2,12 +2,13 @@
 30 layers, AMX on): REV's paged_decode.cc (default 6949f94, runs of 16 queries) beside this
 checkout's with one `constexpr int64_t` replaced by each value given, alternated in one process,
 median of 9 rounds. Usage: kernel_ab.py NAME v1 v2 ... (e.g. kMaxAmxRun 16 32 64); T, NB, REV env."""
-import logging, os, re, statistics, subprocess, sys, time
+import os, re, statistics, sys, time
 from pathlib import Path
 ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT))
 import jax, jax.numpy as jnp, numpy as np
-from jaxinfer import native_attention, native_build
+from jaxinfer import native_attention
+import kernel_variant  # noqa: E402  (this folder)
 assert native_attention.available()
 name, values = sys.argv[1], sys.argv[2:]
 REV = os.environ.get("REV", "6949f94")
@@ -15,22 +16,10 @@ src = native_attention.SOURCE.read_text()
 pat = rf"constexpr int64_t {name} = \d+;"
 assert re.search(pat, src)
 targets = {}
-old = subprocess.run(["git", "-C", str(ROOT), "show", f"{REV}:jaxinfer/native/paged_decode.cc"], capture_output=True, text=True, check=True).stdout
-v = native_attention.SOURCE.parent / "_probe_old.cc"
-v.write_text(old)
-try:
-    assert native_build.register(v, "old", "JAXINFER_NATIVE_AMX", {"pa_old": "JaxinferPagedDecode"}, logging.getLogger("p")) is None
-finally:
-    v.unlink()
-targets[REV] = "pa_old"
+old_target = kernel_variant.register_at(REV)
+targets[REV] = old_target
 for val in values:
-    v = native_attention.SOURCE.parent / f"_probe_{name}{val}.cc"
-    v.write_text(re.sub(pat, f"constexpr int64_t {name} = {val};", src))
-    try:
-        assert native_build.register(v, val, "JAXINFER_NATIVE_AMX", {f"pa_{val}": "JaxinferPagedDecode"}, logging.getLogger("p")) is None
-    finally:
-        v.unlink()
-    targets[val] = f"pa_{val}"
+    targets[val] = kernel_variant.register_source(re.sub(pat, f"constexpr int64_t {name} = {val};", src), f"{name}{val}")
 T, K, G, H, L, NB = int(os.environ.get("T", 512)), 3, 3, 64, 30, int(os.environ.get("NB", 64))
 rng = np.random.default_rng(0)
 bits = lambda x: jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.bfloat16), jnp.uint16)
