@@ -46,11 +46,13 @@
 #include <string>
 #include <vector>
 
+#include "amx_tiles.h"
 #include "fast_exp.h"
 #include "parallel_items.h"
 #include "xla/ffi/api/ffi.h"
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// Every CPU with AMX-BF16 (Sapphire Rapids on) also has AVX-512 BF16, used for the gated epilogue's rounding.
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #define JAXINFER_AMX 1
 #endif
@@ -70,22 +72,9 @@ struct Problem {
 };
 
 #ifdef JAXINFER_AMX
-struct TileConfig {  // the 64-byte operand of LDTILECFG (palette 1)
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Tiles 0-3: C (rows 0-15 / 16-31 of column blocks j / j + 1); 4, 5: A (rows 0-15 / 16-31);
-// 6, 7: B (column blocks j / j + 1). Every tile is 16 rows of 64 bytes.
-TileConfig our_config() {
-  TileConfig c;
-  for (int t = 0; t < 8; ++t) {
-    c.rows[t] = 16;
-    c.colsb[t] = 64;
-  }
-  return c;
-}
+// Tiles (amx_tiles.h: each 16 rows of 64 bytes) 0-3: C (rows 0-15 / 16-31 of column blocks
+// j / j + 1); 4, 5: A (rows 0-15 / 16-31); 6, 7: B (column blocks j / j + 1).
+using jaxinfer::with_our_tiles;
 
 // Weight blocks are prefetched this many K blocks (2 KB of each column-block pair) ahead of the
 // tile loads. A weight block is read once per call and this CPU's L3 (105 MB) holds less than the
@@ -148,21 +137,6 @@ void panel(const uint16_t* a, int64_t lda, const Problem& p, int64_t j, bool ful
   }
 }
 
-// Runs body() under our tile configuration, then restores the thread's own (XLA's AMX kernels
-// run on the same threads) or releases the tile state when it had none.
-template <typename Body>
-void with_our_tiles(Body body) {
-  alignas(64) uint8_t saved[64];
-  _tile_storeconfig(saved);
-  const TileConfig ours = our_config();
-  _tile_loadconfig(&ours);
-  body();
-  if (saved[0] == 0)
-    _tile_release();  // the thread had no configuration before
-  else
-    _tile_loadconfig(saved);
-}
-
 // Column-block pairs [q0, q1) (pair q: blocks 2q, 2q + 1) for every row.
 void columns(const Problem& p, int64_t q0, int64_t q1) {
   alignas(64) float c[32 * 32];
@@ -206,17 +180,7 @@ inline __m512 act16(__m512 g) {
 }
 
 // 16 float32 lanes -> 16 bfloat16, rounded to nearest even (NaN stays NaN).
-inline __m256i to_bf16(__m512 h) {
-#ifdef __AVX512BF16__
-  return (__m256i)_mm512_cvtneps_pbh(h);
-#else
-  const __m512i b = _mm512_castps_si512(h), high = _mm512_srli_epi32(b, 16);
-  const __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(h, h, _CMP_UNORD_Q), _mm512_or_si512(high, _mm512_set1_epi32(0x40)));
-  return _mm512_cvtepi32_epi16(r);
-#endif
-}
+inline __m256i to_bf16(__m512 h) { return (__m256i)_mm512_cvtneps_pbh(h); }
 
 // Rows [0, rows) of a 32 x 32 float32 block c (row r: g = c[r][0:16], u = c[r][16:32]) -> h's
 // 16 bfloat16 act(g) * u at h + r * ldh.

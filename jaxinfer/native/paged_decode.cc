@@ -58,6 +58,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "amx_tiles.h"
 #include "fast_exp.h"
 #include "parallel_items.h"
 #include "xla/ffi/api/ffi.h"
@@ -529,12 +530,6 @@ bool amx_attention_on() {
   return !(env && env[0] == '0' && env[1] == '\0') && amx_tiles_granted();
 }
 
-struct AmxTileConfig {  // the 64-byte operand of LDTILECFG (palette 1)
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // A run's state, for queries taken in groups of 16 (a group's queries are the 16 lanes of a
 // vector and the 16 columns of a tile): Q^T of each head and group as the B operand of S^T
 // ([N][group][H / 32][dim pair p][query]: dims 2p, 2p + 1 of a 32-dim slice), the block's values
@@ -762,24 +757,13 @@ bool amx_applies(const Shape& s, const Inputs& in) {
   return s.bs == 16 && !in.k_scales && (s.H == 64 || s.H == 128 || s.H == 256) && amx_attention_on();
 }
 
-// A run on AMX (`amx_applies` held); the thread's tile configuration is saved and restored,
-// since XLA's own AMX kernels share it.
+// A run on AMX (`amx_applies` held), under our tile configuration (amx_tiles.h).
 void attend_run_amx(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
-  alignas(64) uint8_t saved[64];
-  _tile_storeconfig(saved);
-  AmxTileConfig ours;
-  for (int t = 0; t < 8; ++t) {
-    ours.rows[t] = 16;
-    ours.colsb[t] = 64;
-  }
-  _tile_loadconfig(&ours);
-  if (s.H == 64) attend_tile_amx<64>(r0, r1, s, in);
-  else if (s.H == 128) attend_tile_amx<128>(r0, r1, s, in);
-  else attend_tile_amx<256>(r0, r1, s, in);
-  if (saved[0] == 0)
-    _tile_release();
-  else
-    _tile_loadconfig(saved);
+  jaxinfer::with_our_tiles([&] {
+    if (s.H == 64) attend_tile_amx<64>(r0, r1, s, in);
+    else if (s.H == 128) attend_tile_amx<128>(r0, r1, s, in);
+    else attend_tile_amx<256>(r0, r1, s, in);
+  });
 }
 #else
 bool amx_applies(const Shape&, const Inputs&) { return false; }
