@@ -15,8 +15,8 @@ step. The model step also returns the final hidden states of every packed token 
 call per token count T runs the LM head over them (`jaxinfer.models.llama.LMHead`, then
 `jaxinfer.sampler.prompt_logprobs`), read back with the sampled ids.
 
-Layer layouts (`jaxinfer.models.layer_layout`): on CPU, buckets of up to ``unroll_max_tokens``
-tokens (a lone stream's decode step) run the layers unrolled over per-layer weight arrays,
+Layer layouts (`jaxinfer.models.layer_layout`): on a CPU without AMX-packed weights, buckets of
+up to ``unroll_max_tokens`` tokens (a lone stream's decode step) run the layers unrolled over per-layer weight arrays,
 split from the stacked ones once here; every other bucket runs them under ``nn.scan`` over
 the stacked arrays, which compiles several times faster. Both give the same logits. The
 per-layer copy costs the layer weights' bytes once more (0 disables it).
@@ -54,20 +54,26 @@ logger = logging.getLogger(__name__)
 # ``JAXINFER_UNROLL_MAX_TOKENS=0`` (environment) scans every bucket: it saves the per-layer
 # copy (the layer weights' bytes once more) and the unrolled buckets' slower compiles
 # (~37 s of a cold warm-up of the default model), at a slower lone-stream decode step.
+# With AMX-packed weights (`use_native_amx`) nothing unrolls by default: the scanned step reads
+# them in place for one row too (`jaxinfer.native_amx`), and on the 2-core AMX CPU its lone-stream
+# decode step took 21-26 ms against 28-31 ms unrolled over per-layer arrays (SmolLM2-135M,
+# 128-token prompt, medians of 126 steps, 2 processes each, alternated); unrolled over the
+# packed weights it took 23-28 ms, no better.
 UNROLL_MAX_TOKENS = 1
 UNROLL_ENV_VAR = "JAXINFER_UNROLL_MAX_TOKENS"
 
 
-def default_unroll_max_tokens() -> int:
-    """``unroll_max_tokens`` when the caller gives none: `UNROLL_ENV_VAR` if set, else
-    `UNROLL_MAX_TOKENS` on CPU and 0 on other platforms.
+def default_unroll_max_tokens(packed: bool = False) -> int:
+    """``unroll_max_tokens`` when the caller gives none: `UNROLL_ENV_VAR` if set, else 0 where
+    the step has AMX-packed weights (``packed``), `UNROLL_MAX_TOKENS` on other CPUs and 0 on
+    other platforms.
 
     Raises:
       ValueError: the variable is not a non-negative integer.
     """
     env = os.environ.get(UNROLL_ENV_VAR)
     if env is None:
-        return UNROLL_MAX_TOKENS if jax.default_backend() == "cpu" else 0
+        return UNROLL_MAX_TOKENS if jax.default_backend() == "cpu" and not packed else 0
     if not env.strip().isdigit():
         raise ValueError(f"{UNROLL_ENV_VAR}={env!r}: expected a non-negative integer")
     return int(env)
@@ -200,7 +206,8 @@ class ModelRunner:
         per-token scales (`jaxinfer.kv_quant.QuantKV`; its scales shard with the values).
       unroll_max_tokens: buckets with at most this many tokens run the unrolled layers
         over per-layer arrays (module docstring); 0: every bucket scans; None:
-        `default_unroll_max_tokens` (the environment, else `UNROLL_MAX_TOKENS` on CPU).
+        `default_unroll_max_tokens` (the environment, else `UNROLL_MAX_TOKENS` on a CPU
+        without AMX-packed weights).
     """
 
     def __init__(self, cfg: ModelConfig, params, num_blocks: int, block_size: int, dtype: str = "float32",
@@ -225,12 +232,13 @@ class ModelRunner:
         self.head = LMHead(cfg, self.dtype, self.dtype)
         self._shardings = shardings
         self._replicated = shardings[2] if shardings else None
-        self.unroll_max_tokens = default_unroll_max_tokens() if unroll_max_tokens is None else unroll_max_tokens
+        # AMX-packed copies of the weights for the scanned buckets' products (`use_native_amx`)
+        self.amx = native_amx.packed_variables(params, cfg) if use_native_amx(self.dtype, shardings, cfg) else None
+        self.unroll_max_tokens = (default_unroll_max_tokens(self.amx is not None) if unroll_max_tokens is None
+                                  else unroll_max_tokens)
         self.greedy_fast_path = True  # `greedy_only` steps skip the sampler executable (`execute`)
         # The unrolled layout shares every leaf but the layers' with the stacked tree.
         self.layer_params = unstack_layers(params, cfg.num_hidden_layers) if self.unroll_max_tokens > 0 else None
-        # AMX-packed copies of the weights for the scanned buckets' products (`use_native_amx`)
-        self.amx = native_amx.packed_variables(params, cfg) if use_native_amx(self.dtype, shardings, cfg) else None
         if cpu_bf16.wants_bits(self.dtype, jax.default_backend()):  # the scanned stack's slices stay 16-bit
             params = {**params, "layers": cpu_bf16.weights_as_bits(params["layers"])}
         self.params = params

@@ -1,11 +1,13 @@
-"""Many-row products against pre-packed bfloat16 weights on Intel AMX
-(`jaxinfer/native/amx_gemm.cc`): the build, the FFI registration, the one-time packing of a
-model's weights and the jnp-side call.
+"""Products against pre-packed bfloat16 weights on Intel AMX CPUs (`jaxinfer/native/amx_gemm.cc`):
+the build, the FFI registration, the one-time packing of a model's weights and the jnp-side call.
+Three rows or more go through AMX's tiles; one or two rows (a lone decoding stream, or two)
+stream the same packed weights through AVX-512 BF16's VDPBF16PS, since those products are
+bound by reading the weights and the packed layout reads each column block front to back.
 
 XLA:CPU (jax 0.10.2) re-packs a bfloat16 weight for AMX on every call and, under the layer
 scan, copies each layer's slice out of the stacked weights first; the kernel reads weights
 packed once, at load, in place through the layer index (the kernel's header says more).
-`jaxinfer.models.llama` calls it for products of more rows than `native_gemv` takes (`takes_rows`) when
+`jaxinfer.models.llama` calls it for products of every row count (`takes_rows`) when
 the runner passed the packed weights (an ``amx`` variable collection, `packed_variables`):
 a bfloat16 unquantized model on one CPU device whose CPU has AMX (``amx_bf16``). The gated MLP's
 gate and up products run as one call that writes act(gate) * up in bfloat16 (`gated_matmul`).
@@ -26,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer import native_build, native_gemv
+from jaxinfer import native_build
 from jaxinfer.cpu_features import host_cpu_flags
 
 logger = logging.getLogger(__name__)
@@ -38,6 +40,12 @@ SOURCE = native_build.NATIVE_DIR / "amx_gemm.cc"
 ENV_SWITCH = "JAXINFER_NATIVE_AMX"  # "0" turns the kernel off (XLA's dot runs)
 COLLECTION = "amx"  # the variable collection of packed weights (`packed_variables`)
 MAX_K = 16384  # kMaxK in amx_gemm.cc
+STREAM_ROWS = 2  # kStreamRows in amx_gemm.cc: up to this many rows stream the weights (AVX-512 BF16), no tiles
+# The fewest rows a product has to run here (`takes_rows`). 1: every product. One and two rows
+# ran in `native_gemv`'s row-major loops before; a model step of one row, 30 layers and the LM
+# head of SmolLM2-135M, the two ways alternated in one process, took 31.7 -> 26.6 ms (two rows
+# 33.2 -> 26.1) with them streamed from the packed layout.
+MIN_ROWS = 1
 _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158
 
 
@@ -125,9 +133,9 @@ def pack_gated(w_gate, w_up) -> np.ndarray:
 
 
 def takes_rows(rows: int) -> bool:
-    """Whether a product of ``rows`` rows runs in the kernel: more than `native_gemv.MAX_ROWS`
-    (fewer run in `native_gemv`'s one- and two-row loops)."""
-    return rows > native_gemv.MAX_ROWS
+    """Whether a product of ``rows`` rows runs in the kernel: at least `MIN_ROWS` (fewer run
+    where the packed weights are absent: `native_gemv`'s loops or XLA's dot)."""
+    return rows >= MIN_ROWS
 
 
 def packed_shape_kn(packed) -> tuple[int, int]:

@@ -76,8 +76,11 @@ def test_unrolled_decode_step_matches_the_scanned_one(monkeypatch):
 def test_unroll_default_comes_from_the_environment(monkeypatch):
     monkeypatch.delenv(model_runner.UNROLL_ENV_VAR, raising=False)
     assert model_runner.default_unroll_max_tokens() == model_runner.UNROLL_MAX_TOKENS == 1  # CPU default
+    assert model_runner.default_unroll_max_tokens(packed=True) == 0  # AMX-packed weights serve one row scanned
     monkeypatch.setenv(model_runner.UNROLL_ENV_VAR, "0")
     assert model_runner.default_unroll_max_tokens() == 0
+    monkeypatch.setenv(model_runner.UNROLL_ENV_VAR, "1")
+    assert model_runner.default_unroll_max_tokens(packed=True) == 1  # the environment wins
     for bad in ("-1", "one", ""):
         monkeypatch.setenv(model_runner.UNROLL_ENV_VAR, bad)
         with pytest.raises(ValueError, match="non-negative integer"):

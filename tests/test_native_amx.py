@@ -38,11 +38,12 @@ def test_pack_takes_bfloat16_and_rejects_shapes_it_cannot_tile():
 
 
 @needs_amx
-@pytest.mark.parametrize("rows", [3, 16, 17, 32, 33, 70])
+@pytest.mark.parametrize("rows", [1, 2, 3, 16, 17, 32, 33, 70])
 @pytest.mark.parametrize("k,n", [(64, 32), (576, 192), (96, 640)])
 def test_products_match_float64(rows, k, n):
-    """Every row count (whole and partial 16- and 32-row panels) and each layer of a stack:
-    bfloat16 operands, float32 sums, against float64 sums of the same bfloat16 values."""
+    """Every row count (the one- and two-row stream, whole and partial 16- and 32-row panels)
+    and each layer of a stack: bfloat16 operands, float32 sums, against float64 sums of the
+    same bfloat16 values."""
     rng = np.random.default_rng(rows * 1000 + k + n)
     w = jnp.asarray(rng.standard_normal((3, k, n)) * 0.05, jnp.bfloat16)
     x = jnp.asarray(rng.standard_normal((rows, k)), jnp.bfloat16)
@@ -92,13 +93,13 @@ def _bf16_ulp(v: np.ndarray) -> np.ndarray:
 
 @needs_amx
 @pytest.mark.parametrize("act", list(native_amx.GATED_ACTS))
-@pytest.mark.parametrize("rows", [3, 16, 17, 32, 33, 100, 512])
+@pytest.mark.parametrize("rows", [1, 2, 3, 16, 17, 32, 33, 100, 512])
 @pytest.mark.parametrize("k,f", [(576, 1536), (640, 2048), (64, 48)], ids=["smollm2", "gemma3", "small"])
 def test_gated_product_matches_xla(k, f, rows, act):
     """act(x wg) * (x wu) in one call against XLA's: the same bfloat16 operands, float32 dots,
-    act and product in float32, rounded to bfloat16; layer 2 of a stack of 3; whole and
-    partial 16- and 32-row panels; SwiGLU and GeGLU shapes of SmolLM2 and Gemma 3 and a small one
-    (F a multiple of 16 only). Every third row of x is 100x, so gate values reach far past
+    act and product in float32, rounded to bfloat16; layer 2 of a stack of 3; the one- and
+    two-row stream, whole and partial 16- and 32-row panels; SwiGLU and GeGLU shapes of SmolLM2 and Gemma 3 and a small one
+    (F a multiple of 16 only). Every third row of x (the last of 1 or 2) is 100x, so gate values reach far past
     +-30 and the kernel's exp clamps (SiLU beyond |g| ~ 88, GELU beyond |g| ~ 10): no NaN or
     inf. Tolerance, per element: one bfloat16 step (both results are rounded once) plus
     the float32 sums' order (1e-5 of |x| |w| as `test_products_match_float64`, through
@@ -106,7 +107,7 @@ def test_gated_product_matches_xla(k, f, rows, act):
     loses the digits of 1 + tanh for negative g (the kernel takes g sigmoid(2y) instead)."""
     wg, wu, packed = _gated_weights(k, f)
     rng = np.random.default_rng(rows * 10 + k + f)
-    scale = np.where(np.arange(rows) % 3 == 2, 100.0, 1.0)[:, None]
+    scale = np.where(np.arange(rows) % 3 == min(2, rows - 1), 100.0, 1.0)[:, None]  # with 1 or 2 rows: the last
     x = jnp.asarray(rng.standard_normal((rows, k)) * scale, jnp.bfloat16)
     got = np.asarray(jax.jit(native_amx.gated_matmul, static_argnums=3)(x, packed, 2, act))
     assert got.shape == (rows, f) and got.dtype == jnp.bfloat16
@@ -145,10 +146,10 @@ def _tiny_llm(native: bool, monkeypatch, hidden_act: str = "silu"):
 @pytest.mark.parametrize("hidden_act,gated", [("silu", True), ("gelu_pytorch_tanh", True), ("silu", False)],
                          ids=["swiglu", "geglu", "swiglu-unfused"])
 def test_model_steps_run_the_kernel_with_xla_logits(monkeypatch, hidden_act, gated):
-    """Four prompts decode together (4-row steps, scanned layers): those steps call the kernel
-    for every projection and the LM head, the MLP's gate and up as one gated call (SwiGLU and
-    GeGLU; as two products where the gated kernel lacks the activation), and every step's
-    logits match XLA's products."""
+    """Four prompts decode together (4-row steps), then one alone (1-row steps; scanned layers
+    both): every compiled step calls the kernel for every projection and the LM head, the
+    MLP's gate and up as one gated call (SwiGLU and GeGLU; as two products where the gated
+    kernel lacks the activation), and every step's logits match XLA's products."""
     if not gated:
         monkeypatch.setattr(native_amx, "GATED_ACTS", {})
     prompts = [[5, 6, 7, 8, 9], [11, 12], [3] * 20, [40, 41, 42]]
@@ -158,10 +159,12 @@ def test_model_steps_run_the_kernel_with_xla_logits(monkeypatch, hidden_act, gat
         llm = _tiny_llm(amx, monkeypatch, hidden_act)
         assert (llm.engine.runner.amx is not None) is amx
         outs = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+        outs += [llm.generate([[7, 8, 9]], params, use_tqdm=False)[0].outputs[0]]
         runs[amx] = ([o.token_ids for o in outs], [np.array(o.logits) for o in outs])
-        texts = [e.as_text() for b, e in llm.engine.runner._executables.items() if b.num_tokens > 2]
-        assert texts and all((t.count(native_amx.TARGET) >= 1) is amx for t in texts)
-        assert all((native_amx.GATED_TARGET in t) is (amx and gated) for t in texts)
+        texts = {b.num_tokens: e.as_text() for b, e in llm.engine.runner._executables.items()}
+        assert 1 in texts and 4 in texts
+        assert all((t.count(native_amx.TARGET) >= 1) is amx for t in texts.values())
+        assert all((native_amx.GATED_TARGET in t) is (amx and gated) for t in texts.values())
     assert runs[True][0] == runs[False][0]
     for a, b in zip(runs[True][1], runs[False][1]):
         np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-2)

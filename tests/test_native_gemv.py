@@ -66,12 +66,13 @@ def test_three_rows_and_float32_weights_stay_with_xla():
 
 def _tiny_llm(native: bool, monkeypatch):
     monkeypatch.setattr(model_runner, "use_native_products", lambda *a: native)
+    monkeypatch.setattr(model_runner, "use_native_amx", lambda *a: False)  # as on a CPU without AMX
     return tiny_bf16_llm()
 
 
 def test_lone_stream_runs_the_loops_with_xla_logits(monkeypatch):
-    """One prompt decodes in one-token steps (unrolled layout on CPU): they call the loops,
-    and every step's logits match XLA's two-row product."""
+    """One prompt decodes in one-token steps with no AMX-packed weights (a CPU without AMX):
+    they call the loops, and every step's logits match XLA's two-row product."""
     prompt, params = [[5, 6, 7, 8, 9]], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     runs = {}
     for native in (True, False):
