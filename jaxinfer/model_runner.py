@@ -56,9 +56,9 @@ logger = logging.getLogger(__name__)
 # (~37 s of a cold warm-up of the default model), at a slower lone-stream decode step.
 # With AMX-packed weights (`use_native_amx`) nothing unrolls by default: the scanned step reads
 # them in place for one row too (`jaxinfer.native_amx`), and on the 2-core AMX CPU its lone-stream
-# decode step took 21-26 ms against 28-31 ms unrolled over per-layer arrays (SmolLM2-135M,
+# decode step took 22-27 ms against 36-42 ms unrolled over per-layer arrays (SmolLM2-135M,
 # 128-token prompt, medians of 126 steps, 2 processes each, alternated); unrolled over the
-# packed weights it took 23-28 ms, no better.
+# packed weights it took 23-29 ms against 22-26 ms scanned, no better.
 UNROLL_MAX_TOKENS = 1
 UNROLL_ENV_VAR = "JAXINFER_UNROLL_MAX_TOKENS"
 

@@ -1,8 +1,8 @@
 """Products against pre-packed bfloat16 weights on Intel AMX CPUs (`jaxinfer/native/amx_gemm.cc`):
 the build, the FFI registration, the one-time packing of a model's weights and the jnp-side call.
-Three rows or more go through AMX's tiles; one or two rows (a lone decoding stream, or two)
-stream the same packed weights through AVX-512 BF16's VDPBF16PS, since those products are
-bound by reading the weights and the packed layout reads each column block front to back.
+Every row count goes through AMX's tiles, one row (a lone decoding stream) too: those products
+are bound by reading the weights, and the kernel reads them faster than the row-major loops of
+`native_gemv` (the kernel's header has the probes).
 
 XLA:CPU (jax 0.10.2) re-packs a bfloat16 weight for AMX on every call and, under the layer
 scan, copies each layer's slice out of the stacked weights first; the kernel reads weights
@@ -40,11 +40,8 @@ SOURCE = native_build.NATIVE_DIR / "amx_gemm.cc"
 ENV_SWITCH = "JAXINFER_NATIVE_AMX"  # "0" turns the kernel off (XLA's dot runs)
 COLLECTION = "amx"  # the variable collection of packed weights (`packed_variables`)
 MAX_K = 16384  # kMaxK in amx_gemm.cc
-STREAM_ROWS = 2  # kStreamRows in amx_gemm.cc: up to this many rows stream the weights (AVX-512 BF16), no tiles
 # The fewest rows a product has to run here (`takes_rows`). 1: every product. One and two rows
-# ran in `native_gemv`'s row-major loops before; a model step of one row, 30 layers and the LM
-# head of SmolLM2-135M, the two ways alternated in one process, took 31.7 -> 26.6 ms (two rows
-# 33.2 -> 26.1) with them streamed from the packed layout.
+# ran in `native_gemv`'s row-major loops before, at ~10 GB/s of weights on the 2-core AMX CPU.
 MIN_ROWS = 1
 _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158
 

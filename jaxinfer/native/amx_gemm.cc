@@ -2,8 +2,10 @@
 // calls ("jaxinfer_amx_gemm", and "jaxinfer_amx_gated" for the gated MLP's first half, below).
 // Built and registered by jaxinfer/native_amx.py; called from jaxinfer/models/llama.py
 // (`_project`, `MLP`, `lm_head_logits`) for the layers' and the LM head's products, at any row
-// count: 3 rows or more go through the tiles; 1 or 2 stream the same packed weights through
-// AVX-512 BF16 ("Few rows" below).
+// count. One or two rows (one or two decoding streams) fill a sixteenth of an A tile, yet the tiles
+// read the weights faster than an AVX-512 BF16 loop streaming the same packed blocks (VDPBF16PS,
+// one block after another, 16-128 lines prefetched ahead): SmolLM2-135M's 30 layers and LM head,
+// one row, alternated in one process, 22.1 ms here against 28-29 ms (two rows 24.9 against 27.5-31.4).
 //
 // Why: XLA:CPU (jax 0.10.2) multiplies a bfloat16 dot on AMX too (YNNPACK), but it re-packs the
 // weight operand into AMX's pair-interleaved layout on every call, and under the layer scan it
@@ -158,51 +160,6 @@ void columns(const Problem& p, int64_t q0, int64_t q1) {
   });
 }
 
-// ---- Few rows (M <= kStreamRows): the packed weights streamed through AVX-512 BF16, no tiles.
-// One or two rows would fill 1/16 of an A tile, and the product is bound by reading the weights
-// once (a lone decoding stream). Column block j of the layout is one contiguous run of K / 2
-// 64-byte lines, line i holding, for each of its 16 columns, the pair w[2i], w[2i + 1]; so
-// VDPBF16PS of a line and the row's pair (x[2i], x[2i + 1]) broadcast adds exactly that pair's
-// products into 16 float32 sums, and each block is read front to back once. Probe (a scratch C++
-// harness: SmolLM2-135M's 30 layers of q, k, v, o, gate, up, down, one row, two spinning threads,
-// medians of 15): 20-23 ms for the row-major loops of bf16_gemv.cc, 15-17 ms here (16 lines
-// ahead prefetched, 4 sums per column), against ~17 GB/s that two threads read here.
-constexpr int64_t kStreamRows = 2;    // = native_amx.STREAM_ROWS
-constexpr int64_t kLinesAhead = 16;   // lines (64 bytes each) prefetched ahead of the loads
-
-// out[m] = row m of x times column block j (16 float32 sums), for the rows [0, M).
-template <int M>
-inline void stream_block(const Problem& p, int64_t j, __m512 out[M]) {
-  const char* w = reinterpret_cast<const char*>(p.w + j * p.K * 16);
-  const int64_t lines = p.K / 2;  // a multiple of 16
-  __m512 acc[M][4];
-  for (int m = 0; m < M; ++m)
-    for (int u = 0; u < 4; ++u) acc[m][u] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < lines; i += 4) {
-    _mm_prefetch(w + (i + kLinesAhead) * 64, _MM_HINT_T0);  // past the block's end: the next block's
-    for (int u = 0; u < 4; ++u) {
-      const __m512bh line = (__m512bh)_mm512_loadu_si512(w + (i + u) * 64);
-      for (int m = 0; m < M; ++m) {
-        uint32_t pair;
-        std::memcpy(&pair, p.x + m * p.K + 2 * (i + u), sizeof pair);
-        acc[m][u] = _mm512_dpbf16_ps(acc[m][u], (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(pair)), line);
-      }
-    }
-  }
-  for (int m = 0; m < M; ++m)
-    out[m] = _mm512_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]), _mm512_add_ps(acc[m][2], acc[m][3]));
-}
-
-// Column-block pairs [q0, q1) of y for the M rows.
-template <int M>
-void stream_columns(const Problem& p, int64_t q0, int64_t q1) {
-  __m512 out[M];
-  for (int64_t j = 2 * q0; j < 2 * q1; ++j) {
-    stream_block<M>(p, j, out);
-    for (int m = 0; m < M; ++m) _mm512_storeu_ps(p.y + m * p.N + 16 * j, out[m]);
-  }
-}
-
 // ---- The gated epilogue ("jaxinfer_amx_gated").
 enum Act : int32_t { kSilu = 0, kGeluTanh = 1 };
 
@@ -256,27 +213,6 @@ void gated_columns(const Problem& p, uint16_t* h, int64_t q0, int64_t q1) {
   });
 }
 
-// Gate/up pairs [q0, q1) of the M rows streamed (`stream_block`), into h [M, F].
-template <Act A, int M>
-void gated_stream(const Problem& p, uint16_t* h, int64_t q0, int64_t q1) {
-  const int64_t F = p.N / 2;
-  __m512 g[M], u[M];
-  for (int64_t q = q0; q < q1; ++q) {
-    stream_block<M>(p, 2 * q, g);
-    stream_block<M>(p, 2 * q + 1, u);
-    for (int m = 0; m < M; ++m)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(h + m * F + 16 * q), to_bf16(_mm512_mul_ps(act16<A>(g[m]), u[m])));
-  }
-}
-
-// Gate/up pairs [q0, q1) by whichever loop takes p.M rows.
-template <Act A>
-void gated_any(const Problem& p, uint16_t* h, int64_t q0, int64_t q1) {
-  if (p.M == 1) gated_stream<A, 1>(p, h, q0, q1);
-  else if (p.M == 2) gated_stream<A, 2>(p, h, q0, q1);
-  else gated_columns<A>(p, h, q0, q1);
-}
-
 // Checks x, w and layer (`name` starts the messages) and sets p up for that layer: x's rows past
 // a multiple of 32 copied, zero-padded to a whole panel, into `tail` once for every item.
 ffi::Error setup(const char* name, ffi::AnyBuffer x, ffi::Buffer<ffi::U16> w, ffi::Buffer<ffi::S32> layer,
@@ -294,8 +230,8 @@ ffi::Error setup(const char* name, ffi::AnyBuffer x, ffi::Buffer<ffi::U16> w, ff
                                        "or the layer is out of range");
   const auto* xs = static_cast<const uint16_t*>(x.untyped_data());
   const int64_t whole = M / 32 * 32;
-  tail.assign(M > whole && M > kStreamRows ? 32 * K : 0, 0);  // the stream loops read x in place
-  if (!tail.empty()) std::copy(xs + whole * K, xs + M * K, tail.data());
+  tail.assign(M > whole ? 32 * K : 0, 0);
+  std::copy(xs + whole * K, xs + M * K, tail.data());
   p = Problem{xs, tail.empty() ? nullptr : tail.data(), w.typed_data() + l * N * K, nullptr, M, K, N};
   return ffi::Error::Success();
 }
@@ -318,11 +254,7 @@ ffi::Error gemm(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::U16> w,
   Problem p;
   if (ffi::Error err = setup("amx_gemm", x, w, layer, tail, p); err.failure()) return err;
   p.y = y->typed_data();
-  spread(pool, p.N / 32, [p](int64_t q0, int64_t q1) {
-    if (p.M == 1) stream_columns<1>(p, q0, q1);
-    else if (p.M == 2) stream_columns<2>(p, q0, q1);
-    else columns(p, q0, q1);
-  });
+  spread(pool, p.N / 32, [p](int64_t q0, int64_t q1) { columns(p, q0, q1); });
   return ffi::Error::Success();
 #else
   return ffi::Error::InvalidArgument("amx_gemm: built without AMX (this CPU lacks amx_tile / amx_bf16)");
@@ -340,9 +272,9 @@ ffi::Error gated(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::U16> w
     return ffi::Error::InvalidArgument("amx_gated: h must be bf16 [M, N/2] and act 0 (SiLU) or 1 (tanh GELU)");
   uint16_t* out = h->typed_data();  // bfloat16 bits
   if (act == kSilu)
-    spread(pool, p.N / 32, [p, out](int64_t q0, int64_t q1) { gated_any<kSilu>(p, out, q0, q1); });
+    spread(pool, p.N / 32, [p, out](int64_t q0, int64_t q1) { gated_columns<kSilu>(p, out, q0, q1); });
   else
-    spread(pool, p.N / 32, [p, out](int64_t q0, int64_t q1) { gated_any<kGeluTanh>(p, out, q0, q1); });
+    spread(pool, p.N / 32, [p, out](int64_t q0, int64_t q1) { gated_columns<kGeluTanh>(p, out, q0, q1); });
   return ffi::Error::Success();
 #else
   return ffi::Error::InvalidArgument("amx_gated: built without AMX (this CPU lacks amx_tile / amx_bf16)");
