@@ -49,7 +49,7 @@ step "kernel tests, compiled" 140 "$OUT_DIR/tests.log" \
   --durations=10 tests/test_pallas_kernels.py
 
 step "kernel benchmark" 170 "$OUT_DIR/bench.log" \
-  "$PY" benchmarks/kernels.py --out "$OUT_DIR"
+  "$PY" benchmarks/kernel_bench.py --out "$OUT_DIR"
 
 step "engine check, pallas vs xla" 110 "$OUT_DIR/engine.log" \
   "$PY" benchmarks/backend_check.py --decode-batch 0 --out "$OUT_DIR"

@@ -96,3 +96,20 @@ def test_user_docs_have_no_internal_wording():
             for n, line in enumerate((REPO / f).read_text().splitlines(), 1)
             if INTERNAL_WORDING.search(line) or OUTSIDE_PATHS.search(line)]
     assert not hits, "\n".join(hits)
+
+
+def test_script_folders_shadow_no_installed_module():
+    """Tests put ``benchmarks/`` first on ``sys.path`` (to import its scripts), so a script named
+    like an installed package hides that package from every library in the process: a
+    ``benchmarks/kernels.py`` once broke transformers, which imports the ``kernels`` package
+    where it is installed. No script under a folder the tests add to the path may share its
+    name with a module that the environment's own search path finds."""
+    import importlib.machinery
+
+    folders = [REPO / "benchmarks", REPO / "tests"]
+    outside = [p for p in sys.path if p and Path(p).resolve() not in {f.resolve() for f in folders}
+               and Path(p).resolve() != REPO]
+    clashes = [f"{f.relative_to(REPO)}/{s.name}" for f in folders for s in sorted(f.glob("*.py"))
+               if importlib.machinery.PathFinder.find_spec(s.stem, outside) is not None
+               or s.stem in sys.builtin_module_names]
+    assert not clashes, f"rename these scripts; installed modules of the same name exist: {clashes}"

@@ -10,9 +10,9 @@ attention TFLOP/s, and the largest difference between the two implementations.
 Input sets rotate over disjoint pages so that small configs do not run from L2.
 
 Usage:
-  python benchmarks/kernels.py --quick    # CPU: tiny sizes, interpret mode, < 1 min
-  python benchmarks/kernels.py            # GPU: full sizes, compiled
-  python benchmarks/kernels.py --out DIR  # where the JSON goes (default
+  python benchmarks/kernel_bench.py --quick    # CPU: tiny sizes, interpret mode, < 1 min
+  python benchmarks/kernel_bench.py            # GPU: full sizes, compiled
+  python benchmarks/kernel_bench.py --out DIR  # where the JSON goes (default
                                           # benchmarks/results/)
 """
 
