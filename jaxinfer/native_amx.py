@@ -7,7 +7,7 @@ are bound by reading the weights, and the kernel reads them faster than the row-
 XLA:CPU (jax 0.10.2) re-packs a bfloat16 weight for AMX on every call and, under the layer
 scan, copies each layer's slice out of the stacked weights first; the kernel reads weights
 packed once, at load, in place through the layer index (the kernel's header says more).
-`jaxinfer.models.llama` calls it for products of every row count (`takes_rows`) when
+`jaxinfer.models.llama` calls it for products of every row count when
 the runner passed the packed weights (an ``amx`` variable collection, `packed_variables`):
 a bfloat16 unquantized model on one CPU device whose CPU has AMX (``amx_bf16``). The gated MLP's
 gate and up products run as one call that writes act(gate) * up in bfloat16 (`gated_matmul`).
@@ -40,9 +40,6 @@ SOURCE = native_build.NATIVE_DIR / "amx_gemm.cc"
 ENV_SWITCH = "JAXINFER_NATIVE_AMX"  # "0" turns the kernel off (XLA's dot runs)
 COLLECTION = "amx"  # the variable collection of packed weights (`packed_variables`)
 MAX_K = 16384  # kMaxK in amx_gemm.cc
-# The fewest rows a product has to run here (`takes_rows`). 1: every product. One and two rows
-# ran in `native_gemv`'s row-major loops before, at ~10 GB/s of weights on the 2-core AMX CPU.
-MIN_ROWS = 1
 _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158
 
 
@@ -127,12 +124,6 @@ def pack_gated(w_gate, w_up) -> np.ndarray:
                          f"got {gate.shape} and {up.shape}")
     pair = np.stack([_blocks(gate), _blocks(up)], axis=2)  # [L, F/16, 2, K/32, 16, 16, 2]
     return pair.reshape(gate.shape[0], -1, *pair.shape[3:])
-
-
-def takes_rows(rows: int) -> bool:
-    """Whether a product of ``rows`` rows runs in the kernel: at least `MIN_ROWS` (fewer run
-    where the packed weights are absent: `native_gemv`'s loops or XLA's dot)."""
-    return rows >= MIN_ROWS
 
 
 def packed_shape_kn(packed) -> tuple[int, int]:

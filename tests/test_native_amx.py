@@ -41,7 +41,7 @@ def test_pack_takes_bfloat16_and_rejects_shapes_it_cannot_tile():
 @pytest.mark.parametrize("rows", [1, 2, 3, 16, 17, 32, 33, 70])
 @pytest.mark.parametrize("k,n", [(64, 32), (576, 192), (96, 640)])
 def test_products_match_float64(rows, k, n):
-    """Every row count (the one- and two-row stream, whole and partial 16- and 32-row panels)
+    """Every row count (one and two rows, whole and partial 16- and 32-row panels)
     and each layer of a stack: bfloat16 operands, float32 sums, against float64 sums of the
     same bfloat16 values."""
     rng = np.random.default_rng(rows * 1000 + k + n)
@@ -97,8 +97,8 @@ def _bf16_ulp(v: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("k,f", [(576, 1536), (640, 2048), (64, 48)], ids=["smollm2", "gemma3", "small"])
 def test_gated_product_matches_xla(k, f, rows, act):
     """act(x wg) * (x wu) in one call against XLA's: the same bfloat16 operands, float32 dots,
-    act and product in float32, rounded to bfloat16; layer 2 of a stack of 3; the one- and
-    two-row stream, whole and partial 16- and 32-row panels; SwiGLU and GeGLU shapes of SmolLM2 and Gemma 3 and a small one
+    act and product in float32, rounded to bfloat16; layer 2 of a stack of 3; one and
+    two rows, whole and partial 16- and 32-row panels; SwiGLU and GeGLU shapes of SmolLM2 and Gemma 3 and a small one
     (F a multiple of 16 only). Every third row of x (the last of 1 or 2) is 100x, so gate values reach far past
     +-30 and the kernel's exp clamps (SiLU beyond |g| ~ 88, GELU beyond |g| ~ 10): no NaN or
     inf. Tolerance, per element: one bfloat16 step (both results are rounded once) plus

@@ -128,11 +128,10 @@ def _packed(module: nn.Module, name: str):
 def _project(module: nn.Module, dense, x, layer, features, names: tuple[str, ...], name: str, n_in: int = 1):
     """``dense(features, names, name, n_in=n_in)(x)``, or the same product (float32
     ``[..., *features]``) from the packed weights of layer ``layer`` on AMX
-    (`jaxinfer.native_amx`) when they were passed and its row count is the kernel's
-    (`native_amx.takes_rows`)."""
+    (`jaxinfer.native_amx`) when they were passed."""
     packed = _packed(module, name)
     lead = x.shape[:x.ndim - n_in]
-    if packed is None or not native_amx.takes_rows(math.prod(lead)):
+    if packed is None:
         return dense(features, names, name, n_in=n_in)(x)
     feats = features if isinstance(features, tuple) else (features,)
     return native_amx.matmul(x.reshape(math.prod(lead), -1), packed, layer).reshape(*lead, *feats)
@@ -200,7 +199,7 @@ class MLP(nn.Module):
         dense = functools.partial(_dense, c, self.dtype, self.param_dtype, native=self.native_products)
         project = functools.partial(_project, self, dense)
         gate_up, lead = _packed(self, "gate_up"), x.shape[:-1]
-        if gate_up is not None and c.hidden_act in native_amx.GATED_ACTS and native_amx.takes_rows(math.prod(lead)):
+        if gate_up is not None and c.hidden_act in native_amx.GATED_ACTS:
             h = native_amx.gated_matmul(x.reshape(math.prod(lead), -1), gate_up, layer, c.hidden_act)
             h = h.reshape(*lead, -1)
         else:
@@ -308,8 +307,8 @@ def lm_head_logits(c: ModelConfig, dtype, param_dtype, x, embed: nn.Embed, nativ
     ``embed`` or the ``lm_head`` kernel, then Gemma's soft-capping). Its submodules belong to
     the calling module, so `LlamaForCausalLM` and `LMHead` read the same parameters.
     ``native``: as `_dense`'s. ``packed``: the head's weight [D, V] packed for AMX
-    (`native_amx.pack`, one layer), used where `native_amx.takes_rows`."""
-    if packed is not None and native_amx.takes_rows(x.shape[0]):
+    (`native_amx.pack`, one layer), used when given."""
+    if packed is not None:
         logits = native_amx.matmul(x, packed, 0)
     elif c.tie_word_embeddings and c.quantization == "int8":
         logits = embed.attend(x)

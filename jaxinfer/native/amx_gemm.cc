@@ -1,4 +1,4 @@
-// Products of many rows against pre-packed bfloat16 weights on Intel AMX, as XLA FFI custom
+// Products against pre-packed bfloat16 weights on Intel AMX, as XLA FFI custom
 // calls ("jaxinfer_amx_gemm", and "jaxinfer_amx_gated" for the gated MLP's first half, below).
 // Built and registered by jaxinfer/native_amx.py; called from jaxinfer/models/llama.py
 // (`_project`, `MLP`, `lm_head_logits`) for the layers' and the LM head's products, at any row

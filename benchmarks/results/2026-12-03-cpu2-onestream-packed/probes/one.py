@@ -1,6 +1,8 @@
 """Lone-stream decode step through the engine: LLM() with the defaults, a 128-token prompt, 128
 greedy tokens, three times; prints the median `LLMEngine.step` time of each. Run with
-``JAXINFER_UNROLL_MAX_TOKENS`` and `native_amx.MIN_ROWS` set by the caller (README)."""
+``JAXINFER_UNROLL_MAX_TOKENS`` and `native_amx.MIN_ROWS` set by the caller (README). `MIN_ROWS`
+(the fewest rows a product took on AMX) existed at bf8836d and b91556a, then went: every row
+count takes the packed weights when they are passed."""
 import time, sys, statistics as st
 from jaxinfer import LLM
 from jaxinfer.sampling_params import SamplingParams
