@@ -47,6 +47,15 @@ def srv():
             http.close()
 
 
+@pytest.fixture(scope="module")
+def twin():
+    """A second server of the same configuration that no test disturbs: SC-15's latency reference."""
+    engine = fake_engine(max_model_len=4400, num_blocks=600, max_num_seqs=32, max_num_batched_tokens=256,
+                         step_delay=0.002)
+    with running_app(engine) as (app, ae), LiveServer(app) as live:
+        yield live.url
+
+
 LONG = {"prompt": list(range(1000, 1200)), "max_tokens": 4000, "ignore_eos": True}
 
 
@@ -79,10 +88,10 @@ def test_sc14_streaming_disconnect_after_first_chunk(srv, caplog):
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
-def test_sc15_many_aborted_streams_do_not_leak(srv):
+def test_sc15_many_aborted_streams_do_not_leak(srv, twin):
     rng = random.Random(0)
     http = srv.http
-    baseline_latency = min(_p50_latency(srv.url) for _ in range(3))
+    _p50_latency(srv.url)  # the pre-test round: all 200 with the expected text
     base_tasks = http.get("/_debug/tasks").json()["tasks"]
     aborted = metrics(http)["jaxinfer_requests_aborted_total"]
     # step_delay stays at 2 ms: a 512-token stream lasts >= 1 s, so reading k <= 5 events always
@@ -104,8 +113,14 @@ def test_sc15_many_aborted_streams_do_not_leak(srv):
     assert metrics(http)["jaxinfer_requests_aborted_total"] - aborted >= num_read  # each stream read from aborted
     rss = psutil.Process().memory_info().rss
     assert rss < 1.05 * rss0, (rss, rss0)
-    # best of 3 on both sides: the machine is shared, a transient load must not decide
-    assert min(_p50_latency(srv.url) for _ in range(3)) <= 1.2 * baseline_latency + 0.05
+    # The latency reference is an untouched twin server measured alternately with this one, best of
+    # 3 each: a pre-test baseline taken a minute earlier compared the machine's load at two moments
+    # (on CI, beside another test worker, it once read 0.44 against 0.29 s with nothing leaked).
+    after, reference = [], []
+    for _ in range(3):
+        after.append(_p50_latency(srv.url))
+        reference.append(_p50_latency(twin))
+    assert min(after) <= 1.2 * min(reference) + 0.05, (after, reference)
 
 
 def _p50_latency(url: str, clients: int = 32) -> float:
