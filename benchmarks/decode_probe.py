@@ -24,6 +24,10 @@ temporary directory), and the two layouts' logits are compared. ``--warmup-width
 also compiles, in both layouts, every one-token bucket that a server with the default
 ladders warms up (one per context width): the warm-up cost of unrolling them.
 
+The probe compares layouts of XLA's own products, so it turns the AMX kernel off
+(``JAXINFER_NATIVE_AMX=0`` unless set): with it on, the runner holds the layer kernels only
+in their packed copy (`jaxinfer.native_amx.without_packed`).
+
 Usage: python benchmarks/decode_probe.py [--prompt-len 128] [--reps 30] [--out FILE]
 """
 from __future__ import annotations
@@ -124,6 +128,7 @@ def warmup_widths(e, runner, make, stacked, unrolled) -> dict:
 
 
 def main() -> None:
+    os.environ.setdefault("JAXINFER_NATIVE_AMX", "0")  # module docstring: the stacked kernels must stay
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--prompt-len", type=int, default=128)

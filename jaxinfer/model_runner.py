@@ -239,6 +239,8 @@ class ModelRunner:
         self.greedy_fast_path = True  # `greedy_only` steps skip the sampler executable (`execute`)
         # The unrolled layout shares every leaf but the layers' with the stacked tree.
         self.layer_params = unstack_layers(params, cfg.num_hidden_layers) if self.unroll_max_tokens > 0 else None
+        if self.amx:  # the scanned step reads the packed copies only: hold those weights once
+            params = native_amx.without_packed(params, self.amx)
         if cpu_bf16.wants_bits(self.dtype, jax.default_backend()):  # the scanned stack's slices stay 16-bit
             params = {**params, "layers": cpu_bf16.weights_as_bits(params["layers"])}
         self.params = params

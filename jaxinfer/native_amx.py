@@ -166,6 +166,26 @@ _PROJECTIONS = (("attn", "q_proj", 1), ("attn", "k_proj", 1), ("attn", "v_proj",
                 ("mlp", "gate_proj", 1), ("mlp", "up_proj", 1), ("mlp", "down_proj", 1))
 
 
+def without_packed(params: dict, packed: dict) -> dict:
+    """``params`` without the layer kernels that ``packed`` (`packed_variables` of it) holds a
+    packed copy of: the scanned step reads only the packed copy (`jaxinfer.models.llama._project`),
+    so the stacked kernels were the weights' bytes held twice for nothing. Gate and up go when
+    ``gate_up`` was packed. Biases, norms, the embedding and an untied ``lm_head`` (which the
+    prompt-logprobs head reads) stay. The input tree is not modified."""
+    from jaxinfer.models.llama import PACKED
+
+    layers = {module: dict(sub) for module, sub in params["layers"].items()}
+    for module, name, _ in _PROJECTIONS:
+        have = packed["layers"].get(module, {})
+        if name + PACKED in have or (name in ("gate_proj", "up_proj") and "gate_up" + PACKED in have):
+            rest = {k: v for k, v in layers[module][name].items() if k != "kernel"}
+            if rest:
+                layers[module][name] = rest
+            else:
+                del layers[module][name]
+    return {**params, "layers": layers}
+
+
 def packed_variables(params: dict, cfg) -> dict:
     """The `COLLECTION` variables of a stacked bfloat16 ``params`` tree (`jaxinfer.models.llama`'s
     layout, unquantized): each layer projection's kernel ``[L, *in, *out]`` as ``[L, K, N]``
@@ -174,7 +194,8 @@ def packed_variables(params: dict, cfg) -> dict:
     K or N is not a multiple of 32 are left out (XLA's dot runs them). The MLP's gate and up
     kernels, where `gated_packable` and ``cfg.hidden_act`` is one of `GATED_ACTS`, are packed
     together instead (`pack_gated`, ``layers/mlp/gate_up_packed``, for `gated_matmul`) and not
-    also one by one. Packed on the host, once: the weights' bytes once more in memory."""
+    also one by one. Packed on the host, once; the runner then drops the stacked kernels that
+    have a packed copy (`without_packed`), so the weights are held once."""
     from jaxinfer.models.llama import PACKED
 
     layers = params["layers"]

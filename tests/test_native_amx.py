@@ -165,6 +165,8 @@ def test_model_steps_run_the_kernel_with_xla_logits(monkeypatch, hidden_act, gat
         assert 1 in texts and 4 in texts
         assert all((t.count(native_amx.TARGET) >= 1) is amx for t in texts.values())
         assert all((native_amx.GATED_TARGET in t) is (amx and gated) for t in texts.values())
+        held = [k for k, _ in jax.tree_util.tree_flatten_with_path(llm.engine.runner.params["layers"])[0]]
+        assert any("kernel" in str(k) for k in held) is not amx  # each packed kernel held once, packed
     assert runs[True][0] == runs[False][0]
     for a, b in zip(runs[True][1], runs[False][1]):
         np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-2)
@@ -195,6 +197,26 @@ def test_packed_variables_cover_every_projection_and_the_head(monkeypatch):
     cfg = tiny_config(vocab=256, hidden=64, layers=2, inter=96, tied=True)
     tree = native_amx.packed_variables(init_params(cfg, "bfloat16", seed=0), cfg)
     assert set(tree["layers"]["mlp"]) == {"gate_proj_packed", "up_proj_packed", "down_proj_packed"}
+
+
+def test_without_packed_drops_only_what_has_a_packed_copy():
+    """The runner keeps a layer kernel only where no packed copy exists: with gate and up packed
+    together both go; a down projection left to XLA (width 80) stays, as do the norms, the
+    embedding and an untied head; the tree passed in is not changed."""
+    cfg = tiny_config(vocab=256, hidden=64, layers=2, inter=80, tied=False)
+    params = init_params(cfg, "bfloat16", seed=0)
+    before = jax.tree.structure(params)
+    kept = native_amx.without_packed(params, native_amx.packed_variables(params, cfg))
+    assert jax.tree.structure(params) == before
+    assert set(kept["layers"]["mlp"]) == {"down_proj"}
+    assert not any(k.endswith("_proj") for k in kept["layers"]["attn"])
+    assert kept["lm_head"] is params["lm_head"] and kept["embed"] is params["embed"]
+    norms = {k for k in params["layers"] if k not in ("attn", "mlp")}
+    assert norms and all(kept["layers"][k]["scale"] is params["layers"][k]["scale"] for k in norms)
+    cfg = tiny_config(vocab=256, hidden=64, layers=2, inter=72, tied=True)  # no MLP weight packable
+    params = init_params(cfg, "bfloat16", seed=0)
+    kept = native_amx.without_packed(params, native_amx.packed_variables(params, cfg))
+    assert set(kept["layers"]["mlp"]) == {"gate_proj", "up_proj", "down_proj"}
 
 
 def test_native_code_says_why_it_is_off(monkeypatch):
