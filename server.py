@@ -367,8 +367,10 @@ def serve(app, models, config, sock: socket.socket | None = None) -> None:
 
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=logging.getLogger().level,
                                timeout_graceful_shutdown=config.shutdown_timeout, lifespan="on")
-    # uvicorn re-raises the signal after its graceful shutdown: make that a clean exit
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # uvicorn re-raises the signal after its graceful shutdown: make that a clean exit, for Ctrl+C
+    # too (Python's own SIGINT handler would end a finished drain with a KeyboardInterrupt, status 130)
+    for stop_signal in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop_signal, lambda *_: sys.exit(0))
     server = DrainingServer(uv_config)
     threading.Thread(target=exit_if_never_ready, args=(models, server), daemon=True).start()
     death = ExitOnEngineDeath(models, server)  # the fault policy: an engine that dies ends the process

@@ -132,8 +132,11 @@ def fake_server_process(request):
         proc.wait(10)
 
 
-@pytest.mark.parametrize("fake_server_process", [(10.0, 1), (10.0, 2)], indirect=True, ids=["one-engine", "dp2"])
-def test_sigterm_drains_in_flight_streams(fake_server_process):
+@pytest.mark.parametrize("fake_server_process,stop_signal", [((10.0, 1), signal.SIGTERM), ((10.0, 2), signal.SIGTERM),
+                                                            ((10.0, 1), signal.SIGINT)],
+                         indirect=["fake_server_process"], ids=["one-engine", "dp2", "one-engine-ctrl-c"])
+def test_sigterm_drains_in_flight_streams(fake_server_process, stop_signal):
+    """SIGTERM, or SIGINT (Ctrl+C): the stream finishes, new work gets 503, exit status 0, no traceback."""
     proc, url = fake_server_process
     result = {}
 
@@ -145,7 +148,7 @@ def test_sigterm_drains_in_flight_streams(fake_server_process):
     t = threading.Thread(target=stream)
     t.start()
     time.sleep(0.3)  # the stream is under way (100 steps of 10 ms)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(stop_signal)
     time.sleep(0.3)
     # new work is refused with 503 + Retry-After on a new connection: the listener stays open while draining
     r = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=2)
@@ -159,6 +162,7 @@ def test_sigterm_drains_in_flight_streams(fake_server_process):
     assert proc.wait(15) == 0
     log = proc.stdout.read().decode(errors="replace")
     assert "draining 1 requests (shutdown timeout 10 s)" in log and "drained: 1 finished" in log, log[-2000:]
+    assert "Traceback" not in log, log[-2000:]
 
 
 @pytest.mark.parametrize("fake_server_process", [(2.0, 1)], indirect=True)
