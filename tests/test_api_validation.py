@@ -254,6 +254,19 @@ def test_malformed_bodies_are_400_envelopes(api, content, param):
     assert err["param"] == param
 
 
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", None])
+def test_a_body_not_sent_as_json_names_the_content_type(api, content_type):
+    """``curl -d '{...}'`` without ``-H 'Content-Type: application/json'`` sends a form: the 400
+    says what to send, with the Content-Type it got; a JSON request never gets that hint."""
+    body = b'{"model": "%s", "prompt": "x", "max_tokens": 1}' % MODEL.encode()
+    headers = {"content-type": content_type} if content_type else {}
+    err = assert_error(api.http.post("/v1/completions", content=body, headers=headers), 400,
+                       type_="invalid_request_error")
+    assert "Content-Type: application/json" in err["message"] and repr(content_type or "missing") in err["message"]
+    ok = api.http.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert "Content-Type" not in assert_error(ok, 400, type_="invalid_request_error")["message"]
+
+
 @pytest.mark.parametrize("messages", [
     [{"role": "robot", "content": "hi"}], [{"content": "hi"}], [{"role": "user", "content": 5}],
     [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "hi", [None],

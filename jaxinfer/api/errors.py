@@ -114,14 +114,19 @@ def queue_wait_error(seconds: float | None, retry_after: float) -> APIError:
                     code="queue_wait_expired", retry_after=retry_after)
 
 
-def _validation_error(exc: RequestValidationError) -> APIError:
+def _validation_error(exc: RequestValidationError, content_type: str = "application/json") -> APIError:
     """FastAPI's 422 as a 400 naming the first offending top-level field (all its problems
-    in the message: a union such as ``prompt`` reports one per accepted form)."""
+    in the message: a union such as ``prompt`` reports one per accepted form). A body that
+    is wrong as a whole says so, and names the Content-Type when it is not JSON (``curl -d``
+    without ``-H 'Content-Type: application/json'`` sends a form)."""
     errors = exc.errors() or [{}]
     first = errors[0]
     loc = [str(p) for p in first.get("loc", ())]
     if first.get("type") == "json_invalid" or len(loc) < 2 or loc[0] != "body":
-        return APIError(400, f"invalid request body: {first.get('msg', 'not valid JSON')}", code=first.get("type"))
+        hint = "" if "json" in content_type.lower() else (
+            f" (the body must be JSON sent with Content-Type: application/json; this request's Content-Type "
+            f"was {content_type or 'missing'!r})")
+        return APIError(400, f"invalid request body: {first.get('msg', 'not valid JSON')}{hint}", code=first.get("type"))
     field = loc[1]
     msgs = []
     for e in errors:
@@ -142,7 +147,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
-        return _validation_error(exc).response()
+        return _validation_error(exc, request.headers.get("content-type", "")).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):

@@ -217,7 +217,7 @@ class _EngineCollector:
             family.add_metric(label, float(getattr(snap, field)))
             yield family
         success = CounterMetricFamily("jaxinfer_request_success", "Engine requests that ended, by finish reason "
-                                      "(stop, length, abort, timeout, rejected, error).",
+                                      "(stop, length, abort, timeout, rejected, error, failed).",
                                       labels=[MODEL_LABEL, "finished_reason"])
         for reason in FINISH_REASONS:
             success.add_metric(label + [reason], float(snap.finished.get(reason, 0)))
