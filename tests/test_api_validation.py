@@ -254,6 +254,17 @@ def test_malformed_bodies_are_400_envelopes(api, content, param):
     assert err["param"] == param
 
 
+@pytest.mark.parametrize("path,body", [("/v1/completions", {"prompt": "x"}),
+                                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})])
+def test_stream_options_without_stream_is_400(api, path, body):
+    """As OpenAI and vLLM: ``stream_options`` only with ``stream: true`` (it was silently ignored)."""
+    body = {"model": MODEL, "max_tokens": 2, **body, "stream_options": {"include_usage": True}}
+    for stream in (None, False):
+        sent = body if stream is None else {**body, "stream": stream}
+        assert_error(api.http.post(path, json=sent), 400, "stream_options")
+    assert api.http.post(path, json={**body, "stream": True}).status_code == 200
+
+
 @pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", None])
 def test_a_body_not_sent_as_json_names_the_content_type(api, content_type):
     """``curl -d '{...}'`` without ``-H 'Content-Type: application/json'`` sends a form: the 400

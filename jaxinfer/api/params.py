@@ -164,6 +164,8 @@ def chat_params(req: ChatCompletionRequest) -> SamplingParams:
 
 
 def _params(req: _GenerationRequest, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    if req.stream_options is not None and not req.stream:  # as OpenAI and vLLM: a 400, not ignored
+        raise RequestError("stream_options is only allowed with stream: true", param="stream_options")
     top_k = req.top_k if req.top_k is not None else -1
     return SamplingParams(
         n=req.n or 1,
