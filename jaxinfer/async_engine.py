@@ -61,12 +61,14 @@ class EngineState(str, enum.Enum):
 
 
 class EngineNotReadyError(RuntimeError):
-    """The engine cannot take requests now (warming up or draining): HTTP 503 + Retry-After."""
+    """The engine cannot take requests now: HTTP 503 + Retry-After, with the error ``code``
+    "not_ready" (warming up) or "draining" (shutting down), as ``/health`` says."""
 
-    def __init__(self, message: str, retry_after: float = 5.0):
+    def __init__(self, message: str, retry_after: float = 5.0, code: str = "not_ready"):
         super().__init__(message)
         self.message = message
         self.retry_after = retry_after
+        self.code = code
 
 
 class EngineDeadError(RuntimeError):
@@ -297,7 +299,7 @@ class AsyncEngine:
         if self.state == EngineState.STARTING:
             raise EngineNotReadyError("the model is loading and compiling; retry later", retry_after=5.0)
         if self.state != EngineState.READY:
-            raise EngineNotReadyError("the server is shutting down", retry_after=10.0)
+            raise EngineNotReadyError("the server is shutting down", retry_after=10.0, code="draining")
 
     # ----- the engine thread --------------------------------------------------------------
     def _run(self) -> None:

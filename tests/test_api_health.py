@@ -45,7 +45,7 @@ def test_sc25_readiness_follows_warmup():
             assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
             t0 = time.monotonic()
             r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
-            assert_error(r, 503, type_="service_unavailable")
+            assert assert_error(r, 503, type_="service_unavailable")["code"] == "not_ready"
             assert int(r.headers["retry-after"]) >= 1 and time.monotonic() - t0 < 1.0
             time.sleep(0.1)
         assert parse_metrics(http.get("/metrics").text)["jaxinfer_engine_healthy"] == 0
@@ -153,6 +153,7 @@ def test_sigterm_drains_in_flight_streams(fake_server_process, stop_signal):
     # new work is refused with 503 + Retry-After on a new connection: the listener stays open while draining
     r = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=2)
     assert r.status_code == 503 and int(r.headers["retry-after"]) > 0, r.text
+    assert r.json()["error"]["code"] == "draining", r.text  # as /health says, not "not_ready"
     assert httpx.get(url + "/health", timeout=2).status_code == 503
     t.join(20)
     events = sse_events(result["r"].content)

@@ -92,7 +92,7 @@ def from_exception(exc: BaseException, param_aliases: dict[str, str] | None = No
     if isinstance(exc, QueueFullError):
         return APIError(429, exc.message, code="queue_full", retry_after=exc.retry_after)
     if isinstance(exc, EngineNotReadyError):
-        return APIError(503, exc.message, code="not_ready", retry_after=exc.retry_after)
+        return APIError(503, exc.message, code=exc.code, retry_after=exc.retry_after)
     if isinstance(exc, EngineDeadError) and exc.in_flight:  # the fault policy (docs/api.md)
         return APIError(500, exc.message, type="server_error", code="engine_dead")
     if isinstance(exc, EngineDeadError):
