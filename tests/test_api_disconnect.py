@@ -31,10 +31,13 @@ def idle(http, f0: float) -> bool:
             and m["jaxinfer_kv_blocks_free"] == f0)
 
 
+# SC-15's server and its twin (the latency reference) are configured alike
+SRV_ENGINE = dict(max_model_len=4400, num_blocks=600, max_num_seqs=32, max_num_batched_tokens=256, step_delay=0.002)
+
+
 @pytest.fixture(scope="module")
 def srv():
-    engine = fake_engine(max_model_len=4400, num_blocks=600, max_num_seqs=32, max_num_batched_tokens=256,
-                         step_delay=0.002)
+    engine = fake_engine(**SRV_ENGINE)
     with running_app(engine) as (app, ae):
         @app.get("/_debug/tasks")
         async def tasks():
@@ -50,9 +53,7 @@ def srv():
 @pytest.fixture(scope="module")
 def twin():
     """A second server of the same configuration that no test disturbs: SC-15's latency reference."""
-    engine = fake_engine(max_model_len=4400, num_blocks=600, max_num_seqs=32, max_num_batched_tokens=256,
-                         step_delay=0.002)
-    with running_app(engine) as (app, ae), LiveServer(app) as live:
+    with running_app(fake_engine(**SRV_ENGINE)) as (app, ae), LiveServer(app) as live:
         yield live.url
 
 
