@@ -15,7 +15,7 @@ step. The model step also returns the final hidden states of every packed token 
 call per token count T runs the LM head over them (`jaxinfer.models.llama.LMHead`, then
 `jaxinfer.sampler.prompt_logprobs`), read back with the sampled ids.
 
-Layer layouts (`jaxinfer.models.layer_layout`): on a CPU without AMX-packed weights, buckets of
+Layer layouts (`jaxinfer.models.layer_layout`): on a CPU without packed weights (`use_native_amx`), buckets of
 up to ``unroll_max_tokens`` tokens (a lone stream's decode step) run the layers unrolled over per-layer weight arrays,
 split from the stacked ones once here; every other bucket runs them under ``nn.scan`` over
 the stacked arrays, which compiles several times faster. Both give the same logits. The
@@ -54,8 +54,10 @@ logger = logging.getLogger(__name__)
 # ``JAXINFER_UNROLL_MAX_TOKENS=0`` (environment) scans every bucket: it saves the per-layer
 # copy (the layer weights' bytes once more) and the unrolled buckets' slower compiles
 # (~37 s of a cold warm-up of the default model), at a slower lone-stream decode step.
-# With AMX-packed weights (`use_native_amx`) nothing unrolls by default: the scanned step reads
-# them in place for one row too (`jaxinfer.native_amx`), and on the 2-core AMX CPU its lone-stream
+# With packed weights (`use_native_amx`: AMX, or AVX-512 BF16) nothing unrolls by default: the
+# scanned step reads them in place for one row too (`jaxinfer.native_amx`). On the 2-core AMD
+# EPYC (AVX-512 BF16, no AMX) its lone-stream step matched the unrolled one over `native_gemv`
+# (11.6 / 13.2 against 11.7 / 13.0 ms, processes alternated; amx_gemm.cc's header). On the 2-core AMX CPU its lone-stream
 # decode step took 22-27 ms against 36-42 ms unrolled over per-layer arrays (SmolLM2-135M,
 # 128-token prompt, medians of 126 steps, 2 processes each, alternated); unrolled over the
 # packed weights it took 23-29 ms against 22-26 ms scanned, no better.
@@ -170,8 +172,9 @@ def use_native_products(dtype, shardings, cfg: ModelConfig) -> bool:
 
 
 def use_native_amx(dtype, shardings, cfg: ModelConfig) -> bool:
-    """Whether products of more rows run on AMX over weights packed once (`jaxinfer.native_amx`):
-    bfloat16 unquantized weights on CPU, one device, a CPU with AMX and the kernel built."""
+    """Whether products of every row count run over weights packed once (`jaxinfer.native_amx`):
+    bfloat16 unquantized weights on CPU, one device, a CPU with AMX or AVX-512 BF16 and the
+    kernel built."""
     return _one_cpu_bfloat16(dtype, shardings, cfg) and native_amx.available()
 
 
@@ -207,7 +210,7 @@ class ModelRunner:
       unroll_max_tokens: buckets with at most this many tokens run the unrolled layers
         over per-layer arrays (module docstring); 0: every bucket scans; None:
         `default_unroll_max_tokens` (the environment, else `UNROLL_MAX_TOKENS` on a CPU
-        without AMX-packed weights).
+        without packed weights).
     """
 
     def __init__(self, cfg: ModelConfig, params, num_blocks: int, block_size: int, dtype: str = "float32",

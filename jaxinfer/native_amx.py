@@ -1,18 +1,22 @@
-"""Products against pre-packed bfloat16 weights on Intel AMX CPUs (`jaxinfer/native/amx_gemm.cc`):
-the build, the FFI registration, the one-time packing of a model's weights and the jnp-side call.
-Every row count goes through AMX's tiles, one row (a lone decoding stream) too: those products
-are bound by reading the weights, and the kernel reads them faster than the row-major loops of
-`native_gemv` (the kernel's header has the probes).
+"""Products against pre-packed bfloat16 weights on CPUs with Intel AMX or AVX-512 BF16
+(`jaxinfer/native/amx_gemm.cc`): the build, the FFI registration, the one-time packing of a
+model's weights and the jnp-side call. The packed layout is AMX's pair-interleaved B operand,
+which is also what VDPBF16PS multiplies, so one packing serves both: AMX CPUs (Sapphire Rapids
+on) run the tiles, CPUs with AVX-512 BF16 and no AMX (AMD Zen 4 on) the VDPBF16PS loops. Every
+row count goes through the kernel, one row (a lone decoding stream) too: those products
+are bound by reading the weights, and the kernel reads them as fast as or faster than the
+row-major loops of `native_gemv` (the kernel's header has the probes).
 
 XLA:CPU (jax 0.10.2) re-packs a bfloat16 weight for AMX on every call and, under the layer
 scan, copies each layer's slice out of the stacked weights first; the kernel reads weights
 packed once, at load, in place through the layer index (the kernel's header says more).
 `jaxinfer.models.llama` calls it for products of every row count when
 the runner passed the packed weights (an ``amx`` variable collection, `packed_variables`):
-a bfloat16 unquantized model on one CPU device whose CPU has AMX (``amx_bf16``). The gated MLP's
+a bfloat16 unquantized model on one CPU device whose CPU has AMX (``amx_bf16``) or AVX-512 BF16
+(``avx512_bf16``). The gated MLP's
 gate and up products run as one call that writes act(gate) * up in bfloat16 (`gated_matmul`).
 
-Built on first use by `jaxinfer.native_build`; with no AMX, no compiler, or
+Built on first use by `jaxinfer.native_build`; with neither AMX nor AVX-512 BF16, no compiler, or
 ``JAXINFER_NATIVE_AMX=0``, `available` says why and XLA's dot runs. The same switch keeps the
 attention kernel's prefill runs off AMX (`jaxinfer.native_attention`, which reads it per call
 and asks Linux for the tile state itself).
@@ -59,12 +63,13 @@ def _request_tiles() -> str | None:
 def _load() -> str | None:
     """Check the CPU, ask for tile state, build (once per machine), load and register; None, or why not."""
     flags = host_cpu_flags()
-    if not {"amx_tile", "amx_bf16"} <= flags:
-        return "this CPU has no AMX (amx_tile, amx_bf16)"
-    why = _request_tiles()
-    if why is not None:
-        return why
-    return native_build.register(SOURCE, "AMX bfloat16 product", ENV_SWITCH,
+    if {"amx_tile", "amx_bf16"} <= flags:
+        why = _request_tiles()
+        if why is not None:
+            return why
+    elif "avx512_bf16" not in flags:
+        return "this CPU has neither AMX (amx_tile, amx_bf16) nor AVX-512 BF16 (avx512_bf16)"
+    return native_build.register(SOURCE, "packed bfloat16 product", ENV_SWITCH,
                                  {TARGET: "JaxinferAmxGemm", GATED_TARGET: "JaxinferAmxGated"}, logger)
 
 

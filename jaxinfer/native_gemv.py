@@ -7,8 +7,8 @@ runs that on a slow path; its two-row form reads bfloat16 weights at ~7 GB/s
 registers, over XLA's intra-op threads: bfloat16 operands and float32 sums, as
 ``lax.dot_general(..., preferred_element_type=float32)``. `jaxinfer.models.cpu_bf16` calls
 them for one- and two-row products when the model was built for one CPU device (a custom call has no
-sharding rule) and no AMX-packed weights were passed (with them, `jaxinfer.native_amx` takes
-every row count).
+sharding rule) and no packed weights were passed: a CPU with neither AMX nor AVX-512 BF16 (with
+them, `jaxinfer.native_amx` takes every row count).
 
 Built on first use by `jaxinfer.native_build` (``~/.cache/jaxinfer/native/bf16_gemv-<hash>.so``).
 With no compiler, or ``JAXINFER_NATIVE_GEMV=0``, `available` says why and XLA's dot runs.

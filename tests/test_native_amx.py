@@ -3,6 +3,8 @@ layout everywhere, the products and the model's use of them where the CPU has AM
 from __future__ import annotations
 
 import functools
+import logging
+import os
 
 import jax
 import jax.numpy as jnp
@@ -10,11 +12,41 @@ import numpy as np
 import pytest
 
 from helpers import tiny_bf16_llm, tiny_config
-from jaxinfer import SamplingParams, model_runner, native_amx
+from jaxinfer import SamplingParams, model_runner, native_amx, native_build
 from jaxinfer.cpu_features import host_cpu_flags
 from jaxinfer.params import init_params
 
-needs_amx = pytest.mark.skipif(not native_amx.available(), reason=f"AMX kernel off: {native_amx._load()}")
+needs_amx = pytest.mark.skipif(not native_amx.available(), reason=f"packed-product kernel off: {native_amx._load()}")
+_DPBF16 = {native_amx.TARGET: "jaxinfer_test_dpbf16_gemm", native_amx.GATED_TARGET: "jaxinfer_test_dpbf16_gated"}
+
+
+@functools.cache
+def _register_dpbf16() -> str | None:
+    """The kernel's AVX-512 BF16 path (what CPUs without AMX run), built on an AMX CPU from a
+    copy of the source with JAXINFER_NO_AMX defined, under the `_DPBF16` targets; None, or why not."""
+    if not {"amx_tile", "amx_bf16"} <= host_cpu_flags():
+        return "this CPU has no AMX: its default build is that path"
+    copy = native_amx.SOURCE.with_name(f"_test_dpbf16_{os.getpid()}.cc")  # beside the headers it includes
+    copy.write_text("#define JAXINFER_NO_AMX 1\n" + native_amx.SOURCE.read_text())
+    try:
+        return native_build.register(copy, "AVX-512 BF16 product (test)", native_amx.ENV_SWITCH,
+                                     {_DPBF16[native_amx.TARGET]: "JaxinferAmxGemm",
+                                      _DPBF16[native_amx.GATED_TARGET]: "JaxinferAmxGated"}, logging.getLogger(__name__))
+    finally:
+        copy.unlink()
+
+
+@pytest.fixture(params=["default", "no_amx"])
+def build(request, monkeypatch):
+    """Each build of the kernel this CPU can run: its default one (AMX tiles, or VDPBF16PS without
+    AMX), and on an AMX CPU also the VDPBF16PS path (`_register_dpbf16`)."""
+    if request.param == "no_amx":
+        why = _register_dpbf16()
+        if why is not None:
+            pytest.skip(why)
+        for name, target in _DPBF16.items():
+            monkeypatch.setattr(native_amx, "TARGET" if name == native_amx.TARGET else "GATED_TARGET", target)
+    return request.param
 
 
 def test_pack_puts_each_weight_where_the_kernel_reads_it():
@@ -40,7 +72,7 @@ def test_pack_takes_bfloat16_and_rejects_shapes_it_cannot_tile():
 @needs_amx
 @pytest.mark.parametrize("rows", [1, 2, 3, 16, 17, 32, 33, 70])
 @pytest.mark.parametrize("k,n", [(64, 32), (576, 192), (96, 640)])
-def test_products_match_float64(rows, k, n):
+def test_products_match_float64(build, rows, k, n):
     """Every row count (one and two rows, whole and partial 16- and 32-row panels)
     and each layer of a stack: bfloat16 operands, float32 sums, against float64 sums of the
     same bfloat16 values."""
@@ -95,7 +127,7 @@ def _bf16_ulp(v: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("act", list(native_amx.GATED_ACTS))
 @pytest.mark.parametrize("rows", [1, 2, 3, 16, 17, 32, 33, 100, 512])
 @pytest.mark.parametrize("k,f", [(576, 1536), (640, 2048), (64, 48)], ids=["smollm2", "gemma3", "small"])
-def test_gated_product_matches_xla(k, f, rows, act):
+def test_gated_product_matches_xla(build, k, f, rows, act):
     """act(x wg) * (x wu) in one call against XLA's: the same bfloat16 operands, float32 dots,
     act and product in float32, rounded to bfloat16; layer 2 of a stack of 3; one and
     two rows, whole and partial 16- and 32-row panels; SwiGLU and GeGLU shapes of SmolLM2 and Gemma 3 and a small one
@@ -220,10 +252,12 @@ def test_without_packed_drops_only_what_has_a_packed_copy():
 
 
 def test_native_code_says_why_it_is_off(monkeypatch):
-    """Without AMX the CPU is named as the reason; with it, the switch turns the kernel off."""
+    """Without AMX or AVX-512 BF16 the CPU is named as the reason; with either, the switch turns
+    the kernel off."""
     monkeypatch.setenv(native_amx.ENV_SWITCH, "0")
     why = native_amx._load.__wrapped__()
-    if {"amx_tile", "amx_bf16"} <= host_cpu_flags():
+    flags = host_cpu_flags()
+    if {"amx_tile", "amx_bf16"} <= flags or "avx512_bf16" in flags:
         assert why == f"{native_amx.ENV_SWITCH}=0"
     else:
-        assert why == "this CPU has no AMX (amx_tile, amx_bf16)"
+        assert why == "this CPU has neither AMX (amx_tile, amx_bf16) nor AVX-512 BF16 (avx512_bf16)"

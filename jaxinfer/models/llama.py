@@ -27,7 +27,7 @@ fastest matmul on the CPUs it was measured on). On CPU a bfloat16 model's scanne
 stack is stored as uint16 bits, its embedding rows gathered as bits and its one-row products
 run as two rows: `jaxinfer.models.cpu_bf16` says why. Where the caller passes AMX-packed
 weights (the ``amx`` collection, `jaxinfer.native_amx.packed_variables`: one CPU device with
-AMX), every projection and the LM head reads them instead, at any row count
+AMX or AVX-512 BF16), every projection and the LM head reads them instead, at any row count
 (`_project`; the MLP's gate and up as one call, `MLP`), in place by layer index: the scan
 broadcasts that collection, never slices it.
 

@@ -1,7 +1,7 @@
 // Few-row products against bfloat16 weights on CPU, as XLA FFI custom calls. Built and
 // registered by jaxinfer/native_gemv.py; called from jaxinfer/models/cpu_bf16.py for the
-// one- and two-row products of one or two decoding streams where no AMX-packed weights are
-// passed (a CPU without AMX; on AMX, amx_gemm.cc's tiles take them over the packed weights).
+// one- and two-row products of one or two decoding streams where no packed weights are passed
+// (a CPU with neither AMX nor AVX-512 BF16; with either, amx_gemm.cc takes them over packed weights).
 //
 // Why: XLA:CPU (jax 0.10.2) runs a one-row bfloat16 dot on a slow path, and its two-row form
 // reads the weights at ~7 GB/s (benchmarks/results/2026-12-02-cpu2-bf16/). A lone stream reads
