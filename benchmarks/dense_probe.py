@@ -15,9 +15,10 @@ fold):
   * ``unrolled``: separate matmuls, one array per layer, a Python loop over layers (the
     model's ``scan_layers=False`` layout);
   * ``unrolled_fused``: the same with the fused matmuls;
-  * ``scan_amx``: the layout a bfloat16 model runs on a CPU with AMX (`jaxinfer.native_amx`):
-    the stacked weights packed once, every product (the LM head's too) by the AMX kernel
-    reading layer ``l`` in place. Needs AMX; elsewhere it is left out.
+  * ``scan_amx``: the layout a bfloat16 model runs on a CPU with AMX or AVX-512 BF16
+    (`jaxinfer.native_amx`): the stacked weights packed once, every product (the LM head's
+    too) by the packed-product kernel reading layer ``l`` in place. Needs AMX or AVX-512 BF16;
+    elsewhere it is left out.
 
 Usage: python benchmarks/dense_probe.py [--rows 1 32 64] [--reps 5] [--out FILE]
 """

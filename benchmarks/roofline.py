@@ -11,8 +11,8 @@ Measures (JAX, the engine's dtype, default float32):
     own (``engine.step`` wall time, host work included), with the engine's per-phase split
     (schedule / prepare / execute / update, ``LLMEngine.stats.phase_seconds``) and the
     host share = (schedule + prepare + update) / step;
-  * the dense-layer probe (`benchmarks/dense_probe.py`, the model's layout and product: AMX
-    over packed weights where the runner packed them, ``dense_probe_layout``): the step's
+  * the dense-layer probe (`benchmarks/dense_probe.py`, the model's layout and product: the
+    packed-product kernel (AMX or AVX-512 BF16) where the runner packed the weights, ``dense_probe_layout``): the step's
     matmuls alone at the same row count, recorded as ``decode.dense_probe_ms`` (XLA's dot
     alone as ``dense_probe_xla_ms``); each
     decode entry reports ``step_over_probe`` = median step / probe.
@@ -185,7 +185,7 @@ def main() -> None:
           "m32_mlp": matmul_gflops(args.batch, D, F, dtype, args.reps),
           "m32_logits": matmul_gflops(args.batch, D, V, dtype, args.reps)}
     bw = bandwidth_gb_s((64 if args.quick else 256) << 20, dtype, args.reps)
-    # the probe runs the step's products as the model does: AMX over packed weights where the
+    # the probe runs the step's products as the model does: the packed-product kernel where the
     # runner packed them (`jaxinfer.native_amx`), else XLA's dot; XLA's is kept for the record
     layout = "scan_amx" if llm.engine.runner.amx is not None else "scan"
     probe = probe_ms(cfg, layout, args.batch, dtype, args.reps)
