@@ -171,24 +171,42 @@ _PROJECTIONS = (("attn", "q_proj", 1), ("attn", "k_proj", 1), ("attn", "v_proj",
                 ("mlp", "gate_proj", 1), ("mlp", "up_proj", 1), ("mlp", "down_proj", 1))
 
 
-def without_packed(params: dict, packed: dict) -> dict:
-    """``params`` without the layer kernels that ``packed`` (`packed_variables` of it) holds a
-    packed copy of: the scanned step reads only the packed copy (`jaxinfer.models.llama._project`),
-    so the stacked kernels were the weights' bytes held twice for nothing. Gate and up go when
-    ``gate_up`` was packed. Biases, norms, the embedding and an untied ``lm_head`` (which the
-    prompt-logprobs head reads) stay. The input tree is not modified."""
+# Projections packed together as one product, by module: fused name -> its members, in the
+# order of the fused output's columns ("gate_up" interleaves its members' 16-column blocks,
+# `pack_gated`; "qkv" is `pack` of q's, k's and v's kernels side by side, in that order).
+FUSED = {"mlp": {"gate_up": ("gate_proj", "up_proj")}, "attn": {"qkv": ("q_proj", "k_proj", "v_proj")}}
+
+
+def _packed_as(module: str, name: str, have: dict) -> bool:
+    """Whether projection ``name`` of ``module`` has a packed copy in ``have`` (that module's
+    packed variables), alone or inside a fused product (`FUSED`)."""
     from jaxinfer.models.llama import PACKED
 
+    return name + PACKED in have or any(fused + PACKED in have and name in members
+                                        for fused, members in FUSED.get(module, {}).items())
+
+
+def without_packed(params: dict, packed: dict) -> dict:
+    """``params`` without the layer kernels that ``packed`` (`packed_variables` of it) holds a
+    packed copy of, alone or in a fused product (`FUSED`): the scanned step reads only the packed
+    copy (`jaxinfer.models.llama`), so the stacked kernels were the weights' bytes held twice for
+    nothing. Biases, norms, the embedding and an untied ``lm_head`` (which the prompt-logprobs
+    head reads) stay. The input tree is not modified."""
     layers = {module: dict(sub) for module, sub in params["layers"].items()}
     for module, name, _ in _PROJECTIONS:
-        have = packed["layers"].get(module, {})
-        if name + PACKED in have or (name in ("gate_proj", "up_proj") and "gate_up" + PACKED in have):
+        if _packed_as(module, name, packed["layers"].get(module, {})):
             rest = {k: v for k, v in layers[module][name].items() if k != "kernel"}
             if rest:
                 layers[module][name] = rest
             else:
                 del layers[module][name]
     return {**params, "layers": layers}
+
+
+def _as_kn(kernel, n_in: int) -> np.ndarray:
+    """A stacked projection kernel ``[L, *in, *out]`` as ``[L, K, N]`` (``n_in`` contracted axes)."""
+    kernel = np.asarray(kernel)
+    return kernel.reshape(kernel.shape[0], math.prod(kernel.shape[1:1 + n_in]), -1)
 
 
 def packed_variables(params: dict, cfg) -> dict:
@@ -199,23 +217,24 @@ def packed_variables(params: dict, cfg) -> dict:
     K or N is not a multiple of 32 are left out (XLA's dot runs them). The MLP's gate and up
     kernels, where `gated_packable` and ``cfg.hidden_act`` is one of `GATED_ACTS`, are packed
     together instead (`pack_gated`, ``layers/mlp/gate_up_packed``, for `gated_matmul`) and not
-    also one by one. Packed on the host, once; the runner then drops the stacked kernels that
+    also one by one; so are q, k and v, as one ``[L, K, Nq + Nk + Nv]`` product where their
+    widths add up to a packable one (``layers/attn/qkv_packed``): a lone stream's step made
+    120 small calls of them (`FUSED`). Packed on the host, once; the runner then drops the stacked kernels that
     have a packed copy (`without_packed`), so the weights are held once."""
     from jaxinfer.models.llama import PACKED
 
     layers = params["layers"]
     out: dict = {"layers": {}}
     gate, up = (np.asarray(layers["mlp"][name]["kernel"]) for name in ("gate_proj", "up_proj"))
-    gated = cfg.hidden_act in GATED_ACTS and gated_packable(*gate.shape[1:])
-    if gated:
+    if cfg.hidden_act in GATED_ACTS and gated_packable(*gate.shape[1:]):
         out["layers"]["mlp"] = {"gate_up" + PACKED: jnp.asarray(pack_gated(gate, up))}
+    qkv = [_as_kn(layers["attn"][name]["kernel"], 1) for name in FUSED["attn"]["qkv"]]
+    if len({w.shape[1] for w in qkv}) == 1 and packable(qkv[0].shape[1], sum(w.shape[2] for w in qkv)):
+        out["layers"]["attn"] = {"qkv" + PACKED: jnp.asarray(pack(np.concatenate(qkv, axis=2)))}
     for module, name, n_in in _PROJECTIONS:
-        if gated and name in ("gate_proj", "up_proj"):
+        if _packed_as(module, name, out["layers"].get(module, {})):
             continue
-        kernel = np.asarray(layers[module][name]["kernel"])
-        L = kernel.shape[0]
-        k = math.prod(kernel.shape[1:1 + n_in])
-        w = kernel.reshape(L, k, -1)
+        w = _as_kn(layers[module][name]["kernel"], n_in)
         if packable(*w.shape[1:]):
             out["layers"].setdefault(module, {})[name + PACKED] = jnp.asarray(pack(w))
     head = np.asarray(params["embed"]["embedding"]).T if cfg.tie_word_embeddings else np.asarray(params["lm_head"]["kernel"])

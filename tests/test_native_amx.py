@@ -208,12 +208,17 @@ def test_packed_variables_cover_every_projection_and_the_head(monkeypatch):
     """Shapes of the packed tree of a tiny model (tied and untied heads): the MLP's gate and up
     packed together (`pack_gated`), not also one by one; a projection whose width is not a
     multiple of 32 is left to XLA (gate and up together need 16); an activation the gated
-    kernel lacks keeps gate and up packed one by one."""
+    kernel lacks keeps gate and up packed one by one. q, k and v are packed as one product,
+    their kernels side by side; where their widths add up to no multiple of 32, each goes its
+    own way."""
     for tied in (True, False):
         cfg = tiny_config(vocab=256, hidden=64, layers=2, inter=96, tied=tied)
         params = init_params(cfg, "bfloat16", seed=0)
         tree = native_amx.packed_variables(params, cfg)
-        assert set(tree["layers"]["attn"]) == {"q_proj_packed", "k_proj_packed", "v_proj_packed", "o_proj_packed"}
+        assert set(tree["layers"]["attn"]) == {"qkv_packed", "o_proj_packed"}
+        attn = params["layers"]["attn"]
+        side_by_side = np.concatenate([np.asarray(attn[n]["kernel"]).reshape(2, 64, -1) for n in ("q_proj", "k_proj", "v_proj")], 2)
+        np.testing.assert_array_equal(tree["layers"]["attn"]["qkv_packed"], native_amx.pack(side_by_side))
         assert set(tree["layers"]["mlp"]) == {"gate_up_packed", "down_proj_packed"}
         mlp = params["layers"]["mlp"]
         np.testing.assert_array_equal(tree["layers"]["mlp"]["gate_up_packed"],
@@ -225,6 +230,9 @@ def test_packed_variables_cover_every_projection_and_the_head(monkeypatch):
     assert set(tree["layers"]["mlp"]) == {"gate_up_packed"}
     cfg = tiny_config(vocab=256, hidden=64, layers=2, inter=72, tied=True)
     assert "mlp" not in native_amx.packed_variables(init_params(cfg, "bfloat16", seed=0), cfg)["layers"]
+    cfg = tiny_config(vocab=256, hidden=64, layers=2, heads=8, kv_heads=1, inter=96)  # q 64 wide, k and v 8
+    assert set(native_amx.packed_variables(init_params(cfg, "bfloat16", seed=0), cfg)["layers"]["attn"]) == {
+        "q_proj_packed", "o_proj_packed"}
     monkeypatch.setattr(native_amx, "GATED_ACTS", {"gelu_pytorch_tanh": 1})  # the tiny config's SiLU left out
     cfg = tiny_config(vocab=256, hidden=64, layers=2, inter=96, tied=True)
     tree = native_amx.packed_variables(init_params(cfg, "bfloat16", seed=0), cfg)
@@ -233,8 +241,9 @@ def test_packed_variables_cover_every_projection_and_the_head(monkeypatch):
 
 def test_without_packed_drops_only_what_has_a_packed_copy():
     """The runner keeps a layer kernel only where no packed copy exists: with gate and up packed
-    together both go; a down projection left to XLA (width 80) stays, as do the norms, the
-    embedding and an untied head; the tree passed in is not changed."""
+    together both go, and so do q, k and v packed as one; a down projection left to XLA (width
+    80) stays, as do k and v where they are (width 8), the norms, the embedding and an untied
+    head; the tree passed in is not changed."""
     cfg = tiny_config(vocab=256, hidden=64, layers=2, inter=80, tied=False)
     params = init_params(cfg, "bfloat16", seed=0)
     before = jax.tree.structure(params)
@@ -249,6 +258,10 @@ def test_without_packed_drops_only_what_has_a_packed_copy():
     params = init_params(cfg, "bfloat16", seed=0)
     kept = native_amx.without_packed(params, native_amx.packed_variables(params, cfg))
     assert set(kept["layers"]["mlp"]) == {"gate_proj", "up_proj", "down_proj"}
+    cfg = tiny_config(vocab=256, hidden=64, layers=2, heads=8, kv_heads=1, inter=96)  # only q and o packable
+    params = init_params(cfg, "bfloat16", seed=0)
+    kept = native_amx.without_packed(params, native_amx.packed_variables(params, cfg))
+    assert set(kept["layers"]["attn"]) == {"k_proj", "v_proj"}
 
 
 def test_native_code_says_why_it_is_off(monkeypatch):

@@ -153,6 +153,14 @@ def layer_window(cfg: ModelConfig, layer: jax.Array) -> jax.Array | None:
     return jnp.asarray([NO_WINDOW if w is None else w for w in windows], jnp.int32)[layer]
 
 
+def _split_heads(y, lead: tuple[int, ...], c: ModelConfig):
+    """The fused q/k/v product ``y [M, (N + 2 K) H]`` (q's columns, then k's, then v's) -> q
+    ``[*lead, N, H]``, k and v ``[*lead, K, H]``."""
+    n, kv, h = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    q, k, v = jnp.split(y, [n * h, (n + kv) * h], axis=-1)
+    return q.reshape(*lead, n, h), k.reshape(*lead, kv, h), v.reshape(*lead, kv, h)
+
+
 class Attention(nn.Module):
     cfg: ModelConfig
     attention: AttentionBackend
@@ -165,9 +173,13 @@ class Attention(nn.Module):
         c = self.cfg
         dense = functools.partial(_dense, c, self.dtype, self.param_dtype, native=self.native_products)
         project = functools.partial(_project, self, dense)
-        q = project(x, layer, (c.num_attention_heads, c.head_dim), ("embed", "heads", "head_dim"), "q_proj")
-        k = project(x, layer, (c.num_key_value_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), "k_proj")
-        v = project(x, layer, (c.num_key_value_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), "v_proj")
+        qkv = _packed(self, "qkv")
+        if qkv is not None:  # one product for the three (`native_amx.packed_variables`)
+            q, k, v = _split_heads(native_amx.matmul(x.reshape(-1, x.shape[-1]), qkv, layer), x.shape[:-1], c)
+        else:
+            q = project(x, layer, (c.num_attention_heads, c.head_dim), ("embed", "heads", "head_dim"), "q_proj")
+            k = project(x, layer, (c.num_key_value_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), "k_proj")
+            v = project(x, layer, (c.num_key_value_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), "v_proj")
         if c.qk_norm:
             head_norm = _norm(c, self.dtype, self.param_dtype, axis_name="head_dim")
             q, k = head_norm(name="q_norm")(q), head_norm(name="k_norm")(k)
