@@ -69,8 +69,24 @@ def _load() -> str | None:
             return why
     elif "avx512_bf16" not in flags:
         return "this CPU has neither AMX (amx_tile, amx_bf16) nor AVX-512 BF16 (avx512_bf16)"
-    return native_build.register(SOURCE, "packed bfloat16 product", ENV_SWITCH,
-                                 {TARGET: "JaxinferAmxGemm", GATED_TARGET: "JaxinferAmxGated"}, logger)
+    why = native_build.register(SOURCE, "packed bfloat16 product", ENV_SWITCH,
+                                {TARGET: "JaxinferAmxGemm", GATED_TARGET: "JaxinferAmxGated"}, logger)
+    return why if why is not None else _smoke_test()
+
+
+def _smoke_test() -> str | None:
+    """One small product through the registered kernel; None, or why it cannot be used. A
+    compiler without the CPU's AMX or AVX-512 BF16 intrinsics (GCC before 10 lacks the latter)
+    builds a library whose calls return an error, which would otherwise surface in a step."""
+    try:
+        packed = jnp.asarray(pack(np.ones((1, 32, 32), np.float32).astype(jnp.bfloat16)))
+        y = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((1, 32), jnp.float32))(
+            jnp.full((1, 32), 0.5, jnp.bfloat16), packed, jnp.int32(0))
+        if not np.all(np.asarray(y) == 16.0):
+            return f"the packed bfloat16 product computed {np.asarray(y)[0, :4]}... instead of 16s"
+    except Exception as err:  # noqa: BLE001 (the FFI reports as XlaRuntimeError or others)
+        return f"the packed bfloat16 product failed a first call: {str(err).splitlines()[0]}"
+    return None
 
 
 def available() -> bool:

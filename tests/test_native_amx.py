@@ -20,20 +20,27 @@ needs_amx = pytest.mark.skipif(not native_amx.available(), reason=f"packed-produ
 _DPBF16 = {native_amx.TARGET: "jaxinfer_test_dpbf16_gemm", native_amx.GATED_TARGET: "jaxinfer_test_dpbf16_gated"}
 
 
+def _register_variant(first_lines: str, name: str, targets: dict[str, str]) -> str | None:
+    """The kernel's source with ``first_lines`` put before it, built and registered under
+    ``targets`` (the kernel's target -> a test target); None, or why not."""
+    copy = native_amx.SOURCE.with_name(f"_test_{name}_{os.getpid()}.cc")  # beside the headers it includes
+    copy.write_text(first_lines + native_amx.SOURCE.read_text())
+    symbols = {native_amx.TARGET: "JaxinferAmxGemm", native_amx.GATED_TARGET: "JaxinferAmxGated"}
+    try:
+        return native_build.register(copy, f"packed product ({name}, test)", native_amx.ENV_SWITCH,
+                                     {test: symbols[target] for target, test in targets.items()},
+                                     logging.getLogger(__name__))
+    finally:
+        copy.unlink()
+
+
 @functools.cache
 def _register_dpbf16() -> str | None:
     """The kernel's AVX-512 BF16 path (what CPUs without AMX run), built on an AMX CPU from a
     copy of the source with JAXINFER_NO_AMX defined, under the `_DPBF16` targets; None, or why not."""
     if not {"amx_tile", "amx_bf16"} <= host_cpu_flags():
         return "this CPU has no AMX: its default build is that path"
-    copy = native_amx.SOURCE.with_name(f"_test_dpbf16_{os.getpid()}.cc")  # beside the headers it includes
-    copy.write_text("#define JAXINFER_NO_AMX 1\n" + native_amx.SOURCE.read_text())
-    try:
-        return native_build.register(copy, "AVX-512 BF16 product (test)", native_amx.ENV_SWITCH,
-                                     {_DPBF16[native_amx.TARGET]: "JaxinferAmxGemm",
-                                      _DPBF16[native_amx.GATED_TARGET]: "JaxinferAmxGated"}, logging.getLogger(__name__))
-    finally:
-        copy.unlink()
+    return _register_variant("#define JAXINFER_NO_AMX 1\n", "dpbf16", _DPBF16)
 
 
 @pytest.fixture(params=["default", "no_amx"])
@@ -262,6 +269,19 @@ def test_without_packed_drops_only_what_has_a_packed_copy():
     params = init_params(cfg, "bfloat16", seed=0)
     kept = native_amx.without_packed(params, native_amx.packed_variables(params, cfg))
     assert set(kept["layers"]["attn"]) == {"k_proj", "v_proj"}
+
+
+@needs_amx
+def test_a_build_without_the_intrinsics_is_refused_at_load(monkeypatch):
+    """A compiler that lacks the CPU's AMX and AVX-512 BF16 intrinsics builds a library whose
+    calls fail (here: the source with both feature macros undefined); `_smoke_test` turns that
+    into a reason at load, so XLA's dot runs instead of a step failing. The real build passes it."""
+    assert native_amx._smoke_test() is None
+    target = "jaxinfer_test_featureless_gemm"
+    why = _register_variant("#undef __AVX512BF16__\n#undef __AMX_TILE__\n", "featureless", {native_amx.TARGET: target})
+    assert why is None, why
+    monkeypatch.setattr(native_amx, "TARGET", target)
+    assert native_amx._smoke_test().startswith("the packed bfloat16 product failed a first call: ")
 
 
 def test_native_code_says_why_it_is_off(monkeypatch):
