@@ -25,7 +25,7 @@ weights and KV; every matmul accumulates in float32, and the residual stream, no
 RoPE, softmax and logits are float32 (bf16 operands with f32 accumulation is also the
 fastest matmul on the CPUs it was measured on). On CPU a bfloat16 model's scanned layer
 stack is stored as uint16 bits, its embedding rows gathered as bits and its one-row products
-run as two rows: `jaxinfer.models.cpu_bf16` says why. Where the caller passes AMX-packed
+run as two rows: `jaxinfer.models.cpu_bf16` says why. Where the caller passes packed
 weights (the ``amx`` collection, `jaxinfer.native_amx.packed_variables`: one CPU device with
 AMX or AVX-512 BF16), every projection and the LM head reads them instead, at any row count
 (`_project`; the MLP's gate and up as one call, `MLP`), in place by layer index: the scan
@@ -115,11 +115,11 @@ def _dense(cfg: ModelConfig, dtype, param_dtype, features, names: tuple[str, ...
                            dot_general=_dot_f32_native if native else _dot_f32, kernel_init=_part(_init, names), name=name)
 
 
-PACKED = "_packed"  # suffix of a projection's AMX-packed stack in the `native_amx.COLLECTION` collection
+PACKED = "_packed"  # suffix of a projection's packed stack in the `native_amx.COLLECTION` collection
 
 
 def _packed(module: nn.Module, name: str):
-    """The AMX-packed weights of ``module``'s projection ``name`` (all layers, `native_amx.pack`),
+    """The packed weights of ``module``'s projection ``name`` (all layers, `native_amx.pack`),
     or None when the caller passed none (`native_amx.packed_variables`)."""
     key = name + PACKED
     return module.get_variable(native_amx.COLLECTION, key) if module.has_variable(native_amx.COLLECTION, key) else None
@@ -127,7 +127,7 @@ def _packed(module: nn.Module, name: str):
 
 def _project(module: nn.Module, dense, x, layer, features, names: tuple[str, ...], name: str, n_in: int = 1):
     """``dense(features, names, name, n_in=n_in)(x)``, or the same product (float32
-    ``[..., *features]``) from the packed weights of layer ``layer`` on AMX
+    ``[..., *features]``) from the packed weights of layer ``layer`` by the packed-product kernel
     (`jaxinfer.native_amx`) when they were passed."""
     packed = _packed(module, name)
     lead = x.shape[:x.ndim - n_in]
@@ -197,7 +197,7 @@ class MLP(nn.Module):
     """Gated MLP: down(act(gate(x)) * up(x)); act = SiLU (SwiGLU) or tanh-approximated GELU (GeGLU).
     Where the caller passed gate and up packed together (``gate_up_packed``,
     `native_amx.packed_variables`) and the row count is the kernel's, act(gate(x)) * up(x) is one
-    AMX call that returns it in bfloat16 (`native_amx.gated_matmul`); the down projection casts
+    kernel call that returns it in bfloat16 (`native_amx.gated_matmul`); the down projection casts
     its input to bfloat16 either way."""
 
     cfg: ModelConfig

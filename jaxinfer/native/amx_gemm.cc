@@ -298,7 +298,8 @@ void gated_columns(const Problem& p, uint16_t* h, int64_t q0, int64_t q1) {
 }
 
 // Checks x, w and layer (`name` starts the messages) and sets p up for that layer: x's rows past
-// a multiple of 32 copied, zero-padded to a whole panel, into `tail` once for every item.
+// a multiple of 32 copied, zero-padded to a whole panel, into `tail` once for every item (on AMX;
+// the VDPBF16PS path reads them in place).
 ffi::Error setup(const char* name, ffi::AnyBuffer x, ffi::Buffer<ffi::U16> w, ffi::Buffer<ffi::S32> layer,
                  std::vector<uint16_t>& tail, Problem& p) {
   const auto xd = x.dimensions(), wd = w.dimensions();
@@ -314,9 +315,14 @@ ffi::Error setup(const char* name, ffi::AnyBuffer x, ffi::Buffer<ffi::U16> w, ff
                                        "or the layer is out of range");
   const auto* xs = static_cast<const uint16_t*>(x.untyped_data());
   const int64_t whole = M / 32 * 32;
+#ifdef JAXINFER_DPBF16
+  // VDPBF16PS reads only the real rows (`panel`): the last rows are read in place, not padded.
+  p = Problem{xs, M > whole ? xs + whole * K : nullptr, w.typed_data() + l * N * K, nullptr, M, K, N};
+#else
   tail.assign(M > whole ? 32 * K : 0, 0);
   std::copy(xs + whole * K, xs + M * K, tail.data());
   p = Problem{xs, tail.empty() ? nullptr : tail.data(), w.typed_data() + l * N * K, nullptr, M, K, N};
+#endif
   return ffi::Error::Success();
 }
 
@@ -341,7 +347,7 @@ ffi::Error gemm(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::U16> w,
   spread(pool, p.N / 32, [p](int64_t q0, int64_t q1) { columns(p, q0, q1); });
   return ffi::Error::Success();
 #else
-  return ffi::Error::InvalidArgument("amx_gemm: built without AMX or AVX-512 BF16 (this CPU has neither)");
+  return ffi::Error::InvalidArgument("amx_gemm: built without AMX or AVX-512 BF16 (the CPU or the compiler lacks both)");
 #endif
 }
 
@@ -361,7 +367,7 @@ ffi::Error gated(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::U16> w
     spread(pool, p.N / 32, [p, out](int64_t q0, int64_t q1) { gated_columns<kGeluTanh>(p, out, q0, q1); });
   return ffi::Error::Success();
 #else
-  return ffi::Error::InvalidArgument("amx_gated: built without AMX or AVX-512 BF16 (this CPU has neither)");
+  return ffi::Error::InvalidArgument("amx_gated: built without AMX or AVX-512 BF16 (the CPU or the compiler lacks both)");
 #endif
 }
 
