@@ -178,6 +178,16 @@ def use_native_amx(dtype, shardings, cfg: ModelConfig) -> bool:
     return _one_cpu_bfloat16(dtype, shardings, cfg) and native_amx.available()
 
 
+def use_native_int8(shardings, cfg: ModelConfig) -> bool:
+    """Whether an int8 model's products run over its int8 weights packed once
+    (`jaxinfer.native_int8`): ``--quantization int8`` on one CPU device (any compute dtype), a
+    CPU with AVX-512 VNNI and the kernel built."""
+    from jaxinfer import native_int8
+
+    return (cfg.quantization == "int8" and jax.default_backend() == "cpu" and shardings is None
+            and native_int8.available())
+
+
 def use_native_argmax(shardings) -> bool:
     """Whether each step's greedy ids come from the C++ argmax loop (`jaxinfer.native_argmax`):
     on CPU, one device (a custom call has no sharding rule), any dtype, and the loop built."""
@@ -235,8 +245,8 @@ class ModelRunner:
         self.head = LMHead(cfg, self.dtype, self.dtype)
         self._shardings = shardings
         self._replicated = shardings[2] if shardings else None
-        # AMX-packed copies of the weights for the scanned buckets' products (`use_native_amx`)
-        self.amx = native_amx.packed_variables(params, cfg) if use_native_amx(self.dtype, shardings, cfg) else None
+        # packed copies of the weights for the scanned buckets' products (bfloat16 or int8)
+        self.amx = self._packed_variables(params, shardings)
         self.unroll_max_tokens = (default_unroll_max_tokens(self.amx is not None) if unroll_max_tokens is None
                                   else unroll_max_tokens)
         self.greedy_fast_path = True  # `greedy_only` steps skip the sampler executable (`execute`)
@@ -265,6 +275,17 @@ class ModelRunner:
                                     native_products=self.native_products)
         self._jitted_unrolled = jax.jit(functools.partial(step, unrolled), donate_argnums=(1, 2), **out)
         self._jitted_head = jax.jit(self._prompt_step, **({} if shardings is None else {"out_shardings": shardings[2]}))
+
+    def _packed_variables(self, params, shardings) -> dict | None:
+        """The packed copies of the weights for the scanned buckets' products: bfloat16
+        (`use_native_amx`) or int8 (`use_native_int8`); None where neither kernel runs."""
+        if use_native_amx(self.dtype, shardings, self.cfg):
+            return native_amx.packed_variables(params, self.cfg)
+        if use_native_int8(shardings, self.cfg):
+            from jaxinfer import native_int8
+
+            return native_int8.packed_variables(params, self.cfg)
+        return None
 
     def _alloc_cache(self):
         kv_sharding = self._shardings[1] if self._shardings else None

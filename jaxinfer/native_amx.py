@@ -155,7 +155,12 @@ def packed_shape_kn(packed) -> tuple[int, int]:
 def matmul(x, packed, layer):
     """``x [M, K] @ w[layer]`` -> float32 ``[M, N]`` for ``packed`` = `pack` (w) of ``w [L, K, N]``;
     ``x`` is cast to bfloat16, ``layer`` is an int32 scalar (traced or not). Call only where
-    `available` is True."""
+    `available` is True. An int8 ``packed`` (a dict, `jaxinfer.native_int8.pack`) goes to
+    `jaxinfer.native_int8.matmul` instead (its own `available`)."""
+    if isinstance(packed, dict):  # int8 weights with group scales (`jaxinfer.native_int8.pack`)
+        from jaxinfer import native_int8
+
+        return native_int8.matmul(x, packed, layer)
     k, n = packed_shape_kn(packed)
     if x.ndim != 2 or x.shape[1] != k:
         raise ValueError(f"amx matmul: x {x.shape} does not contract with a packed [{k}, {n}] weight")
@@ -206,12 +211,12 @@ def without_packed(params: dict, packed: dict) -> dict:
     """``params`` without the layer kernels that ``packed`` (`packed_variables` of it) holds a
     packed copy of, alone or in a fused product (`FUSED`): the scanned step reads only the packed
     copy (`jaxinfer.models.llama`), so the stacked kernels were the weights' bytes held twice for
-    nothing. Biases, norms, the embedding and an untied ``lm_head`` (which the prompt-logprobs
+    nothing. The int8 scales beside a dropped kernel go with it (`jaxinfer.native_int8`). Biases, norms, the embedding and an untied ``lm_head`` (which the prompt-logprobs
     head reads) stay. The input tree is not modified."""
     layers = {module: dict(sub) for module, sub in params["layers"].items()}
     for module, name, _ in _PROJECTIONS:
         if _packed_as(module, name, packed["layers"].get(module, {})):
-            rest = {k: v for k, v in layers[module][name].items() if k != "kernel"}
+            rest = {k: v for k, v in layers[module][name].items() if k not in ("kernel", "scale")}
             if rest:
                 layers[module][name] = rest
             else:
