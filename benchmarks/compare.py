@@ -115,7 +115,7 @@ from jaxinfer.config import ModelConfig, SchedulerConfig, auto_dtype  # noqa: E4
 
 ROOT = HERE.parent
 TARGET_NUM_REQUESTS = 128
-SYSTEMS = ("jaxinfer", "jaxinfer-static", "jaxinfer-before", "jaxinfer-fallback", "jaxinfer-spec", "llamacpp",
+SYSTEMS = ("jaxinfer", "jaxinfer-static", "jaxinfer-before", "jaxinfer-fallback", "jaxinfer-spec", "llamacpp", "llamacpp-q8_0",
            "hf-transformers")
 DEFAULT_SYSTEMS = ("jaxinfer", "jaxinfer-static", "jaxinfer-fallback", "llamacpp")  # transformers: ~15 min more per scenario
 SERVER_DEFAULT_MAX_NUM_SEQS = SchedulerConfig().max_num_seqs
@@ -151,8 +151,9 @@ def jaxinfer_command(system: str, port: int, a, scen: Scenario) -> list[str]:
 
 def server_command(system: str, port: int, a, scen: Scenario) -> list[str]:
     """The command line that starts ``system`` on ``port`` for ``scen``."""
-    if system == "llamacpp":
+    if system.startswith("llamacpp"):
         server, gguf = a.llamacpp
+        gguf = a.llamacpp_q8_0 if system == "llamacpp-q8_0" else gguf
         return llamacpp_peer.server_command(server, gguf, port, scen.clients, a.max_model_len, a.llamacpp_threads,
                                             served_name=a.model)
     if system == "hf-transformers":
@@ -182,10 +183,13 @@ def system_info(system: str, cmd: list[str]) -> dict:
     """What the metadata records about a server under test."""
     if system == "hf-transformers":
         engine = {"backend": "transformers generate (torch, eager)", "dtype": "float32", "batching": "static"}
-    elif system == "llamacpp":
+    elif system.startswith("llamacpp"):
+        weights = ("Q8_0 weights (int8, a float16 scale per 32; Q8_0 GGUF of the same GGUF checkpoint jaxinfer "
+                   "converts)" if system == "llamacpp-q8_0" else
+                   "float16 weights (F16 GGUF of the same GGUF checkpoint jaxinfer converts)")
         engine = {"backend": f"llama.cpp llama-server (CPU build, GGML_NATIVE; vendored in llama-cpp-python "
                              f"{llamacpp_peer.LLAMA_CPP_PYTHON_VERSION})",
-                  "dtype": "float16 weights (F16 GGUF of the same GGUF checkpoint jaxinfer converts), float16 KV",
+                  "dtype": f"{weights}, float16 KV",
                   "batching": "continuous (-np slots)", "request_extra": llamacpp_peer.REQUEST_EXTRA}
     else:
         rule = "the earlier checkout's rule" if system == "jaxinfer-before" else f"on this CPU: {auto_dtype('cpu')}"
@@ -306,7 +310,7 @@ def run_one(system: str, scen: Scenario, a, out: Path) -> tuple[dict, str]:
 
 def _extra_body(system: str, scen: Scenario) -> dict | None:
     """Request fields for ``system`` in ``scen``: llama.cpp's, then the scenario's."""
-    extra = dict(llamacpp_peer.REQUEST_EXTRA) if system == "llamacpp" else {}
+    extra = dict(llamacpp_peer.REQUEST_EXTRA) if system.startswith("llamacpp") else {}
     extra.update(scen.extra_body or {})
     return extra or None
 
@@ -333,7 +337,7 @@ def main(argv=None) -> dict:
     kv_block_bytes = 16 * ModelConfig.from_dir(ROOT / "weights" / a.model).kv_bytes_per_token  # float32
     meta = metadata.collect(a.model, {"device": device_label(), "gpu": gpu_info()})
     meta.update(settings={k: display_command([str(v)]) if isinstance(v, Path) else v
-                          for k, v in vars(a).items() if k != "llamacpp"}, quick=a.quick, llamacpp=llama_note,
+                          for k, v in vars(a).items() if k not in ("llamacpp", "llamacpp_q8_0")}, quick=a.quick, llamacpp=llama_note,
                 kv_budget={sc.name: {"num_blocks": num_blocks(sc, a),
                                      "bytes_float32": (num_blocks(sc, a) - 1) * kv_block_bytes,
                                      "holds": f"{sc.pool_clients} requests of {a.input_len}+{a.output_len} tokens"}
@@ -345,7 +349,8 @@ def main(argv=None) -> dict:
     for scen, systems in todo:
         per_system, labels = {}, []
         for system in systems:
-            if (system == "llamacpp" and a.llamacpp is None) or (
+            if (system.startswith("llamacpp") and a.llamacpp is None) or (
+                    system == "llamacpp-q8_0" and a.llamacpp_q8_0 is None) or (
                     system == "jaxinfer-before" and a.before_server_script is None and not a.before_jaxinfer_args):
                 continue
             per_system[system], label = run_one(system, scen, a, out)
@@ -366,8 +371,8 @@ def main(argv=None) -> dict:
 def prepare_llamacpp(a, todo) -> dict | None:
     """Build llama.cpp if a planned scenario runs it; sets ``a.llamacpp`` to (server, gguf) or
     None. Returns what the metadata records (None when llama.cpp was not asked for)."""
-    a.llamacpp = None
-    if not any("llamacpp" in systems for _, systems in todo):
+    a.llamacpp = a.llamacpp_q8_0 = None
+    if not any(s.startswith("llamacpp") for _, systems in todo for s in systems):
         return None
     reasons = []
     try:
@@ -375,8 +380,10 @@ def prepare_llamacpp(a, todo) -> dict | None:
     except (ValueError, OSError, subprocess.CalledProcessError) as exc:
         print(f"llama.cpp skipped: {exc}", flush=True)
         return {"available": False, "reason": str(exc)}
-    a.llamacpp = llamacpp_peer.ensure_llamacpp(source_gguf=source,
-                                               log=lambda m: (print(m, flush=True), reasons.append(m)))
+    log = lambda m: (print(m, flush=True), reasons.append(m))  # noqa: E731
+    a.llamacpp = llamacpp_peer.ensure_llamacpp(source_gguf=source, log=log)
+    if a.llamacpp and any("llamacpp-q8_0" in systems for _, systems in todo):
+        a.llamacpp_q8_0 = llamacpp_peer.q8_0_gguf(source, log=log)
     return {"available": a.llamacpp is not None, "version": f"llama-cpp-python {llamacpp_peer.LLAMA_CPP_PYTHON_VERSION}"
             " vendored llama.cpp", "reason": None if a.llamacpp else reasons[-1]}
 

@@ -23,7 +23,8 @@ def pair_ratios(a: dict, b: dict) -> dict:
 
 
 RATIO_PAIRS = (("jaxinfer", "llamacpp"), ("jaxinfer", "jaxinfer-static"), ("jaxinfer", "jaxinfer-before"),
-               ("jaxinfer", "hf-transformers"))
+               ("jaxinfer", "hf-transformers"), ("jaxinfer-before", "llamacpp-q8_0"), ("jaxinfer", "llamacpp-q8_0"),
+               ("jaxinfer-before", "llamacpp"))
 
 
 def ratios(result_scenarios: dict) -> dict:

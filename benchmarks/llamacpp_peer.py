@@ -155,22 +155,42 @@ def fetch_source(root: Path, log: Callable[[str], None]) -> Path:
     return dest
 
 
-def f16_gguf(quantize: Path, source: Path, root: Path, jobs: int, log: Callable[[str], None]) -> Path:
-    """``root/<source stem>.F16.gguf``: ``source`` dequantized to float16, made if missing.
+def f16_gguf(quantize: Path, source: Path, root: Path, jobs: int, log: Callable[[str], None],
+             weight_type: str = "F16") -> Path:
+    """``root/<source stem>.<weight_type>.gguf``: ``source`` requantized by ``llama-quantize`` to
+    ``weight_type`` (F16: dequantized to float16; Q8_0: int8 with a float16 scale per 32
+    weights), made if missing.
 
     Raises:
       BuildError: ``source`` is missing or ``llama-quantize`` failed.
     """
-    out = root / f"{source.stem}.F16.gguf"
+    out = root / f"{source.stem}.{weight_type}.gguf"
     if out.is_file():
         return out
     if not source.is_file():
         raise BuildError(f"{source} is missing (run `python -m jaxinfer.convert` first)")
     log(f"writing {out.name} with llama-quantize")
     part = out.with_suffix(".partial")
-    _run([str(quantize), "--allow-requantize", str(source), str(part), "F16", str(jobs)], root / "build.log")
+    _run([str(quantize), "--allow-requantize", str(source), str(part), weight_type, str(jobs)], root / "build.log")
     part.rename(out)
     return out
+
+
+def q8_0_gguf(source_gguf: Path = SOURCE_GGUF, root: Path | None = None, log: Callable[[str], None] = print
+              ) -> Path | None:
+    """The Q8_0 GGUF of ``source_gguf`` (`f16_gguf` with ``weight_type="Q8_0"``), for the peer of
+    jaxinfer's ``--quantization int8``; None (reason logged) when llama.cpp is not built yet
+    (`ensure_llamacpp` first) or the requantization failed."""
+    root = Path(root or home())
+    quantize = root / "llama.cpp" / "build" / "bin" / "llama-quantize"
+    if not quantize.is_file():
+        log(f"no {quantize}: build llama.cpp first")
+        return None
+    try:
+        return f16_gguf(quantize, source_gguf, root, os.cpu_count() or 1, log, "Q8_0")
+    except (BuildError, OSError) as exc:
+        log(f"no Q8_0 GGUF: {exc}")
+        return None
 
 
 def _run(cmd: list[str], log_path: Path) -> None:

@@ -156,6 +156,16 @@ void group_rows(const int16_t* a, int64_t lda, const int16_t* wide, __m512 s0, _
 
 constexpr int kWideRows = 8;  // rows per pass over a group's widened weights
 
+// Group g's 4 KB of int8 weights of a column-block pair into L1. Without it, widening each
+// group waited on memory (30 products of 32 x 1536 x 576: 3.93 against 3.51 ms with it).
+inline void prefetch_group(const int8_t* b0, const int8_t* b1, int64_t g) {
+  for (int blk = 0; blk < 2; ++blk)
+    for (int i = 0; i < 512; i += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(b0 + (2 * g + blk) * 512 + i), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(b1 + (2 * g + blk) * 512 + i), _MM_HINT_T0);
+    }
+}
+
 // Every row against column-block pair q, for M > kRows: each group's weights are widened to
 // int16 once (into `wide`, 4 KB, in L1) and read by every 8-row pass; the float32 sums of all
 // rows wait in `acc` [M, 32].
@@ -173,6 +183,7 @@ void pair_wide(const Problem& p, int64_t q, int16_t* wide, float* acc) {
           _mm512_storeu_si512(dst + i, _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
       }
     }
+    if (g + 1 < p.K / kGroup) prefetch_group(b0, b1, g + 1);  // from memory while this group computes
     const __m512 s0 = _mm512_loadu_ps(p.s + g * p.N + 32 * q);
     const __m512 s1 = _mm512_loadu_ps(p.s + g * p.N + 32 * q + 16);
     for (int64_t m0 = 0; m0 < p.M; m0 += kWideRows) {
@@ -202,7 +213,8 @@ void pair_wide(const Problem& p, int64_t q, int16_t* wide, float* acc) {
 void columns(const Problem& p, int64_t q0, int64_t q1) {
   if (p.M > kRows) {
     alignas(64) int16_t wide[4 * 512];
-    std::vector<float> acc(p.M * 32);
+    thread_local std::vector<float> acc;
+    if (acc.size() < size_t(p.M * 32)) acc.resize(p.M * 32);
     for (int64_t q = q0; q < q1; ++q) pair_wide(p, q, wide, acc.data());
     return;
   }
@@ -233,8 +245,10 @@ ffi::Error gemm(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::S8> w, 
     return ffi::Error::InvalidArgument(
         "int8_gemm: K differs from x's or is not a multiple of 64, N is not a multiple of 32, s's shape "
         "does not match w's, or the layer is out of range");
-  std::vector<int16_t> xq(M * K);
-  std::vector<float> xs(M);
+  thread_local std::vector<int16_t> xq;  // grown, never shrunk: no allocation or zeroing per call
+  thread_local std::vector<float> xs;
+  if (xq.size() < size_t(M * K)) xq.resize(M * K);
+  if (xs.size() < size_t(M)) xs.resize(M);
   for (int64_t m = 0; m < M; ++m) quantize_row(x.untyped_data(), bf16, m, K, xq.data(), xs.data());
   const Problem p{xq.data(), xs.data(), w.typed_data() + l * N * K, s.typed_data() + l * (K / kGroup) * N,
                   y->typed_data(), M, K, N};
