@@ -50,10 +50,7 @@ constexpr int64_t kGroup = 64;  // inputs per weight scale (jaxinfer.models.quan
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define JAXINFER_VNNI 1
 
-constexpr int kRows = 4;
-#ifndef PFD
-#define PFD 2048
-#endif  // rows per pass over a column-block pair
+constexpr int kRows = 4;  // rows per pass over a column-block pair
 
 struct Problem {
   const int16_t* xq;  // [M, K] int16 rows
@@ -101,7 +98,6 @@ void pair_rows(const Problem& p, int64_t m0, int64_t q) {
       const int8_t* w0 = b0 + b * 512;
       const int8_t* w1 = b1 + b * 512;
       for (int pr = 0; pr < 16; ++pr) {
-        if ((pr & 1) == 0) { _mm_prefetch(reinterpret_cast<const char*>(w0 + 32 * pr + PFD), _MM_HINT_T0); _mm_prefetch(reinterpret_cast<const char*>(w1 + 32 * pr + PFD), _MM_HINT_T0); }
         const __m512i v0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + 32 * pr)));
         const __m512i v1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w1 + 32 * pr)));
         for (int r = 0; r < R; ++r) {
