@@ -4,6 +4,9 @@ from the pages after the step's K/V are written), on ragged steps packed
 by the real `batch` code: decodes of very different context lengths (block and group
 edges included), a continuing prefill chunk and a fresh prefill in one step, its work
 lists derived from the metadata as the model step derives them (`jaxinfer.xla_work_plan`)."""
+import functools
+import logging
+import os
 import types
 
 import jax
@@ -12,7 +15,7 @@ import numpy as np
 import pytest
 
 from jaxinfer import batch as B
-from jaxinfer import native_attention
+from jaxinfer import native_attention, native_build
 from jaxinfer.attention import (AttentionBackend, AttentionMetadata, gather_pages, paged_attention, write_kv,
                                 xla_paged_attention)
 from jaxinfer.buckets import Bucket, BucketLadders
@@ -130,16 +133,45 @@ def test_native_reads_bit_stored_bfloat16_pages_like_the_jnp_loop(window, H, bf1
     np.testing.assert_allclose(np.asarray(outs[1]), np.asarray(outs[0]), atol=1e-5, rtol=1e-5)
 
 
-AMX = pytest.mark.skipif(not (native_attention.available() and {"amx_tile", "amx_bf16"} <= host_cpu_flags()),
-                         reason="needs the native kernel on a CPU with AMX (amx_tile, amx_bf16)")
+AMX = pytest.mark.skipif(not (native_attention.available() and "avx512_bf16" in host_cpu_flags()),
+                         reason="needs the native kernel on a CPU with AVX-512 BF16 (AMX or VDPBF16PS)")
+
+
+@functools.cache
+def _register_no_amx() -> str | None:
+    """The kernel's VDPBF16PS loop for prefill runs (what CPUs with AVX-512 BF16 and no AMX run),
+    built on an AMX CPU from a copy of the source with JAXINFER_NO_AMX defined and registered as
+    a test target; None, or why not."""
+    if not {"amx_tile", "amx_bf16"} <= host_cpu_flags():
+        return "this CPU has no AMX: its default build is that loop"
+    copy = native_attention.SOURCE.with_name(f"_test_no_amx_{os.getpid()}.cc")  # beside its headers
+    copy.write_text("#define JAXINFER_NO_AMX 1\n" + native_attention.SOURCE.read_text())
+    try:
+        return native_build.register(copy, "paged attention (no AMX, test)", native_attention.ENV_SWITCH,
+                                     {"jaxinfer_test_paged_no_amx": "JaxinferPagedDecode"}, logging.getLogger(__name__))
+    finally:
+        copy.unlink()
+
+
+@pytest.fixture(params=["default", "no_amx"])
+def run_loop(request, monkeypatch):
+    """The build whose prefill-run loop is tested: this CPU's (AMX tiles, or VDPBF16PS without
+    AMX), and on an AMX CPU also the VDPBF16PS loop (`_register_no_amx`)."""
+    if request.param == "no_amx":
+        why = _register_no_amx()
+        if why is not None:
+            pytest.skip(why)
+        monkeypatch.setattr(native_attention, "TARGET", "jaxinfer_test_paged_no_amx")
+    return request.param
 
 
 @AMX
 @pytest.mark.parametrize("window", [None, 1, 17, 40])
 @pytest.mark.parametrize("H", [64, 128, 256])
-def test_amx_prefill_runs_match_the_float64_reference(window, H, monkeypatch):
+def test_amx_prefill_runs_match_the_float64_reference(window, H, monkeypatch, run_loop):
     """On bfloat16 pages the kernel's prefill runs (2+ consecutive queries of one sequence) go
-    through its AMX loop: Q and the probabilities rounded to bfloat16, float32 sums. Against the
+    through its AMX loop (or its VDPBF16PS loop on a CPU without AMX: the same blocks, the
+    products as VDPBF16PS loops): Q and the probabilities rounded to bfloat16, float32 sums. Against the
     float64 reference of the stored (bfloat16) keys and values, within bfloat16's rounding; a
     masked key, a wrong page or a stale value would be off by ~0.1 or more. Runs start and end
     inside pages and inside the loop's 32-key blocks and 16-query groups (70 queries: a run of 64

@@ -28,6 +28,11 @@
 // online softmax needs no reduction across lanes, 64.4 -> 51.8 ms. Decode rows stay on AVX-512:
 // their scores on AMX (keys as stored as the A operand, the query as B) were no faster, 24.3
 // against 19.7 ms for 32 rows at context ~281 (13.8 against 12.8 with the pages in cache).
+// On a CPU with AVX-512 BF16 and no AMX (AMD Zen 4 on) the same runs, blocks, layouts and softmax
+// go through VDPBF16PS loops instead of the tiles (the second `amx_block_step`): on the 2-core AMD
+// EPYC, the kernel alone on a 512-token chunk, 30 layers, 76.5 against 26.9-29.6 ms for the float32
+// FMA loop of `attend_tile` (benchmarks/results/2026-12-04-cpu2-int8-kernel/, probes), and a whole
+// 512-token prefill 198 against 164 ms.
 //
 // Inputs (row-major):
 //   q       f32 [R, K, G, H]   scaled query of each row
@@ -500,8 +505,13 @@ void attend_tile(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
   std::copy(st.acc, st.acc + n * N * H, in.acc + r0 * N * H);
 }
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-// ---- Prefill runs on Intel AMX (bfloat16 pages of 16 tokens, head dim a multiple of 32).
+#if defined(__AVX512BF16__)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && !defined(JAXINFER_NO_AMX)  // (tests build both)
+#define JAXINFER_ATTENTION_AMX 1
+#endif
+// ---- Prefill runs on Intel AMX (bfloat16 pages of 16 tokens, head dim a multiple of 32), or on
+// VDPBF16PS where the CPU has AVX-512 BF16 and no AMX (AMD Zen 4 on): the same blocks, layouts and
+// softmax, each product a loop of VDPBF16PS (the second `amx_block_step`) instead of tile instructions.
 //
 // The same run as `attend_tile` (consecutive queries of one sequence, up to kMaxAmxRun), with both
 // products on AMX's tile unit, its queries in groups of 16: per block of two pages (32 keys),
@@ -516,18 +526,25 @@ void attend_tile(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
 // query): Intel's pair-interleaved layout for TDPBF16PS.
 // Tiles (all 16 rows x 64 bytes): `amx_block_step` says which holds what.
 
+#ifdef JAXINFER_ATTENTION_AMX
 // Whether this process may use AMX tiles: Linux (>= 5.16) grants the tile state per process
 // on request (arch_prctl ARCH_REQ_XCOMP_PERM, feature 18: XTILEDATA); asked once.
 bool amx_tiles_granted() {
   static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
   return granted;
 }
+#endif
 
-// The AMX loop is used unless JAXINFER_NATIVE_AMX=0 (the switch of the AMX products too,
-// jaxinfer/native_amx.py), read per call so that a process can compare both loops.
+// The bfloat16 run loop is used unless JAXINFER_NATIVE_AMX=0 (the switch of the packed products
+// too, jaxinfer/native_amx.py), read per call so that a process can compare both loops.
 bool amx_attention_on() {
   const char* env = std::getenv("JAXINFER_NATIVE_AMX");
-  return !(env && env[0] == '0' && env[1] == '\0') && amx_tiles_granted();
+  if (env && env[0] == '0' && env[1] == '\0') return false;
+#ifdef JAXINFER_ATTENTION_AMX
+  return amx_tiles_granted();
+#else
+  return true;
+#endif
 }
 
 // A run's state, for queries taken in groups of 16 (a group's queries are the 16 lanes of a
@@ -601,6 +618,35 @@ void amx_block_values(const uint16_t* const* pages, int64_t K, int64_t H, int64_
   }
 }
 
+// The online-softmax step of query head i's group u over a block's scores S^T (st.s, a vector of
+// the group's 16 queries per key; `live[t]`: the queries that see key t): the running max and sum
+// updated, the probabilities written as P^T (st.p, bfloat16 pairs of keys per query), and the
+// factor for the old accumulator returned (0 where there was none).
+inline __m512 block_softmax(int64_t i, int64_t u, const __mmask16* live, AmxRunState& st) {
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  float* m = st.m + (i * kAmxGroups + u) * 16;
+  float* l = st.l + (i * kAmxGroups + u) * 16;
+  const __m512 m_old = _mm512_load_ps(m);
+  __m512 top = ninf;
+  for (int64_t t = 0; t < 32; ++t) top = _mm512_mask_max_ps(top, live[t], top, _mm512_load_ps(st.s + 16 * t));
+  const __m512 m_new = _mm512_max_ps(m_old, top);
+  const __m512 shift = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m_new, ninf, _CMP_NEQ_OQ), m_new);
+  const __m512 rescale = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m_old, ninf, _CMP_NEQ_OQ),
+                                             exp16(_mm512_sub_ps(m_old, shift)));
+  const __m512i zip = pair_index();
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t t = 0; t < 32; t += 2) {
+    const __m512 p0 = _mm512_maskz_mov_ps(live[t], exp16(_mm512_sub_ps(_mm512_load_ps(st.s + 16 * t), shift)));
+    const __m512 p1 = _mm512_maskz_mov_ps(live[t + 1], exp16(_mm512_sub_ps(_mm512_load_ps(st.s + 16 * t + 16), shift)));
+    sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
+    _mm512_store_si512(st.p + 8 * t, _mm512_permutexvar_epi16(zip, (__m512i)_mm512_cvtne2ps_pbh(p1, p0)));
+  }
+  _mm512_store_ps(l, _mm512_fmadd_ps(_mm512_load_ps(l), rescale, sum));
+  _mm512_store_ps(m, m_new);
+  return rescale;
+}
+
+#ifdef JAXINFER_ATTENTION_AMX
 // One block of 32 keys for query head i and group u (its 16 queries in lanes; `live[t]`: the
 // queries that see key t), the block's values in st: S^T = K Q^T on tiles 0, 6 (keys 0-15 /
 // 16-31 as A, read in place from their pages with the cache's row stride; Q^T's 32-dim slices as
@@ -632,26 +678,7 @@ inline void amx_block_step(int64_t i, int64_t u, const uint16_t* const* keys, in
   }
   _tile_stored(0, st.s, 64);
   _tile_stored(6, st.s + 256, 64);
-  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  float* m = st.m + (i * kAmxGroups + u) * 16;
-  float* l = st.l + (i * kAmxGroups + u) * 16;
-  const __m512 m_old = _mm512_load_ps(m);
-  __m512 top = ninf;
-  for (int64_t t = 0; t < 32; ++t) top = _mm512_mask_max_ps(top, live[t], top, _mm512_load_ps(st.s + 16 * t));
-  const __m512 m_new = _mm512_max_ps(m_old, top);
-  const __m512 shift = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m_new, ninf, _CMP_NEQ_OQ), m_new);
-  const __m512 rescale = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m_old, ninf, _CMP_NEQ_OQ),
-                                             exp16(_mm512_sub_ps(m_old, shift)));
-  const __m512i zip = pair_index();
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t t = 0; t < 32; t += 2) {
-    const __m512 p0 = _mm512_maskz_mov_ps(live[t], exp16(_mm512_sub_ps(_mm512_load_ps(st.s + 16 * t), shift)));
-    const __m512 p1 = _mm512_maskz_mov_ps(live[t + 1], exp16(_mm512_sub_ps(_mm512_load_ps(st.s + 16 * t + 16), shift)));
-    sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
-    _mm512_store_si512(st.p + 8 * t, _mm512_permutexvar_epi16(zip, (__m512i)_mm512_cvtne2ps_pbh(p1, p0)));
-  }
-  _mm512_store_ps(l, _mm512_fmadd_ps(_mm512_load_ps(l), rescale, sum));
-  _mm512_store_ps(m, m_new);
+  const __m512 rescale = block_softmax(i, u, live, st);
   _tile_loadd(3, st.p, 64);
   for (int64_t d = 0; d < H / 16; d += 4) {
     _tile_zero(0);
@@ -675,6 +702,52 @@ inline void amx_block_step(int64_t i, int64_t u, const uint16_t* const* keys, in
   for (int64_t h = 0; h < H; ++h)
     _mm512_store_ps(acc + 16 * h, _mm512_fmadd_ps(_mm512_load_ps(acc + 16 * h), rescale, _mm512_load_ps(st.pv + 16 * h)));
 }
+#else
+// `amx_block_step` on VDPBF16PS (no AMX): S^T kDpKeys keys at a time, each key's pair of head
+// dims broadcast against Q^T's vector of that pair (16 queries' dims in lanes, as laid out for the
+// tiles); then (P V)^T kDpDims head dims at a time, each dim's pair of values broadcast against
+// P^T's vector of that key pair, summed straight into the rescaled accumulators. Keys of a
+// missing second page score 0 (never live). The accumulators stay in registers.
+constexpr int64_t kDpKeys = 16;  // a divisor of 16; 8 took 29.6 against 26.9 ms (header's probe)
+constexpr int64_t kDpDims = 8;   // 16 took 29.0 against 27.5 ms
+
+template <int64_t H>
+inline void amx_block_step(int64_t i, int64_t u, const uint16_t* const* keys, int64_t key_stride,
+                           const __mmask16* live, AmxRunState& st) {
+  const uint32_t* q_t = st.q_t + (i * kAmxGroups + u) * (H / 32) * 256;  // pair p's vector at 16 p
+  const int64_t row = key_stride / 2;
+  for (int64_t t0 = 0; t0 < 32; t0 += kDpKeys) {
+    __m512 sc[kDpKeys];
+    for (int j = 0; j < kDpKeys; ++j) sc[j] = _mm512_setzero_ps();
+    if (const uint16_t* page = keys[t0 / 16]) {
+      const uint16_t* k[kDpKeys];
+      for (int j = 0; j < kDpKeys; ++j) k[j] = page + ((t0 + j) % 16) * row;
+      for (int64_t p = 0; p < H / 2; ++p) {
+        const __m512bh qv = (__m512bh)_mm512_load_si512(q_t + 16 * p);
+        for (int j = 0; j < kDpKeys; ++j) {
+          uint32_t pair;
+          std::memcpy(&pair, k[j] + 2 * p, sizeof(pair));
+          sc[j] = _mm512_dpbf16_ps(sc[j], (__m512bh)_mm512_set1_epi32(int32_t(pair)), qv);
+        }
+      }
+    }
+    for (int j = 0; j < kDpKeys; ++j) _mm512_store_ps(st.s + 16 * (t0 + j), sc[j]);
+  }
+  const __m512 rescale = block_softmax(i, u, live, st);
+  const uint32_t* vt = reinterpret_cast<const uint32_t*>(st.values_t);  // [dim][key pair]
+  float* acc = st.acc + (i * kAmxGroups + u) * H * 16;
+  for (int64_t h0 = 0; h0 < H; h0 += kDpDims) {
+    __m512 a[kDpDims];
+    for (int j = 0; j < kDpDims; ++j) a[j] = _mm512_mul_ps(_mm512_load_ps(acc + 16 * (h0 + j)), rescale);
+    for (int64_t kp = 0; kp < 16; ++kp) {
+      const __m512bh pv = (__m512bh)_mm512_load_si512(st.p + 16 * kp);
+      for (int j = 0; j < kDpDims; ++j)
+        a[j] = _mm512_dpbf16_ps(a[j], (__m512bh)_mm512_set1_epi32(int32_t(vt[(h0 + j) * 16 + kp])), pv);
+    }
+    for (int j = 0; j < kDpDims; ++j) _mm512_store_ps(acc + 16 * (h0 + j), a[j]);
+  }
+}
+#endif  // JAXINFER_ATTENTION_AMX
 
 // Rows [r0, r1) of one run on AMX (see above), its queries in groups of 16: each block's values
 // are laid out once per KV head for all of the run's queries (its keys are read in place); a
@@ -759,11 +832,16 @@ bool amx_applies(const Shape& s, const Inputs& in) {
 
 // A run on AMX (`amx_applies` held), under our tile configuration (amx_tiles.h).
 void attend_run_amx(int64_t r0, int64_t r1, const Shape& s, const Inputs& in) {
-  jaxinfer::with_our_tiles([&] {
+  auto run = [&] {
     if (s.H == 64) attend_tile_amx<64>(r0, r1, s, in);
     else if (s.H == 128) attend_tile_amx<128>(r0, r1, s, in);
     else attend_tile_amx<256>(r0, r1, s, in);
-  });
+  };
+#ifdef JAXINFER_ATTENTION_AMX
+  jaxinfer::with_our_tiles(run);
+#else
+  run();
+#endif
 }
 #else
 bool amx_applies(const Shape&, const Inputs&) { return false; }
