@@ -100,8 +100,10 @@ def packed_shape_kn(packed: dict) -> tuple[int, int]:
 def matmul(x, packed: dict, layer):
     """``x [M, K] @ (q s)[layer]`` -> float32 ``[M, N]`` for ``packed`` = `pack` (q, s); ``x``
     float32 or bfloat16 (other dtypes are cast to float32), ``layer`` an int32 scalar (traced or
-    not). Each row of ``x`` is rounded to int16 with its own absmax scale inside the kernel.
-    Call only where `available` is True."""
+    not). Each row of ``x`` is rounded to int16 with its own absmax scale inside the kernel,
+    except bfloat16 ``x`` of more than 4 rows on a CPU with AVX-512 BF16, which is multiplied as
+    given (the kernel's header); a row holding a NaN or an infinity comes out NaN. Call only
+    where `available` is True."""
     k, n = packed_shape_kn(packed)
     if x.ndim != 2 or x.shape[1] != k:
         raise ValueError(f"int8 matmul: x {x.shape} does not contract with a packed [{k}, {n}] weight")

@@ -12,6 +12,7 @@ import pytest
 
 from helpers import tiny_config
 from jaxinfer import LLM, SamplingParams, model_runner, native_amx, native_int8
+from jaxinfer.cpu_features import host_cpu_flags
 from jaxinfer.models import quant
 from jaxinfer.params import init_params
 
@@ -44,14 +45,20 @@ def test_pack_rejects_what_the_kernel_cannot_read():
             native_int8.pack(bad_q, bad_s)
 
 
-def _reference(x: np.ndarray, q: np.ndarray, s: np.ndarray) -> np.ndarray:
-    """The kernel's arithmetic in float64: x rounded to int16 per row, group sums scaled."""
+def _reference(x: np.ndarray, q: np.ndarray, s: np.ndarray, int16: bool = True) -> np.ndarray:
+    """The kernel's arithmetic in float64: x rounded to int16 per row (``int16``; else x as
+    given, the bfloat16 path), group sums scaled."""
     x = x.astype(np.float64)
-    a = np.abs(x).max(axis=1, keepdims=True) / 32767.0
+    a = np.abs(x).max(axis=1, keepdims=True) / 32767.0 if int16 else np.ones((len(x), 1))
     a[a == 0] = 1.0
-    xq = np.clip(np.rint(x / a), -32767, 32767)
+    xq = np.clip(np.rint(x / a), -32767, 32767) if int16 else x
     w = q.astype(np.float64) * np.repeat(s.astype(np.float64), native_int8.GROUP, axis=0)
     return (xq @ w) * a
+
+
+def _bf16_path(rows: int, dtype: str) -> bool:
+    """Whether the kernel multiplies x as given (bfloat16 x past 4 rows, on a CPU with AVX-512 BF16)."""
+    return dtype == "bfloat16" and rows > 4 and "avx512_bf16" in host_cpu_flags()
 
 
 @needs_vnni
@@ -59,14 +66,15 @@ def _reference(x: np.ndarray, q: np.ndarray, s: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("k,n", [(64, 32), (576, 960), (1536, 576)])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_products_match_float64(rows, k, n, dtype):
-    """Every row-count path (1-4 rows in registers, more through the widened weights) and both
-    input dtypes, on the last layer of a stack: the float64 reference of the same arithmetic
-    within float32 rounding, and XLA's x (q s) within the int16 rounding of x."""
+    """Every row-count path (1-4 rows in registers, more through the widened weights: int16, or
+    bfloat16 for bfloat16 x where the CPU has AVX-512 BF16) and both input dtypes, on the last
+    layer of a stack: the float64 reference of the same arithmetic within float32 rounding, and
+    XLA's x (q s) within the int16 rounding of x."""
     q, s = _weights(3, k, n, seed=rows)
     x = jnp.asarray(np.random.default_rng(k + rows).standard_normal((rows, k)), dtype)
     y = np.asarray(jax.jit(native_int8.matmul)(x, native_int8.pack(q, s), 2))
     x64 = np.asarray(x, np.float64)
-    ref = _reference(x64, q[2], s[2])
+    ref = _reference(x64, q[2], s[2], int16=not _bf16_path(rows, dtype))
     scale = np.abs(ref).max()
     assert np.abs(y - ref).max() <= 1e-5 * scale
     xla = np.asarray(quant.qdot(jnp.asarray(x64, jnp.float32), jnp.asarray(q[2]), jnp.asarray(s[2]), (0,), jnp.float32))
@@ -83,6 +91,22 @@ def test_zero_rows_and_large_values_stay_finite():
     y = np.asarray(native_int8.matmul(jnp.asarray(x), native_int8.pack(q, s), 0))
     assert np.all(y[0] == 0) and np.all(np.isfinite(y))
     np.testing.assert_allclose(y, _reference(x, q[0], s[0]), rtol=1e-5, atol=1e-5 * np.abs(y).max())
+
+
+@needs_vnni
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_nan_or_inf_row_stays_non_finite(dtype):
+    """A NaN or an infinity in a row of x makes that row's outputs non-finite, as XLA's product
+    would (the int16 path's absmax alone would drop a NaN lane and hide it), and leaves the other
+    rows alone; 6 rows, so that bfloat16 x takes the VDPBF16PS path where the CPU has it."""
+    q, s = _weights(1, 128, 64)
+    x = np.random.default_rng(3).standard_normal((6, 128)).astype(np.float32)
+    x[1, 5], x[3, 70] = np.nan, np.inf
+    y = np.asarray(native_int8.matmul(jnp.asarray(x, dtype), native_int8.pack(q, s), 0))
+    assert not np.isfinite(y[1]).any() and not np.isfinite(y[3]).all()
+    good = [0, 2, 4, 5]
+    ref = _reference(np.asarray(jnp.asarray(x, dtype), np.float64)[good], q[0], s[0], int16=not _bf16_path(6, dtype))
+    np.testing.assert_allclose(y[good], ref, atol=1e-5 * np.abs(ref).max(), rtol=0)
 
 
 @needs_vnni

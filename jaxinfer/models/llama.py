@@ -134,7 +134,8 @@ def _project(module: nn.Module, dense, x, layer, features, names: tuple[str, ...
     if packed is None:
         return dense(features, names, name, n_in=n_in)(x)
     feats = features if isinstance(features, tuple) else (features,)
-    return native_amx.matmul(x.reshape(math.prod(lead), -1), packed, layer).reshape(*lead, *feats)
+    x = x.reshape(math.prod(lead), -1).astype(module.dtype)  # the compute dtype, as XLA's dot gets it
+    return native_amx.matmul(x, packed, layer).reshape(*lead, *feats)
 
 
 def _norm(cfg: ModelConfig, dtype, param_dtype, **kw):
@@ -175,7 +176,8 @@ class Attention(nn.Module):
         project = functools.partial(_project, self, dense)
         qkv = _packed(self, "qkv")
         if qkv is not None:  # one product for the three (`native_amx.packed_variables`)
-            q, k, v = _split_heads(native_amx.matmul(x.reshape(-1, x.shape[-1]), qkv, layer), x.shape[:-1], c)
+            y = native_amx.matmul(x.reshape(-1, x.shape[-1]).astype(self.dtype), qkv, layer)
+            q, k, v = _split_heads(y, x.shape[:-1], c)
         else:
             q = project(x, layer, (c.num_attention_heads, c.head_dim), ("embed", "heads", "head_dim"), "q_proj")
             k = project(x, layer, (c.num_key_value_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), "k_proj")
@@ -197,8 +199,8 @@ class MLP(nn.Module):
     """Gated MLP: down(act(gate(x)) * up(x)); act = SiLU (SwiGLU) or tanh-approximated GELU (GeGLU).
     Where the caller passed gate and up packed together (``gate_up_packed``,
     `native_amx.packed_variables`) and the row count is the kernel's, act(gate(x)) * up(x) is one
-    kernel call that returns it in bfloat16 (`native_amx.gated_matmul`); the down projection casts
-    its input to bfloat16 either way."""
+    kernel call that returns it in bfloat16 (`native_amx.gated_matmul`). A packed projection's
+    input is cast to the compute dtype (`_project`)."""
 
     cfg: ModelConfig
     dtype: jnp.dtype
@@ -321,7 +323,7 @@ def lm_head_logits(c: ModelConfig, dtype, param_dtype, x, embed: nn.Embed, nativ
     ``native``: as `_dense`'s. ``packed``: the head's weight [D, V] packed for AMX
     (`native_amx.pack`, one layer), used when given."""
     if packed is not None:
-        logits = native_amx.matmul(x, packed, 0)
+        logits = native_amx.matmul(x.astype(dtype), packed, 0)
     elif c.tie_word_embeddings and c.quantization == "int8":
         logits = embed.attend(x)
     elif c.tie_word_embeddings:
