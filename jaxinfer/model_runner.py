@@ -280,10 +280,12 @@ class ModelRunner:
         """The packed copies of the weights for the scanned buckets' products: bfloat16
         (`use_native_amx`) or int8 (`use_native_int8`); None where neither kernel runs."""
         if use_native_amx(self.dtype, shardings, self.cfg):
+            logger.info("products: bfloat16 weights packed once, jaxinfer/native/amx_gemm.cc")
             return native_amx.packed_variables(params, self.cfg)
         if use_native_int8(shardings, self.cfg):
             from jaxinfer import native_int8
 
+            logger.info("products: int8 weights packed once, jaxinfer/native/int8_gemm.cc")
             return native_int8.packed_variables(params, self.cfg)
         return None
 
