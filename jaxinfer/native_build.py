@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 import jax
+import numpy as np
 
 from jaxinfer.cpu_features import host_cpu_flags
 
@@ -97,4 +98,18 @@ def register(source: Path, what: str, env_switch: str, targets: dict[str, str], 
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
     except (OSError, RuntimeError, AttributeError) as err:
         return f"the {what} did not build or load: {err}"
+    return None
+
+
+def first_call(what: str, call, want: float) -> str | None:
+    """Run ``call()`` (a small product through a freshly registered kernel) and check that every
+    element of its result is ``want``; None, or why the kernel cannot be used. A compiler without
+    the CPU's intrinsics (GCC before 10 lacks AVX-512 BF16) builds a library whose calls return
+    an error, which would otherwise surface in a model step."""
+    try:
+        y = np.asarray(call())
+        if not np.allclose(y, want):
+            return f"the {what} computed {y.ravel()[:4]}... instead of {want:g}s"
+    except Exception as err:  # noqa: BLE001 (the FFI reports as XlaRuntimeError or others)
+        return f"the {what} failed a first call: {str(err).splitlines()[0]}"
     return None

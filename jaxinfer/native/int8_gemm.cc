@@ -140,73 +140,19 @@ void pair_rows(const Problem& p, int64_t m0, int64_t q) {
   }
 }
 
-// Rows [0, R) of a (at stride lda: 64 inputs of group g) against a group's widened weights
-// (`wide`: blocks 2g, 2g + 1 of the pair's two column blocks, int16) -> acc[r][0:32] += s (sums).
-template <int R>
-void group_rows(const int16_t* a, int64_t lda, const int16_t* wide, __m512 s0, __m512 s1, float* acc) {
-  __m512i i0[R], i1[R];
-  for (int r = 0; r < R; ++r) i0[r] = i1[r] = _mm512_setzero_si512();
-  for (int blk = 0; blk < 2; ++blk) {
-    for (int pr = 0; pr < 16; ++pr) {
-      const __m512i v0 = _mm512_loadu_si512(wide + blk * 1024 + 32 * pr);
-      const __m512i v1 = _mm512_loadu_si512(wide + blk * 1024 + 512 + 32 * pr);
-      for (int r = 0; r < R; ++r) {
-        int32_t pair;
-        std::memcpy(&pair, a + r * lda + 32 * blk + 2 * pr, sizeof(pair));
-        const __m512i xv = _mm512_set1_epi32(pair);
-        i0[r] = _mm512_dpwssd_epi32(i0[r], xv, v0);
-        i1[r] = _mm512_dpwssd_epi32(i1[r], xv, v1);
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    float* c = acc + 32 * r;
-    _mm512_storeu_ps(c, _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0[r]), s0, _mm512_loadu_ps(c)));
-    _mm512_storeu_ps(c + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1[r]), s1, _mm512_loadu_ps(c + 16)));
-  }
-}
-
-#ifdef __AVX512BF16__
-// `group_rows` with bfloat16 x and the weights widened to bfloat16 (`Bf16Path`): VDPBF16PS sums
-// in float32 per group, then scaled into acc.
-template <int R>
-void group_rows_bf16(const uint16_t* a, int64_t lda, const uint16_t* wide, __m512 s0, __m512 s1, float* acc) {
-  __m512 g0[R], g1[R];
-  for (int r = 0; r < R; ++r) g0[r] = g1[r] = _mm512_setzero_ps();
-  for (int blk = 0; blk < 2; ++blk) {
-    for (int pr = 0; pr < 16; ++pr) {
-      const __m512bh v0 = (__m512bh)_mm512_loadu_si512(wide + blk * 1024 + 32 * pr);
-      const __m512bh v1 = (__m512bh)_mm512_loadu_si512(wide + blk * 1024 + 512 + 32 * pr);
-      for (int r = 0; r < R; ++r) {
-        int32_t pair;
-        std::memcpy(&pair, a + r * lda + 32 * blk + 2 * pr, sizeof(pair));
-        const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
-        g0[r] = _mm512_dpbf16_ps(g0[r], xv, v0);
-        g1[r] = _mm512_dpbf16_ps(g1[r], xv, v1);
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    float* c = acc + 32 * r;
-    _mm512_storeu_ps(c, _mm512_fmadd_ps(g0[r], s0, _mm512_loadu_ps(c)));
-    _mm512_storeu_ps(c + 16, _mm512_fmadd_ps(g1[r], s1, _mm512_loadu_ps(c + 16)));
-  }
-}
-#endif
-
 // The two ways `pair_wide` multiplies: what x's rows are, how a group's int8 weights are widened
-// (512 at a time) and which loop sums a group.
+// (512 at a time), what a group's sums accumulate in and which instruction adds to them.
 struct Int16Path {  // x rounded to int16 per row (`quantize_row`), weights to int16, VPDPWSSD
   using X = int16_t;
+  using Acc = __m512i;  // int32 sums
   static const X* rows(const Problem& p) { return p.xq; }
   static void widen(const int8_t* src, X* dst) {
     for (int i = 0; i < 512; i += 32)
       _mm512_storeu_si512(dst + i, _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
   }
-  template <int R>
-  static void group(const X* a, int64_t lda, const X* wide, __m512 s0, __m512 s1, float* acc) {
-    group_rows<R>(a, lda, wide, s0, s1, acc);
-  }
+  static Acc zero() { return _mm512_setzero_si512(); }
+  static Acc dot(Acc acc, __m512i x, __m512i w) { return _mm512_dpwssd_epi32(acc, x, w); }
+  static __m512 to_float(Acc acc) { return _mm512_cvtepi32_ps(acc); }
 };
 #ifdef __AVX512BF16__
 // bfloat16 x as given, weights to bfloat16 (exact: |q| <= 127 needs 7 significant bits), VDPBF16PS.
@@ -214,6 +160,7 @@ struct Int16Path {  // x rounded to int16 per row (`quantize_row`), weights to i
 // 1.16-1.24x the bfloat16 model's decode step at 8-32 rows.
 struct Bf16Path {
   using X = uint16_t;
+  using Acc = __m512;  // float32 sums
   static const X* rows(const Problem& p) { return p.xb; }
   static void widen(const int8_t* src, X* dst) {
     for (int i = 0; i < 512; i += 32) {
@@ -222,12 +169,38 @@ struct Bf16Path {
       _mm512_storeu_si512(dst + i, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
     }
   }
-  template <int R>
-  static void group(const X* a, int64_t lda, const X* wide, __m512 s0, __m512 s1, float* acc) {
-    group_rows_bf16<R>(a, lda, wide, s0, s1, acc);
-  }
+  static Acc zero() { return _mm512_setzero_ps(); }
+  static Acc dot(Acc acc, __m512i x, __m512i w) { return _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)w); }
+  static __m512 to_float(Acc acc) { return acc; }
 };
 #endif
+
+// Rows [0, R) of a (at stride lda: 64 inputs of group g) against a group's widened weights
+// (`wide`: blocks 2g, 2g + 1 of the pair's two column blocks) -> acc[r][0:32] += s (sums).
+template <typename Path, int R>
+void group_rows(const typename Path::X* a, int64_t lda, const typename Path::X* wide, __m512 s0, __m512 s1,
+                float* acc) {
+  typename Path::Acc i0[R], i1[R];
+  for (int r = 0; r < R; ++r) i0[r] = i1[r] = Path::zero();
+  for (int blk = 0; blk < 2; ++blk) {
+    for (int pr = 0; pr < 16; ++pr) {
+      const __m512i v0 = _mm512_loadu_si512(wide + blk * 1024 + 32 * pr);
+      const __m512i v1 = _mm512_loadu_si512(wide + blk * 1024 + 512 + 32 * pr);
+      for (int r = 0; r < R; ++r) {
+        int32_t pair;
+        std::memcpy(&pair, a + r * lda + 32 * blk + 2 * pr, sizeof(pair));
+        const __m512i xv = _mm512_set1_epi32(pair);
+        i0[r] = Path::dot(i0[r], xv, v0);
+        i1[r] = Path::dot(i1[r], xv, v1);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float* c = acc + 32 * r;
+    _mm512_storeu_ps(c, _mm512_fmadd_ps(Path::to_float(i0[r]), s0, _mm512_loadu_ps(c)));
+    _mm512_storeu_ps(c + 16, _mm512_fmadd_ps(Path::to_float(i1[r]), s1, _mm512_loadu_ps(c + 16)));
+  }
+}
 
 constexpr int kWideRows = 8;  // rows per pass over a group's widened weights
 
@@ -260,14 +233,14 @@ void pair_wide(const Problem& p, int64_t q, typename Path::X* wide, float* acc) 
       const typename Path::X* a = Path::rows(p) + m0 * p.K + kGroup * g;
       float* c = acc + 32 * m0;
       switch (std::min<int64_t>(kWideRows, p.M - m0)) {
-        case 1: Path::template group<1>(a, p.K, wide, s0, s1, c); break;
-        case 2: Path::template group<2>(a, p.K, wide, s0, s1, c); break;
-        case 3: Path::template group<3>(a, p.K, wide, s0, s1, c); break;
-        case 4: Path::template group<4>(a, p.K, wide, s0, s1, c); break;
-        case 5: Path::template group<5>(a, p.K, wide, s0, s1, c); break;
-        case 6: Path::template group<6>(a, p.K, wide, s0, s1, c); break;
-        case 7: Path::template group<7>(a, p.K, wide, s0, s1, c); break;
-        default: Path::template group<8>(a, p.K, wide, s0, s1, c); break;
+        case 1: group_rows<Path, 1>(a, p.K, wide, s0, s1, c); break;
+        case 2: group_rows<Path, 2>(a, p.K, wide, s0, s1, c); break;
+        case 3: group_rows<Path, 3>(a, p.K, wide, s0, s1, c); break;
+        case 4: group_rows<Path, 4>(a, p.K, wide, s0, s1, c); break;
+        case 5: group_rows<Path, 5>(a, p.K, wide, s0, s1, c); break;
+        case 6: group_rows<Path, 6>(a, p.K, wide, s0, s1, c); break;
+        case 7: group_rows<Path, 7>(a, p.K, wide, s0, s1, c); break;
+        default: group_rows<Path, 8>(a, p.K, wide, s0, s1, c); break;
       }
     }
   }
