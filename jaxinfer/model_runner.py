@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer import kv_quant, native_amx, native_argmax
+from jaxinfer import kv_quant, native_amx, native_argmax, native_int8
 from jaxinfer.attention import AttentionBackend, AttentionMetadata, kv_storage_dtype
 from jaxinfer.batch import StepInputs
 from jaxinfer.buckets import Bucket
@@ -182,8 +182,6 @@ def use_native_int8(shardings, cfg: ModelConfig) -> bool:
     """Whether an int8 model's products run over its int8 weights packed once
     (`jaxinfer.native_int8`): ``--quantization int8`` on one CPU device (any compute dtype), a
     CPU with AVX-512 VNNI and the kernel built."""
-    from jaxinfer import native_int8
-
     return (cfg.quantization == "int8" and jax.default_backend() == "cpu" and shardings is None
             and native_int8.available())
 
@@ -283,8 +281,6 @@ class ModelRunner:
             logger.info("products: bfloat16 weights packed once, jaxinfer/native/amx_gemm.cc")
             return native_amx.packed_variables(params, self.cfg)
         if use_native_int8(shardings, self.cfg):
-            from jaxinfer import native_int8
-
             logger.info("products: int8 weights packed once, jaxinfer/native/int8_gemm.cc")
             return native_int8.packed_variables(params, self.cfg)
         return None

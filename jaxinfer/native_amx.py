@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer import native_build
+from jaxinfer import native_build, native_int8
 from jaxinfer.cpu_features import host_cpu_flags
 
 logger = logging.getLogger(__name__)
@@ -151,8 +151,6 @@ def matmul(x, packed, layer):
     `available` is True. An int8 ``packed`` (a dict, `jaxinfer.native_int8.pack`) goes to
     `jaxinfer.native_int8.matmul` instead (its own `available`)."""
     if isinstance(packed, dict):  # int8 weights with group scales (`jaxinfer.native_int8.pack`)
-        from jaxinfer import native_int8
-
         return native_int8.matmul(x, packed, layer)
     k, n = packed_shape_kn(packed)
     if x.ndim != 2 or x.shape[1] != k:
@@ -204,8 +202,9 @@ def without_packed(params: dict, packed: dict) -> dict:
     """``params`` without the layer kernels that ``packed`` (`packed_variables` of it) holds a
     packed copy of, alone or in a fused product (`FUSED`): the scanned step reads only the packed
     copy (`jaxinfer.models.llama`), so the stacked kernels were the weights' bytes held twice for
-    nothing. The int8 scales beside a dropped kernel go with it (`jaxinfer.native_int8`). Biases, norms, the embedding and an untied ``lm_head`` (which the prompt-logprobs
-    head reads) stay. The input tree is not modified."""
+    nothing. The int8 scales beside a dropped kernel go with it (`jaxinfer.native_int8`). Biases,
+    norms, the embedding and an untied ``lm_head`` (which the prompt-logprobs head reads) stay.
+    The input tree is not modified."""
     layers = {module: dict(sub) for module, sub in params["layers"].items()}
     for module, name, _ in _PROJECTIONS:
         if _packed_as(module, name, packed["layers"].get(module, {})):
