@@ -155,3 +155,22 @@ def tiny_bf16_llm(hidden_act: str = "silu"):
     return LLM("tiny", dtype="bfloat16", max_model_len=128, max_num_seqs=4, max_num_batched_tokens=32,
                num_blocks=64, model_config=cfg, params=init_params(cfg, "bfloat16", seed=1), tokenizer=None,
                warmup=False, enable_prefix_caching=False, return_logits=True)
+
+
+def register_source_variant(source, first_lines: str, name: str, env_switch: str, targets: dict[str, str]):
+    """A native kernel's ``source`` (a Path in jaxinfer/native/) with ``first_lines`` put before it
+    (e.g. ``#define JAXINFER_NO_AMX 1``), built and registered under ``targets`` (test target ->
+    exported symbol); None, or why not. The copy sits beside the headers it includes and is
+    removed after the build."""
+    import logging
+    import os
+
+    from jaxinfer import native_build
+
+    copy = source.with_name(f"_test_{name}_{os.getpid()}.cc")
+    copy.write_text(first_lines + source.read_text())
+    try:
+        return native_build.register(copy, f"{source.stem} ({name}, test)", env_switch, targets,
+                                     logging.getLogger(__name__))
+    finally:
+        copy.unlink()

@@ -3,16 +3,14 @@ layout everywhere, the products and the model's use of them where the CPU has AM
 from __future__ import annotations
 
 import functools
-import logging
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import tiny_bf16_llm, tiny_config
-from jaxinfer import SamplingParams, model_runner, native_amx, native_build
+from helpers import register_source_variant, tiny_bf16_llm, tiny_config
+from jaxinfer import SamplingParams, model_runner, native_amx
 from jaxinfer.cpu_features import host_cpu_flags
 from jaxinfer.params import init_params
 
@@ -23,15 +21,9 @@ _DPBF16 = {native_amx.TARGET: "jaxinfer_test_dpbf16_gemm", native_amx.GATED_TARG
 def _register_variant(first_lines: str, name: str, targets: dict[str, str]) -> str | None:
     """The kernel's source with ``first_lines`` put before it, built and registered under
     ``targets`` (the kernel's target -> a test target); None, or why not."""
-    copy = native_amx.SOURCE.with_name(f"_test_{name}_{os.getpid()}.cc")  # beside the headers it includes
-    copy.write_text(first_lines + native_amx.SOURCE.read_text())
     symbols = {native_amx.TARGET: "JaxinferAmxGemm", native_amx.GATED_TARGET: "JaxinferAmxGated"}
-    try:
-        return native_build.register(copy, f"packed product ({name}, test)", native_amx.ENV_SWITCH,
-                                     {test: symbols[target] for target, test in targets.items()},
-                                     logging.getLogger(__name__))
-    finally:
-        copy.unlink()
+    return register_source_variant(native_amx.SOURCE, first_lines, name, native_amx.ENV_SWITCH,
+                                   {test: symbols[target] for target, test in targets.items()})
 
 
 @functools.cache

@@ -5,8 +5,6 @@ by the real `batch` code: decodes of very different context lengths (block and g
 edges included), a continuing prefill chunk and a fresh prefill in one step, its work
 lists derived from the metadata as the model step derives them (`jaxinfer.xla_work_plan`)."""
 import functools
-import logging
-import os
 import types
 
 import jax
@@ -14,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import register_source_variant
 from jaxinfer import batch as B
-from jaxinfer import native_attention, native_build
+from jaxinfer import native_attention
 from jaxinfer.attention import (AttentionBackend, AttentionMetadata, gather_pages, paged_attention, write_kv,
                                 xla_paged_attention)
 from jaxinfer.buckets import Bucket, BucketLadders
@@ -144,13 +143,8 @@ def _register_no_amx() -> str | None:
     a test target; None, or why not."""
     if not {"amx_tile", "amx_bf16"} <= host_cpu_flags():
         return "this CPU has no AMX: its default build is that loop"
-    copy = native_attention.SOURCE.with_name(f"_test_no_amx_{os.getpid()}.cc")  # beside its headers
-    copy.write_text("#define JAXINFER_NO_AMX 1\n" + native_attention.SOURCE.read_text())
-    try:
-        return native_build.register(copy, "paged attention (no AMX, test)", native_attention.ENV_SWITCH,
-                                     {"jaxinfer_test_paged_no_amx": "JaxinferPagedDecode"}, logging.getLogger(__name__))
-    finally:
-        copy.unlink()
+    return register_source_variant(native_attention.SOURCE, "#define JAXINFER_NO_AMX 1\n", "no_amx",
+                                   native_attention.ENV_SWITCH, {"jaxinfer_test_paged_no_amx": "JaxinferPagedDecode"})
 
 
 @pytest.fixture(params=["default", "no_amx"])
