@@ -238,7 +238,8 @@ def run_mode(mode: str, texts: Texts, a, run_dir: Path) -> dict:
         turns = asyncio.run(workload(cluster.url, texts, a))
         elapsed = time.monotonic() - t0
         after = read_metrics(cluster)
-    return {**summarize(turns, cw.cache_figures(before, after)), "elapsed_s": elapsed}
+    return {**summarize(turns, cw.cache_figures(before, after)), "server_means": cw.server_phase_means(before, after),
+            "elapsed_s": elapsed}
 
 
 def ratios(h: dict, rr: dict) -> dict:
@@ -275,7 +276,7 @@ def main(argv=None) -> dict:
     for mode in a.modes:
         m = result["modes"][mode] = run_mode(mode, texts, a, run_dir)
         print(mode, json.dumps(m["ttft_s"]), "hit rate", m["hit_rate_metrics"], "misses",
-              m["prefix_cache_tokens"]["misses"], flush=True)
+              m["prefix_cache_tokens"]["misses"], "server means", json.dumps(m["server_means"]), flush=True)
     if {"hash", "roundrobin"} <= set(result["modes"]):
         result["ratios"] = ratios(result["modes"]["hash"], result["modes"]["roundrobin"])
         print(json.dumps(result["ratios"], indent=1))

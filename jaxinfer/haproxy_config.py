@@ -115,7 +115,10 @@ def _global(admin_socket: str | None) -> str:
 def _defaults() -> str:
     lines = ["defaults",
              "    mode http",
-             "    option dontlognull"]
+             "    option dontlognull",
+             "    # Send each SSE event on at once. By default HAProxy asks the kernel to hold small writes",
+             "    # for more data (MSG_MORE, Nagle): a stream's first token came ~230 ms late.",
+             "    option http-no-delay"]
     lines += [f"    timeout {name} {value}" for name, value in TIMEOUTS.items()]
     lines += ["    # Retry only a connection that could not be made (nothing reached the instance), on",
               "    # another instance; a request that reached an instance is never sent again.",

@@ -38,6 +38,17 @@ def test_cache_figures_reject_a_restarted_instance_or_a_missing_counter(after):
         cw.cache_figures(before, after)
 
 
+def test_server_phase_means_weigh_every_instance_by_its_count():
+    ttft = "time_to_first_token_seconds"
+    before = [{f"{ttft}_sum": 1.0, f"{ttft}_count": 10.0}, {f"{ttft}_sum": 0.0, f"{ttft}_count": 0.0}]
+    after = [{f"{ttft}_sum": 1.6, f"{ttft}_count": 13.0},   # +3 requests, 0.6 s in all
+             {f"{ttft}_sum": 0.2, f"{ttft}_count": 1.0}]    # +1 request, 0.2 s
+    means = cw.server_phase_means(before, after)
+    assert means["ttft_s"] == pytest.approx(0.8 / 4)
+    assert means["queue_s"] is None and means["tpot_s"] is None  # missing from the readings
+    assert cw.server_phase_means(before, before)["ttft_s"] is None  # nothing observed
+
+
 def test_resolve_shape_applies_only_given_overrides():
     chat = cw.PRESETS["chat"]
     assert cw.resolve_shape("chat") == chat

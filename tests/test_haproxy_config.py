@@ -1,17 +1,23 @@
 """`jaxinfer.haproxy_config` and `jaxinfer.haproxy_runtime` without any server: the committed
 ``deploy/haproxy.cfg`` is the renderer's output, HAProxy itself accepts what is rendered, and a
-missing HAProxy that cannot be installed is a clear error. Routing behaviour is tested against
-real servers in tests/test_cluster.py."""
+missing HAProxy that cannot be installed is a clear error, and HAProxy hands each event of a
+stream on at once (against a few-line upstream). Routing behaviour is tested against real
+servers in tests/test_cluster.py."""
 from __future__ import annotations
 
 import contextlib
+import http.server
 import io
 import os
+import socket
 import stat
+import subprocess
+import threading
+import time
 
 import pytest
 
-from api_helpers import REPO
+from api_helpers import REPO, free_port
 from jaxinfer import haproxy_config as hc
 from jaxinfer import haproxy_runtime as hx
 
@@ -112,3 +118,74 @@ def test_failed_install_is_announced_then_reported(tmp_path, monkeypatch):
     with pytest.raises(hx.HAProxyError, match="could not install haproxy with apt-get.*Unable to locate"):
         hx.ensure_haproxy(say=said.append)
     assert said == ["haproxy not found: installing it with apt-get install -y haproxy"]
+
+
+class _SlowStream(http.server.BaseHTTPRequestHandler):
+    """An upstream that answers ``/health`` and streams two SSE events 1.5 s apart."""
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for i, event in enumerate((b"data: first\n\n", b"data: [DONE]\n\n")):
+            if i:
+                time.sleep(1.5)
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+        self.wfile.write(b"0\r\n\r\n")
+
+    def log_message(self, *args):
+        pass
+
+
+def _seconds_to_first_event(port: int) -> float:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        t0 = time.perf_counter()
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 2\r\nConnection: close\r\n\r\n{}")
+        seen = b""
+        while b"data: first" not in seen:
+            chunk = s.recv(4096)
+            if not chunk:
+                raise AssertionError(f"stream ended before its first event: {seen!r}")
+            seen += chunk
+        return time.perf_counter() - t0
+
+
+def test_streamed_events_are_forwarded_at_once(tmp_path):
+    """Without ``option http-no-delay`` HAProxy marks its writes MSG_MORE and the kernel held a
+    stream's first event ~200 ms (every streamed TTFT through the balancer paid it); with it,
+    the event reaches the client while the upstream still holds the second one."""
+    binary = hx.find_haproxy()
+    if binary is None:
+        pytest.skip("haproxy is not installed (python -m jaxinfer.cluster installs it)")
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowStream)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    port = free_port()
+    path = tmp_path / "haproxy.cfg"
+    path.write_text(hc.render_config([hc.Upstream("inst1", f"127.0.0.1:{upstream.server_port}")],
+                                     bind=f"127.0.0.1:{port}"))
+    proc = subprocess.Popen([binary, "-db", "-f", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                first = _seconds_to_first_event(port)
+                break
+            except (OSError, AssertionError):
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.2)
+        times = [first] + [_seconds_to_first_event(port) for _ in range(2)]
+        assert min(times) < 0.1, f"first event after {times} s"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        upstream.shutdown()

@@ -225,3 +225,28 @@ def cache_figures(before: Sequence[dict], after: Sequence[dict]) -> dict:
     queries, hits = totals["prefix_cache_queries_total"], totals["prefix_cache_hits_total"]
     return {"query_tokens": queries, "hit_tokens": hits, "miss_tokens": queries - hits,
             "hit_rate": hits / queries if queries else None}
+
+
+# histogram (without the jaxinfer_ prefix) -> the key `server_phase_means` reports it under
+SERVER_PHASES = {"time_to_first_token_seconds": "ttft_s", "request_queue_time_seconds": "queue_s",
+                 "request_prefill_time_seconds": "prefill_s", "time_per_output_token_seconds": "tpot_s"}
+
+
+def server_phase_means(before: Sequence[dict], after: Sequence[dict]) -> dict:
+    """The servers' own mean of each `SERVER_PHASES` histogram between two readings of every
+    instance (`jaxinfer.bench.metadata.parse_metrics`): the increase of ``<name>_sum`` over that
+    of ``<name>_count``, summed over the instances, in seconds; None for a phase with no
+    observation or missing from a reading. Against the clients' TTFT this splits a request's
+    wait into the engine's part (queue: arrival to first scheduled; prefill: first scheduled to
+    first token) and the rest (HTTP, the balancer, streaming)."""
+    out = {}
+    for name, key in SERVER_PHASES.items():
+        sums = counts = 0.0
+        for b, a in zip(before, after):
+            if any(f"{name}_{part}" not in (r or {}) for r in (b, a) for part in ("sum", "count")):
+                sums = counts = None
+                break
+            sums += a[f"{name}_sum"] - b[f"{name}_sum"]
+            counts += a[f"{name}_count"] - b[f"{name}_count"]
+        out[key] = sums / counts if counts else None
+    return out
