@@ -202,8 +202,9 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63))
         now = time.monotonic()
         mqw = spec.max_queue_wait
+        arrival = now if spec.arrival_time is None else min(spec.arrival_time, now)
         req = Request(spec.request_id, list(spec.prompt_token_ids), params, seed=seed & (2**64 - 1),
-                      max_tokens=max_tokens, eos_token_ids=self.eos_token_ids, arrival_time=now,
+                      max_tokens=max_tokens, eos_token_ids=self.eos_token_ids, arrival_time=arrival,
                       deadline=spec.deadline, max_queue_wait_deadline=None if mqw is None else now + mqw)
         req.prompt = spec.prompt
         if params.structured_outputs is not None:

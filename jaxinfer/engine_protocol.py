@@ -30,6 +30,10 @@ class RequestSpec:
       prompt: the prompt text, if any (for outputs).
       deadline: absolute ``time.monotonic()`` seconds after which it times out, or None.
       max_queue_wait: seconds it may wait unadmitted before being rejected, or None.
+      arrival_time: ``time.monotonic()`` seconds when the server received the request, or
+        None (then: when the engine takes it). Its TTFT, queue time and end-to-end latency
+        count from here, so the HTTP layer's part and the wait for the step in progress to end
+        are in them, as in vLLM, whose API server stamps a request's arrival.
     """
 
     request_id: str
@@ -38,6 +42,7 @@ class RequestSpec:
     prompt: str | None = None
     deadline: float | None = None
     max_queue_wait: float | None = None
+    arrival_time: float | None = None
 
 
 @runtime_checkable

@@ -73,3 +73,20 @@ def test_a_burst_fills_the_free_slots_before_anything_counts_as_queued():
     assert e.num_running == 4 and e.scheduler.num_queued == 2
     with pytest.raises(QueueFullError):
         e.add_requests([spec("over")])
+
+
+def test_arrival_time_is_the_specs_never_later_than_now():
+    """A spec's ``arrival_time`` (the server's receipt) is the request's arrival, so its queue
+    time and TTFT include the wait before the engine took it; a time in the future (another
+    clock) is clamped to when the engine took it; None means then."""
+    import time
+    e = fake_engine()
+    now = time.monotonic()
+    e.add_requests([RequestSpec("past", [1, 2], SamplingParams(max_tokens=1), arrival_time=now - 5.0),
+                    RequestSpec("future", [1, 2], SamplingParams(max_tokens=1), arrival_time=now + 60.0),
+                    RequestSpec("none", [1, 2], SamplingParams(max_tokens=1))])
+    taken = time.monotonic()
+    assert e.requests["past"].arrival_time == now - 5.0
+    assert now <= e.requests["future"].arrival_time <= taken and now <= e.requests["none"].arrival_time <= taken
+    outputs = {o.request_id: o for o in e.step()}
+    assert outputs["past"].metrics.first_token_time - outputs["past"].metrics.arrival_time >= 5.0

@@ -14,6 +14,8 @@ import asyncio
 import json
 import math
 import re
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,7 +23,8 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from api_helpers import EOS, REPO, client, fake_engine, running_app
+from api_helpers import EOS, REPO, V, client, fake_engine, running_app
+from fakes import FakeRunner
 from jaxinfer.bench.metadata import parse_metrics as bench_parse_metrics
 from jaxinfer.bench.serve import step_mean_fragmentation
 from jaxinfer.api.metrics import _COUNTERS, Metrics
@@ -92,6 +95,54 @@ def test_histograms_observe_each_finished_request(api):
     assert decode >= sum(n - 1 for n in output_lens) * STEP * 0.9  # one step per later token
     assert math.isclose(queue + prefill + decode, e2e, rel_tol=1e-9, abs_tol=1e-9)
     assert math.isclose(queue + prefill, ttft, rel_tol=1e-9, abs_tol=1e-9)
+
+
+class _HeldRunner(FakeRunner):
+    """A fake runner whose steps wait for ``release`` while ``hold`` is set (``in_step`` says one does)."""
+
+    def __init__(self):
+        super().__init__(V)
+        self.hold, self.release, self.in_step = threading.Event(), threading.Event(), threading.Event()
+
+    def execute(self, inputs):
+        if self.hold.is_set():
+            self.in_step.set()
+            self.release.wait(30)
+        return super().execute(inputs)
+
+
+HELD = 0.5  # seconds the second request waits, received, while a step is in progress
+
+
+def test_queue_time_counts_from_the_servers_receipt():
+    """A request received while a step runs waits for that step to end before the engine
+    thread takes it. That wait is in its queue time and TTFT: the HTTP layer stamps the
+    arrival (as vLLM's API server does), not the engine thread when it takes the request."""
+    runner = _HeldRunner()
+    with running_app(fake_engine(runner=runner), served_model_name=NAME) as (app, ae):
+        async def scenario():
+            async with client(app) as http:
+                body = {"model": NAME, "max_tokens": 1}
+                before = (await http.get("/metrics")).text
+                runner.hold.set()
+                first = asyncio.create_task(http.post("/v1/completions", json={**body, "prompt": [300, 301]}))
+                await asyncio.to_thread(runner.in_step.wait, 30)  # the first request's step is in progress
+                second = asyncio.create_task(http.post("/v1/completions", json={**body, "prompt": [400, 401]}))
+                while ae._inbox.qsize() == 0:  # received and handed over; the engine thread is in the step
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(HELD)
+                runner.hold.clear()
+                runner.release.set()
+                assert [(await t).status_code for t in (first, second)] == [200, 200]
+                return before, (await http.get("/metrics")).text
+        before, after = asyncio.run(scenario())
+
+    def delta(name):
+        return value(after, f"jaxinfer_{name}") - value(before, f"jaxinfer_{name}")
+
+    assert delta("request_queue_time_seconds_count") == 2
+    assert delta("request_queue_time_seconds_sum") >= HELD  # the second request's wait for the step
+    assert delta("time_to_first_token_seconds_sum") >= HELD
 
 
 def test_success_total_by_finished_reason(api):

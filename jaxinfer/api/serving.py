@@ -102,10 +102,12 @@ class _Job:
     default_max_tokens: int | None  # when the request gives none (completions: 16)
     max_model_len: int
     model: ServedModel  # the model that answers
+    received: float  # time.monotonic() when the handler started: the engine requests' arrival_time
 
 
 async def create_completion(req: CompletionRequest, raw: Request, ctx: ServingContext):
     """``POST /v1/completions``."""
+    received = time.monotonic()
     aliases = dict(params_mod.COMPLETION_ALIASES, **params_mod.structured_aliases(req))
     default = params_mod.COMPLETIONS_DEFAULT_MAX_TOKENS
 
@@ -122,13 +124,14 @@ async def create_completion(req: CompletionRequest, raw: Request, ctx: ServingCo
         params, prompts = await asyncio.to_thread(prepare)
         fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", model.name, int(time.time()), params.logprobs,
                                engine.tokenizer, echo=bool(req.echo), echo_only=params_mod.echo_only(req))
-        return _Job(req, prompts, params, fmt, aliases, default, _max_model_len(engine), model)
+        return _Job(req, prompts, params, fmt, aliases, default, _max_model_len(engine), model, received)
 
     return await _run(await job_on(ctx.model(req.model)), job_on, raw, ctx, chat=False)
 
 
 async def create_chat_completion(req: ChatCompletionRequest, raw: Request, ctx: ServingContext):
     """``POST /v1/chat/completions``."""
+    received = time.monotonic()
     aliases = params_mod.chat_aliases(req)
 
     async def job_on(model: ServedModel) -> _Job:
@@ -147,7 +150,7 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, ctx: 
         params, prompts = await asyncio.to_thread(prepare)
         fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", model.name, int(time.time()), params.logprobs,
                          engine.tokenizer, parse_tools=params_mod.tool_mode(req) != "none")
-        return _Job(req, prompts, params, fmt, aliases, None, _max_model_len(engine), model)
+        return _Job(req, prompts, params, fmt, aliases, None, _max_model_len(engine), model, received)
 
     return await _run(await job_on(ctx.model(req.model)), job_on, raw, ctx, chat=True)
 
@@ -249,7 +252,7 @@ def _specs(job: _Job, config: ServerConfig) -> list[RequestSpec]:
         seed = job.params.seed if n == 1 else choice_seed(job.params.seed, j)
         params = dataclasses.replace(job.params, n=1, seed=seed, max_tokens=max_tokens)
         out.append(RequestSpec(f"{base}-{i}", p.token_ids, params, prompt=p.text, deadline=deadline,
-                               max_queue_wait=config.max_queue_wait))
+                               max_queue_wait=config.max_queue_wait, arrival_time=job.received))
     return out
 
 
