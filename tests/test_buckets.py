@@ -16,6 +16,10 @@ def test_ladders_and_round_up():
     assert lad.round_up(17, 3, 5) == Bucket(24, 24, 16)
     assert lad.round_up(512, 32, 256) == Bucket(512, 32, 256)
     assert lad.round_up(40, 32, 1).num_seqs == 32
+    assert lad.round_up(32, 32, 1) == Bucket(32, 32, 4)  # a full batch of decodes: max_num_seqs is a rung
+    assert lad.round_up(25, 25, 1) == Bucket(32, 32, 4)
+    assert BucketLadders(512, 20, 8).round_up(20, 20, 1) == Bucket(20, 20, 4)
+    assert BucketLadders(8, 8, 8).token_ladder == [1, 2, 4, 8]  # already a rung: not twice
     for b in [lad.round_up(t, 1, w) for t in (1, 9, 100, 500) for w in (1, 3, 70)]:
         assert b in lad.all_buckets()
     with pytest.raises(ValueError):
