@@ -79,7 +79,7 @@ def _smoke_test() -> str | None:
     packed = pack(np.ones((1, 32, 32), np.float32).astype(jnp.bfloat16))
     return native_build.first_call("packed bfloat16 product", lambda: jax.ffi.ffi_call(
         TARGET, jax.ShapeDtypeStruct((1, 32), jnp.float32))(jnp.full((1, 32), 0.5, jnp.bfloat16), jnp.asarray(packed),
-                                                             jnp.int32(0)), 16.0)
+                                                             jnp.int32(0), jnp.int32(1)), 16.0)
 
 
 def available() -> bool:
@@ -145,28 +145,37 @@ def packed_shape_kn(packed) -> tuple[int, int]:
     return packed.shape[2] * 32, packed.shape[1] * 16
 
 
-def matmul(x, packed, layer):
+def matmul(x, packed, layer, rows=None):
     """``x [M, K] @ w[layer]`` -> float32 ``[M, N]`` for ``packed`` = `pack` (w) of ``w [L, K, N]``;
-    ``x`` is cast to bfloat16, ``layer`` is an int32 scalar (traced or not). Call only where
-    `available` is True. An int8 ``packed`` (a dict, `jaxinfer.native_int8.pack`) goes to
-    `jaxinfer.native_int8.matmul` instead (its own `available`)."""
+    ``x`` is cast to bfloat16, ``layer`` is an int32 scalar (traced or not). ``rows`` (int32
+    scalar, traced or not; None: M): only x's first ``rows`` rows (clamped to [0, M]) are
+    multiplied and the output's later rows are zeros, so that a step's padding tokens cost
+    nothing. Call only where `available` is True. An int8 ``packed`` (a dict,
+    `jaxinfer.native_int8.pack`) goes to `jaxinfer.native_int8.matmul` instead (its own
+    `available`)."""
     if isinstance(packed, dict):  # int8 weights with group scales (`jaxinfer.native_int8.pack`)
-        return native_int8.matmul(x, packed, layer)
+        return native_int8.matmul(x, packed, layer, rows)
     k, n = packed_shape_kn(packed)
     if x.ndim != 2 or x.shape[1] != k:
         raise ValueError(f"amx matmul: x {x.shape} does not contract with a packed [{k}, {n}] weight")
     out = jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32)
-    return jax.ffi.ffi_call(TARGET, out)(x.astype(jnp.bfloat16), packed, jnp.asarray(layer, jnp.int32))
+    return jax.ffi.ffi_call(TARGET, out)(x.astype(jnp.bfloat16), packed, jnp.asarray(layer, jnp.int32),
+                                         _rows(x, rows))
 
 
-def gated_matmul(x, packed, layer, act: str):
+def _rows(x, rows) -> jax.Array:
+    """The kernels' ``rows`` operand: ``rows``, or all of x's rows."""
+    return jnp.asarray(x.shape[0] if rows is None else rows, jnp.int32)
+
+
+def gated_matmul(x, packed, layer, act: str, rows=None):
     """The gated MLP's first half in one kernel call: ``x [M, K]`` -> bfloat16 ``[M, F]``,
     ``act(x @ wg[layer]) * (x @ wu[layer])`` for ``packed`` = `pack_gated` (wg, wu) of
     ``wg, wu [L, K, F]``: bfloat16 operands, float32 sums (as `matmul`), act and product in
     float32, rounded to bfloat16 (nearest even). ``act``: "silu" (SwiGLU, Shazeer 2020, "GLU
     variants improve transformer") or "gelu_pytorch_tanh" (GeGLU, the tanh-approximated GELU),
     the keys of `GATED_ACTS`. ``x`` is cast to bfloat16, ``layer`` is an int32 scalar (traced
-    or not). Call only where `available` is True."""
+    or not); ``rows`` as `matmul`'s. Call only where `available` is True."""
     k, n = packed_shape_kn(packed)
     if x.ndim != 2 or x.shape[1] != k:
         raise ValueError(f"amx gated_matmul: x {x.shape} does not contract with a packed [{k}, {n}] weight")
@@ -174,7 +183,7 @@ def gated_matmul(x, packed, layer, act: str):
         raise ValueError(f"amx gated_matmul: act {act!r} is not one of {', '.join(GATED_ACTS)}")
     out = jax.ShapeDtypeStruct((x.shape[0], n // 2), jnp.bfloat16)
     return jax.ffi.ffi_call(GATED_TARGET, out)(x.astype(jnp.bfloat16), packed, jnp.asarray(layer, jnp.int32),
-                                               act=np.int32(GATED_ACTS[act]))
+                                               _rows(x, rows), act=np.int32(GATED_ACTS[act]))
 
 
 # The projections of `jaxinfer.models.llama` that take packed weights: (module path under

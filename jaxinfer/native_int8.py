@@ -91,10 +91,11 @@ def packed_shape_kn(packed: dict) -> tuple[int, int]:
     return packed["w"].shape[2] * 32, packed["w"].shape[1] * 16
 
 
-def matmul(x, packed: dict, layer):
+def matmul(x, packed: dict, layer, rows=None):
     """``x [M, K] @ (q s)[layer]`` -> float32 ``[M, N]`` for ``packed`` = `pack` (q, s); ``x``
     float32 or bfloat16 (other dtypes are cast to float32), ``layer`` an int32 scalar (traced or
-    not). Each row of ``x`` is rounded to int16 with its own absmax scale inside the kernel,
+    not). ``rows`` (int32 scalar, traced or not; None: M): only x's first ``rows`` rows are
+    multiplied, the output's later rows are zeros (a step's padding tokens). Each row of ``x`` is rounded to int16 with its own absmax scale inside the kernel,
     except bfloat16 ``x`` of more than 4 rows on a CPU with AVX-512 BF16, which is multiplied as
     given (the kernel's header); a row holding a NaN or an infinity comes out NaN. Call only
     where `available` is True."""
@@ -104,7 +105,9 @@ def matmul(x, packed: dict, layer):
     if x.dtype not in (jnp.float32, jnp.bfloat16):
         x = x.astype(jnp.float32)
     out = jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32)
-    return jax.ffi.ffi_call(TARGET, out)(x, packed["w"], packed["s"], jnp.asarray(layer, jnp.int32))
+    rows = x.shape[0] if rows is None else rows
+    return jax.ffi.ffi_call(TARGET, out)(x, packed["w"], packed["s"], jnp.asarray(layer, jnp.int32),
+                                         jnp.asarray(rows, jnp.int32))
 
 
 def _as_kn(leaf: dict, n_in: int) -> tuple[np.ndarray, np.ndarray] | None:

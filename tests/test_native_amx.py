@@ -155,6 +155,32 @@ def test_gated_product_matches_xla(build, k, f, rows, act):
 
 
 @needs_amx
+@pytest.mark.parametrize("real", [0, 1, 9, 33, 40, 99])
+def test_only_the_real_rows_are_multiplied(build, real):
+    """``rows``: x's first ``rows`` rows (clamped to M = 40) are multiplied as without it, the
+    output's later rows are zeros, and those rows of x are never read: they hold NaN here (a
+    step's padding tokens). Plain and gated products, ``rows`` traced."""
+    M, K, N = 40, 96, 64
+    rng = np.random.default_rng(real)
+    w = jnp.asarray(rng.standard_normal((2, K, N)) * 0.05, jnp.bfloat16)
+    wg, wu, gated = _gated_weights(K, N)
+    x = np.asarray(rng.standard_normal((M, K)), np.float32)
+    n = min(real, M)
+    full = jnp.asarray(x, jnp.bfloat16)
+    x[n:] = np.nan
+    x = jnp.asarray(x, jnp.bfloat16)
+    packed = jnp.asarray(native_amx.pack(w))
+    got = np.asarray(jax.jit(native_amx.matmul)(x, packed, 1, real))
+    want = np.asarray(jax.jit(native_amx.matmul)(full, packed, 1))
+    np.testing.assert_array_equal(got[:n], want[:n])
+    assert np.all(got[n:] == 0)
+    h = jax.jit(native_amx.gated_matmul, static_argnums=3)
+    got, want = np.asarray(h(x, gated, 2, "silu", real)), np.asarray(h(full, gated, 2, "silu"))
+    np.testing.assert_array_equal(got[:n].view(np.uint16), want[:n].view(np.uint16))
+    assert np.all(got[n:].astype(np.float32) == 0)
+
+
+@needs_amx
 def test_kernel_errors_are_clean():
     packed = jnp.asarray(native_amx.pack(np.zeros((2, 64, 32), np.uint16)))
     with pytest.raises(ValueError):

@@ -110,6 +110,25 @@ def test_a_nan_or_inf_row_stays_non_finite(dtype):
 
 
 @needs_vnni
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("real", [0, 3, 9, 33, 40, 99])
+def test_only_the_real_rows_are_multiplied(dtype, real):
+    """``rows``: x's first ``rows`` rows (clamped to M = 40) come out as without it, the later
+    rows are zeros, and those rows of x (NaN here, a step's padding) are never read."""
+    q, s = _weights(2, 128, 64, seed=real)
+    packed = native_int8.pack(q, s)
+    M, n = 40, min(real, 40)
+    x = np.random.default_rng(real).standard_normal((M, 128)).astype(np.float32)
+    full = jnp.asarray(x, dtype)
+    x[n:] = np.nan
+    got = np.asarray(jax.jit(native_int8.matmul)(jnp.asarray(x, dtype), packed, 1, real))
+    # the real rows alone: the same row count picks the same path (int16 up to 4 rows)
+    want = np.asarray(jax.jit(native_int8.matmul)(full[:max(n, 1)], packed, 1))
+    np.testing.assert_array_equal(got[:n], want[:n])
+    assert np.all(got[n:] == 0)
+
+
+@needs_vnni
 def test_kernel_errors_are_clean():
     packed = native_int8.pack(*_weights(2, 64, 32))
     with pytest.raises(ValueError):

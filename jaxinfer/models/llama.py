@@ -125,17 +125,25 @@ def _packed(module: nn.Module, name: str):
     return module.get_variable(native_amx.COLLECTION, key) if module.has_variable(native_amx.COLLECTION, key) else None
 
 
-def _project(module: nn.Module, dense, x, layer, features, names: tuple[str, ...], name: str, n_in: int = 1):
+def _project(module: nn.Module, dense, x, layer, features, names: tuple[str, ...], name: str, n_in: int = 1,
+             rows=None):
     """``dense(features, names, name, n_in=n_in)(x)``, or the same product (float32
     ``[..., *features]``) from the packed weights of layer ``layer`` by the packed-product kernel
-    (`jaxinfer.native_amx`) when they were passed."""
+    (`jaxinfer.native_amx`) when they were passed; there only the first ``rows`` rows (the
+    step's real tokens, `real_tokens`; None: all) are multiplied, the rest are zeros."""
     packed = _packed(module, name)
     lead = x.shape[:x.ndim - n_in]
     if packed is None:
         return dense(features, names, name, n_in=n_in)(x)
     feats = features if isinstance(features, tuple) else (features,)
     x = x.reshape(math.prod(lead), -1).astype(module.dtype)  # the compute dtype, as XLA's dot gets it
-    return native_amx.matmul(x, packed, layer).reshape(*lead, *feats)
+    return native_amx.matmul(x, packed, layer, rows).reshape(*lead, *feats)
+
+
+def real_tokens(meta: AttentionMetadata) -> jax.Array:
+    """The step's real tokens ([] int32): padding tokens lie past ``query_start_loc[num_seqs]``,
+    the tail of ``query_start_loc`` (`jaxinfer.batch`)."""
+    return meta.query_start_loc[-1]
 
 
 def _norm(cfg: ModelConfig, dtype, param_dtype, **kw):
@@ -173,10 +181,11 @@ class Attention(nn.Module):
     def __call__(self, x, k_cache, v_cache, layer, meta: AttentionMetadata, plan: XlaWorkPlan | None, cos, sin):
         c = self.cfg
         dense = functools.partial(_dense, c, self.dtype, self.param_dtype, native=self.native_products)
-        project = functools.partial(_project, self, dense)
+        rows = real_tokens(meta)
+        project = functools.partial(_project, self, dense, rows=rows)
         qkv = _packed(self, "qkv")
         if qkv is not None:  # one product for the three (`native_amx.packed_variables`)
-            y = native_amx.matmul(x.reshape(-1, x.shape[-1]).astype(self.dtype), qkv, layer)
+            y = native_amx.matmul(x.reshape(-1, x.shape[-1]).astype(self.dtype), qkv, layer, rows)
             q, k, v = _split_heads(y, x.shape[:-1], c)
         else:
             q = project(x, layer, (c.num_attention_heads, c.head_dim), ("embed", "heads", "head_dim"), "q_proj")
@@ -200,7 +209,8 @@ class MLP(nn.Module):
     Where the caller passed gate and up packed together (``gate_up_packed``,
     `native_amx.packed_variables`) and the row count is the kernel's, act(gate(x)) * up(x) is one
     kernel call that returns it in bfloat16 (`native_amx.gated_matmul`). A packed projection's
-    input is cast to the compute dtype (`_project`)."""
+    input is cast to the compute dtype (`_project`); ``rows``: the step's real tokens
+    (`real_tokens`), the packed products' rows (None: all)."""
 
     cfg: ModelConfig
     dtype: jnp.dtype
@@ -208,13 +218,13 @@ class MLP(nn.Module):
     native_products: bool = False
 
     @nn.compact
-    def __call__(self, x, layer):
+    def __call__(self, x, layer, rows=None):
         c = self.cfg
         dense = functools.partial(_dense, c, self.dtype, self.param_dtype, native=self.native_products)
-        project = functools.partial(_project, self, dense)
+        project = functools.partial(_project, self, dense, rows=rows)
         gate_up, lead = _packed(self, "gate_up"), x.shape[:-1]
         if gate_up is not None and c.hidden_act in native_amx.GATED_ACTS:
-            h = native_amx.gated_matmul(x.reshape(math.prod(lead), -1), gate_up, layer, c.hidden_act)
+            h = native_amx.gated_matmul(x.reshape(math.prod(lead), -1), gate_up, layer, c.hidden_act, rows)
             h = h.reshape(*lead, -1)
         else:
             g = project(x, layer, c.intermediate_size, ("embed", "mlp"), "gate_proj")
@@ -246,7 +256,8 @@ class DecoderLayer(nn.Module):
         if c.sandwich_norm:
             a = norm(name="attn_out_norm")(a)
         x = x + a
-        m = MLP(c, self.dtype, self.param_dtype, self.native_products, name="mlp")(norm(name="post_attention_norm")(x), layer)
+        m = MLP(c, self.dtype, self.param_dtype, self.native_products, name="mlp")(norm(name="post_attention_norm")(x), layer,
+                                                                                  real_tokens(meta))
         if c.sandwich_norm:
             m = norm(name="mlp_out_norm")(m)
         return (x + m, k_cache, v_cache, layer + 1), None
@@ -304,7 +315,7 @@ class LlamaForCausalLM(nn.Module):
         x = _norm(c, self.dtype, self.param_dtype)(name="final_norm")(x)  # row-wise: every T row, then gather
         self.sow("intermediates", HIDDEN, x)  # kept only when the caller asks (prompt logprobs read it)
         logits = lm_head_logits(c, self.dtype, self.param_dtype, x[logits_indices], embed, self.native_products,
-                                _packed(self, "lm_head"))
+                                _packed(self, "lm_head"), rows=meta.num_seqs)
         return logits, k_cache, v_cache
 
 
@@ -316,14 +327,16 @@ def layer_name(i: int) -> str:
 HIDDEN = "final_hidden"  # the sown [T, D] float32 final-normed hidden states (``mutable=["intermediates"]``)
 
 
-def lm_head_logits(c: ModelConfig, dtype, param_dtype, x, embed: nn.Embed, native: bool = False, packed=None):
+def lm_head_logits(c: ModelConfig, dtype, param_dtype, x, embed: nn.Embed, native: bool = False, packed=None,
+                   rows=None):
     """The LM head: final-normed hidden states [R, D] -> float32 logits [R, V] (tied to
     ``embed`` or the ``lm_head`` kernel, then Gemma's soft-capping). Its submodules belong to
     the calling module, so `LlamaForCausalLM` and `LMHead` read the same parameters.
     ``native``: as `_dense`'s. ``packed``: the head's weight [D, V] packed for AMX
-    (`native_amx.pack`, one layer), used when given."""
+    (`native_amx.pack`, one layer), used when given; then only the first ``rows`` rows (the
+    step's real sequences; None: all) are multiplied, the others' logits are zeros."""
     if packed is not None:
-        logits = native_amx.matmul(x.astype(dtype), packed, 0)
+        logits = native_amx.matmul(x.astype(dtype), packed, 0, rows)
     elif c.tie_word_embeddings and c.quantization == "int8":
         logits = embed.attend(x)
     elif c.tie_word_embeddings:

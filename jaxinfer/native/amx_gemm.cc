@@ -27,9 +27,11 @@
 //   [N / 16, K / 32, 16, 16, 2]: block (j, b) is the 16 x 32 slice w[32b : 32b + 32, 16j : 16j + 16]
 //   as AMX's B operand: row p holds, for each of its 16 columns, the pair w[32b + 2p], w[32b + 2p + 1]
 //   (Intel's "VNNI" layout for TDPBF16PS).
-// Inputs: x bf16 or u16 [M, K]; w u16 [L, N / 16, K / 32, 16, 16, 2]; layer s32 [].
-// Output: y f32 [M, N] = x w[layer]: bfloat16 operands, float32 sums (as lax.dot_general with
-// preferred_element_type=float32, summed in another order).
+// Inputs: x bf16 or u16 [M, K]; w u16 [L, N / 16, K / 32, 16, 16, 2]; layer s32 []; rows s32 []:
+// how many of x's rows are real (clamped to [0, M]); a step is padded to its bucket, and the
+// padding rows are not multiplied.
+// Output: y f32 [M, N] = x w[layer] in the real rows: bfloat16 operands, float32 sums (as
+// lax.dot_general with preferred_element_type=float32, summed in another order); zeros past them.
 //
 // Work: pairs of 16-column blocks are spread over XLA's intra-op threads; each item loops over
 // the rows 32 at a time (two A tiles, four C tiles of 16 x 16 float32). The thread's tile
@@ -45,12 +47,13 @@
 // rotation, the two ways alternated in one process,
 // benchmarks/results/2026-12-03-cpu2-prefill-runs/probes/gated_mlp_ab.py): 32 rows 11.1 -> 8.5 ms,
 // 512 rows 81.0 -> 61.1 ms.
-// Inputs: x and layer as above; w u16 [L, 2F / 16, K / 32, 16, 16, 2]: the [K, 2F] matrix whose
+// Inputs: x, layer and rows as above; w u16 [L, 2F / 16, K / 32, 16, 16, 2]: the [K, 2F] matrix whose
 // 16-column blocks alternate gate block q, up block q (`native_amx.pack_gated`), so that a
 // column-block pair of the product above is (g, u) of h's columns 16q .. 16q + 15.
 // Attribute: act s32, 0 = SiLU x sigmoid(x), 1 = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
 // Output: h bf16 [M, F], each element act(g) * u from the float32 sums g, u, rounded to nearest
-// even (as XLA's act(g) * u then astype(bfloat16), with another exp and another summing order).
+// even (as XLA's act(g) * u then astype(bfloat16), with another exp and another summing order);
+// zeros past the real rows.
 // Work as above; each 32-row panel's block pair goes through `panel` into a local buffer, then
 // `gated_rows` (AVX-512) turns its rows into h.
 #include <algorithm>
@@ -297,17 +300,18 @@ void gated_columns(const Problem& p, uint16_t* h, int64_t q0, int64_t q1) {
   });
 }
 
-// Checks x, w and layer (`name` starts the messages) and sets p up for that layer: x's rows past
-// a multiple of 32 copied, zero-padded to a whole panel, into `tail` once for every item (on AMX;
-// the VDPBF16PS path reads them in place).
+// Checks x, w and layer (`name` starts the messages) and sets p up for that layer and x's real
+// rows (p.M: `rows`, clamped to [0, M]): those past a multiple of 32 copied, zero-padded to a
+// whole panel, into `tail` once for every item (on AMX; the VDPBF16PS path reads them in place).
 ffi::Error setup(const char* name, ffi::AnyBuffer x, ffi::Buffer<ffi::U16> w, ffi::Buffer<ffi::S32> layer,
-                 std::vector<uint16_t>& tail, Problem& p) {
+                 ffi::Buffer<ffi::S32> rows, std::vector<uint16_t>& tail, Problem& p) {
   const auto xd = x.dimensions(), wd = w.dimensions();
   if (xd.size() != 2 || wd.size() != 6 || wd[3] != 16 || wd[4] != 16 || wd[5] != 2 ||
       (x.element_type() != ffi::U16 && x.element_type() != ffi::BF16))
     return ffi::Error::InvalidArgument(std::string(name) +
                                        ": x bf16 [M, K] and w u16 [L, N/16, K/32, 16, 16, 2] expected");
-  const int64_t L = wd[0], N = wd[1] * 16, K = wd[2] * 32, M = xd[0];
+  const int64_t L = wd[0], N = wd[1] * 16, K = wd[2] * 32;
+  const int64_t M = std::clamp<int64_t>(rows.typed_data()[0], 0, xd[0]);
   const int64_t l = layer.typed_data()[0];
   if (xd[1] != K || K > kMaxK || N % 32 != 0 || l < 0 || l >= L)
     return ffi::Error::InvalidArgument(std::string(name) +
@@ -326,6 +330,12 @@ ffi::Error setup(const char* name, ffi::AnyBuffer x, ffi::Buffer<ffi::U16> w, ff
   return ffi::Error::Success();
 }
 
+// Zeros in rows [from, to) of a row-major [*, n] array of T.
+template <typename T>
+void zero_rows(T* a, int64_t from, int64_t to, int64_t n) {
+  if (to > from) std::memset(a + from * n, 0, (to - from) * n * sizeof(T));
+}
+
 // Runs item(q0, q1) over [0, pairs) column-block pairs, about 8 items per thread.
 template <typename Item>
 void spread(ffi::ThreadPool& pool, int64_t pairs, Item item) {
@@ -338,13 +348,14 @@ void spread(ffi::ThreadPool& pool, int64_t pairs, Item item) {
 #endif
 
 ffi::Error gemm(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::U16> w, ffi::Buffer<ffi::S32> layer,
-                ffi::ResultBuffer<ffi::F32> y) {
+                ffi::Buffer<ffi::S32> rows, ffi::ResultBuffer<ffi::F32> y) {
 #ifdef JAXINFER_PACKED
   std::vector<uint16_t> tail;
   Problem p;
-  if (ffi::Error err = setup("amx_gemm", x, w, layer, tail, p); err.failure()) return err;
+  if (ffi::Error err = setup("amx_gemm", x, w, layer, rows, tail, p); err.failure()) return err;
   p.y = y->typed_data();
-  spread(pool, p.N / 32, [p](int64_t q0, int64_t q1) { columns(p, q0, q1); });
+  zero_rows(p.y, p.M, x.dimensions()[0], p.N);
+  if (p.M > 0) spread(pool, p.N / 32, [p](int64_t q0, int64_t q1) { columns(p, q0, q1); });
   return ffi::Error::Success();
 #else
   return ffi::Error::InvalidArgument("amx_gemm: built without AMX or AVX-512 BF16 (the CPU or the compiler lacks both)");
@@ -352,15 +363,17 @@ ffi::Error gemm(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::U16> w,
 }
 
 ffi::Error gated(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::U16> w, ffi::Buffer<ffi::S32> layer,
-                 int32_t act, ffi::ResultBuffer<ffi::BF16> h) {
+                 ffi::Buffer<ffi::S32> rows, int32_t act, ffi::ResultBuffer<ffi::BF16> h) {
 #ifdef JAXINFER_PACKED
   std::vector<uint16_t> tail;
   Problem p;
-  if (ffi::Error err = setup("amx_gated", x, w, layer, tail, p); err.failure()) return err;
+  if (ffi::Error err = setup("amx_gated", x, w, layer, rows, tail, p); err.failure()) return err;
   const auto hd = h->dimensions();
-  if (hd.size() != 2 || hd[0] != p.M || hd[1] != p.N / 2 || (act != kSilu && act != kGeluTanh))
+  if (hd.size() != 2 || hd[0] != x.dimensions()[0] || hd[1] != p.N / 2 || (act != kSilu && act != kGeluTanh))
     return ffi::Error::InvalidArgument("amx_gated: h must be bf16 [M, N/2] and act 0 (SiLU) or 1 (tanh GELU)");
   uint16_t* out = h->typed_data();  // bfloat16 bits
+  zero_rows(out, p.M, hd[0], p.N / 2);
+  if (p.M == 0) return ffi::Error::Success();
   if (act == kSilu)
     spread(pool, p.N / 32, [p, out](int64_t q0, int64_t q1) { gated_columns<kSilu>(p, out, q0, q1); });
   else
@@ -379,6 +392,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxinferAmxGemm, gemm,
                                   .Arg<ffi::AnyBuffer>()           // x
                                   .Arg<ffi::Buffer<ffi::U16>>()    // packed w
                                   .Arg<ffi::Buffer<ffi::S32>>()    // layer
+                                  .Arg<ffi::Buffer<ffi::S32>>()    // rows (real rows of x)
                                   .Ret<ffi::Buffer<ffi::F32>>());  // y
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxinferAmxGated, gated,
@@ -387,5 +401,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxinferAmxGated, gated,
                                   .Arg<ffi::AnyBuffer>()            // x
                                   .Arg<ffi::Buffer<ffi::U16>>()     // packed [wg | wu] blocks
                                   .Arg<ffi::Buffer<ffi::S32>>()     // layer
+                                  .Arg<ffi::Buffer<ffi::S32>>()     // rows (real rows of x)
                                   .Attr<int32_t>("act")             // 0 SiLU, 1 tanh GELU
                                   .Ret<ffi::Buffer<ffi::BF16>>());  // h

@@ -28,8 +28,9 @@
 // inputs and each of its 16 columns c the two weights q[32b + 2p + e, 16j + c], e = 0, 1: one
 // 32-byte run per pair, which VPMOVSXBW widens to the 32 int16 lanes VPDPWSSD pairs up.
 // Inputs: x f32 or bf16 [M, K]; w s8 [L, N / 16, K / 32, 16, 16, 2]; s f32 [L, K / 64, N] (the
-// scale of group g of column n); layer s32 [].
-// Output: y f32 [M, N].
+// scale of group g of column n); layer s32 []; rows s32 []: how many of x's rows are real
+// (clamped to [0, M]; a step's padding rows are not multiplied).
+// Output: y f32 [M, N], zeros past the real rows.
 //
 // Work: x's rows are quantized first (not on the bfloat16 path); then pairs of 16-column blocks
 // are spread over XLA's intra-op threads (parallel_items.h). Up to 4 rows, an item runs them
@@ -279,7 +280,7 @@ void columns(const Problem& p, int64_t q0, int64_t q1) {
 #endif  // AVX-512 VNNI
 
 ffi::Error gemm(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::S8> w, ffi::Buffer<ffi::F32> s,
-                ffi::Buffer<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> y) {
+                ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> rows, ffi::ResultBuffer<ffi::F32> y) {
 #ifdef JAXINFER_VNNI
   const auto xd = x.dimensions(), wd = w.dimensions(), sd = s.dimensions();
   const bool bf16 = x.element_type() == ffi::BF16;
@@ -287,13 +288,15 @@ ffi::Error gemm(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::S8> w, 
       (!bf16 && x.element_type() != ffi::F32))
     return ffi::Error::InvalidArgument(
         "int8_gemm: x f32 or bf16 [M, K], w s8 [L, N/16, K/32, 16, 16, 2] and s f32 [L, K/64, N] expected");
-  const int64_t L = wd[0], N = wd[1] * 16, K = wd[2] * 32, M = xd[0];
+  const int64_t L = wd[0], N = wd[1] * 16, K = wd[2] * 32;
+  const int64_t M = std::clamp<int64_t>(rows.typed_data()[0], 0, xd[0]);
   const int64_t l = layer.typed_data()[0];
   if (xd[1] != K || K % kGroup != 0 || N % 32 != 0 || sd[0] != L || sd[1] != K / kGroup || sd[2] != N || l < 0 ||
       l >= L)
     return ffi::Error::InvalidArgument(
         "int8_gemm: K differs from x's or is not a multiple of 64, N is not a multiple of 32, s's shape "
         "does not match w's, or the layer is out of range");
+  if (xd[0] > M) std::memset(y->typed_data() + M * N, 0, (xd[0] - M) * N * sizeof(float));
   if (M == 0) return ffi::Error::Success();
   Problem p{nullptr, nullptr, nullptr, w.typed_data() + l * N * K, s.typed_data() + l * (K / kGroup) * N,
             y->typed_data(), M, K, N};
@@ -330,4 +333,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxinferInt8Gemm, gemm,
                                   .Arg<ffi::Buffer<ffi::S8>>()     // packed w
                                   .Arg<ffi::Buffer<ffi::F32>>()    // group scales
                                   .Arg<ffi::Buffer<ffi::S32>>()    // layer
+                                  .Arg<ffi::Buffer<ffi::S32>>()    // rows (real rows of x)
                                   .Ret<ffi::Buffer<ffi::F32>>());  // y
