@@ -142,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--truncate-prompt", default="none", choices=["none", "left"],
                         help="over-long prompts: 400, or keep the last tokens")
     server.add_argument("--shutdown-timeout", type=float, default=30.0, help="SIGTERM grace period (s)")
+    server.add_argument("--timeout-keep-alive", type=float, default=75.0,
+                        help="seconds an idle keep-alive connection stays open; keep it above a load balancer's "
+                             "idle timeout towards the server, so that the balancer closes idle connections")
     server.add_argument("--max-request-bytes", type=parse_bytes, default=16 << 20,
                         help="larger request bodies get 413 before parsing (default: 16MiB)")
     server.add_argument("--parse-special-tokens-in-messages", action="store_true",
@@ -190,6 +193,15 @@ def model_args(args, spec) -> argparse.Namespace:
                                  "chat_template": spec.chat_template})
 
 
+def uvicorn_config(app, config):
+    """The ``uvicorn.Config`` that serves ``app`` as ``config`` (a `ServerConfig`) says."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=config.host, port=config.port, log_level=logging.getLogger().level,
+                          timeout_graceful_shutdown=config.shutdown_timeout,
+                          timeout_keep_alive=config.timeout_keep_alive, lifespan="on")
+
+
 def server_config(args):
     from jaxinfer.api.config import ServerConfig
 
@@ -198,7 +210,8 @@ def server_config(args):
     return ServerConfig(host=args.host, port=args.port, served_model_name=name,
                         api_key=args.api_key, max_queue_wait=args.max_queue_wait,
                         request_timeout=args.request_timeout, truncate_prompt=args.truncate_prompt,
-                        shutdown_timeout=args.shutdown_timeout, max_request_bytes=args.max_request_bytes,
+                        shutdown_timeout=args.shutdown_timeout, timeout_keep_alive=args.timeout_keep_alive,
+                        max_request_bytes=args.max_request_bytes,
                         parse_special_tokens_in_messages=args.parse_special_tokens_in_messages,
                         instance_id=instance_id)
 
@@ -365,8 +378,7 @@ def serve(app, models, config, sock: socket.socket | None = None) -> None:
             drain.wait_idle()
             super().handle_exit(sig, frame)
 
-    uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=logging.getLogger().level,
-                               timeout_graceful_shutdown=config.shutdown_timeout, lifespan="on")
+    uv_config = uvicorn_config(app, config)
     # uvicorn re-raises the signal after its graceful shutdown: make that a clean exit, for Ctrl+C
     # too (Python's own SIGINT handler would end a finished drain with a KeyboardInterrupt, status 130)
     for stop_signal in (signal.SIGTERM, signal.SIGINT):

@@ -152,7 +152,15 @@ def build_texts(shape: cw.ChatShape, codec: cw.Codec, block_size: int, seed: int
 
 
 async def chat_turn(http: httpx.AsyncClient, session: str, messages: list[dict], a) -> dict:
-    """One streamed chat request: TTFT (s), answer text, usage and the answering instance."""
+    """One streamed chat request: TTFT (s), answer text, usage and the answering instance; or
+    ``{"error": ...}`` for a non-200 status or a connection that failed (its session stops)."""
+    try:
+        return await _chat_turn(http, session, messages, a)
+    except httpx.HTTPError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+async def _chat_turn(http: httpx.AsyncClient, session: str, messages: list[dict], a) -> dict:
     body = {"model": a.model, "messages": messages, "max_tokens": a.shape.answer_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()

@@ -39,6 +39,18 @@ def test_flags_map_onto_config_fields():
     assert (sc.max_model_len, sc.max_num_seqs, sc.max_num_batched_tokens, sc.max_queue_len) == (1024, 4, 256, 5)
 
 
+def test_idle_connections_outlive_the_balancers():
+    """The server keeps an idle keep-alive connection open longer than HAProxy keeps its idle
+    connections (`jaxinfer.haproxy_config.TIMEOUTS`), so that HAProxy closes them: a server
+    closing one as HAProxy reuses it drops a client's request without a response."""
+    from jaxinfer import haproxy_config
+    default = server.server_config(server.build_parser().parse_args([]))
+    assert default.timeout_keep_alive > float(haproxy_config.TIMEOUTS["http-keep-alive"].rstrip("s"))
+    assert server.uvicorn_config(object(), default).timeout_keep_alive == default.timeout_keep_alive
+    cfg = server.server_config(server.build_parser().parse_args(["--timeout-keep-alive", "12.5"]))
+    assert server.uvicorn_config(object(), cfg).timeout_keep_alive == 12.5
+
+
 def test_new_flags_map_onto_config_fields():
     args = server.build_parser().parse_args(["--gpu-memory-utilization", "0.7", "--block-size", "32",
                                               "--tokenizer", "tok/dir", "--disable-log-requests",
@@ -128,7 +140,8 @@ def test_bad_flags_are_refused():
                                    ["--fallback-model", "m"], ["--degrade-ttft-slo", "1"],
                                    ["--fallback-model", "m", "--degrade-ttft-slo", "0"],
                                    ["--fallback-model", "m", "--degrade-ttft-slo", "1", "--num-processes", "2"],
-                                   ["--chat-template", "no-such-template"], ["--chat-template", "gemma3", "--chat-template", "gemma3"]])
+                                   ["--chat-template", "no-such-template"], ["--chat-template", "gemma3", "--chat-template", "gemma3"],
+                                   ["--timeout-keep-alive", "0"]])
 def test_flags_the_config_rejects_exit_2_before_loading(flags, capsys):
     parser = server.build_parser()
     with pytest.raises(SystemExit) as exc:

@@ -23,6 +23,12 @@ class ServerConfig:
       truncate_prompt: ``"none"`` (over-long prompts are a 400) or ``"left"`` (keep the
         last tokens that leave room for ``max_tokens``).
       shutdown_timeout: grace period in seconds for in-flight requests after SIGTERM.
+      timeout_keep_alive: seconds an idle HTTP keep-alive connection stays open (uvicorn's
+        ``timeout_keep_alive``). Longer than a load balancer keeps idle connections to the
+        server, so that the balancer closes them, never the server: a server closing an idle
+        connection just as HAProxy sends a request on it makes HAProxy drop the client's
+        connection without a response (its ``http-reuse safe`` leaves the retry to the client).
+        With uvicorn's default 5 s, one of six cluster benchmark runs lost a request that way.
       retry_after: the least ``Retry-After`` (seconds) on 429; the engine suggests more when
         its measured admission rate says the queue needs longer (`jaxinfer.drain_rate`).
       max_request_bytes: larger request bodies get 413 before they are parsed (None: no limit).
@@ -41,6 +47,7 @@ class ServerConfig:
     request_timeout: float | None = None
     truncate_prompt: str = "none"
     shutdown_timeout: float = 30.0
+    timeout_keep_alive: float = 75.0
     retry_after: float = 1.0
     max_request_bytes: int | None = 16 << 20
     parse_special_tokens_in_messages: bool = False
@@ -53,6 +60,8 @@ class ServerConfig:
             raise ValueError("served_model_name must not be empty")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must not be empty (leave it unset for no authentication)")
+        if not self.timeout_keep_alive > 0:
+            raise ValueError(f"timeout_keep_alive must be > 0 seconds, got {self.timeout_keep_alive}")
         for name in ("max_queue_wait", "request_timeout"):
             value = getattr(self, name)
             if value is not None and not value > 0:
