@@ -143,8 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="over-long prompts: 400, or keep the last tokens")
     server.add_argument("--shutdown-timeout", type=float, default=30.0, help="SIGTERM grace period (s)")
     server.add_argument("--timeout-keep-alive", type=float, default=75.0,
-                        help="seconds an idle keep-alive connection stays open; keep it above a load balancer's "
-                             "idle timeout towards the server, so that the balancer closes idle connections")
+                        help="seconds an idle keep-alive connection stays open; keep it above the idle timeout "
+                             "of a load balancer that reuses connections to the server (nginx: 60 s)")
     server.add_argument("--max-request-bytes", type=parse_bytes, default=16 << 20,
                         help="larger request bodies get 413 before parsing (default: 16MiB)")
     server.add_argument("--parse-special-tokens-in-messages", action="store_true",

@@ -7,7 +7,8 @@ A step is padded to a `Bucket` = (num_tokens T, num_seqs R, context width W):
     wastes at most ~1/3; and ``max_num_seqs`` itself, the step of a full batch of decoding
     sequences (32 rows by default ran in the 40 bucket: 5.6-8.5% slower on a 2-core CPU).
   * R, sequence rows: tied to T as ``min(T, max_num_seqs)`` (a step never has more
-    sequences than tokens). Padding rows only cost a row of the LM head each.
+    sequences than tokens). Padding rows cost a row of the LM head each where XLA's dot runs
+    it; the packed-product kernels (CPU) skip padding rows and padding tokens altogether.
   * W, block-table width in blocks for each row's whole context including this step's
     tokens (one rule for both attention backends, `jaxinfer.step_metadata.AttentionMetadata`):
     ``min_width`` then powers of ``width_growth`` up to ``ceil(max_model_len / block_size)``.

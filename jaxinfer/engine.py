@@ -205,7 +205,7 @@ class LLMEngine:
         arrival = now if spec.arrival_time is None else min(spec.arrival_time, now)
         req = Request(spec.request_id, list(spec.prompt_token_ids), params, seed=seed & (2**64 - 1),
                       max_tokens=max_tokens, eos_token_ids=self.eos_token_ids, arrival_time=arrival,
-                      deadline=spec.deadline, max_queue_wait_deadline=None if mqw is None else now + mqw)
+                      deadline=spec.deadline, max_queue_wait_deadline=None if mqw is None else arrival + mqw)
         req.prompt = spec.prompt
         if params.structured_outputs is not None:
             req.matcher = self.grammar_engine().matcher(params.structured_outputs)

@@ -29,7 +29,7 @@ class RequestSpec:
         priority policy).
       prompt: the prompt text, if any (for outputs).
       deadline: absolute ``time.monotonic()`` seconds after which it times out, or None.
-      max_queue_wait: seconds it may wait unadmitted before being rejected, or None.
+      max_queue_wait: seconds it may wait unadmitted (from its arrival) before being rejected, or None.
       arrival_time: ``time.monotonic()`` seconds when the server received the request, or
         None (then: when the engine takes it). Its TTFT, queue time and end-to-end latency
         count from here, so the HTTP layer's part and the wait for the step in progress to end

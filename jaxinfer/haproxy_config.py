@@ -15,6 +15,9 @@ instances):
 - **Active health checks** on ``GET /health``: an instance that is warming up, draining or
   dead answers 503 (or nothing) and gets no new requests.
 - **Timeouts** long enough for SSE streams and queued requests (`TIMEOUTS`).
+- **Connections:** each SSE event is sent on at once (``option http-no-delay``); each request
+  gets its own connection to the instance (``option http-server-close``), since reusing an
+  idle one races the instance closing it, and HAProxy then drops the request unanswered.
 - **Retries** only when the TCP connection to an instance could not be made
   (``retry-on conn-failure``, on another instance): a request of which any byte reached an
   instance is never sent twice. Errors HAProxy answers itself (502/503/504) use OpenAI's
@@ -118,7 +121,10 @@ def _defaults() -> str:
              "    option dontlognull",
              "    # Send each SSE event on at once. By default HAProxy asks the kernel to hold small writes",
              "    # for more data (MSG_MORE, Nagle): a stream's first token came ~230 ms late.",
-             "    option http-no-delay"]
+             "    option http-no-delay",
+             "    # One connection to the instance per request (the client's own stays open). Reusing an",
+             "    # idle one races the instance closing it, and then HAProxy drops the request unanswered.",
+             "    option http-server-close"]
     lines += [f"    timeout {name} {value}" for name, value in TIMEOUTS.items()]
     lines += ["    # Retry only a connection that could not be made (nothing reached the instance), on",
               "    # another instance; a request that reached an instance is never sent again.",

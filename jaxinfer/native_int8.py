@@ -96,7 +96,7 @@ def matmul(x, packed: dict, layer, rows=None):
     float32 or bfloat16 (other dtypes are cast to float32), ``layer`` an int32 scalar (traced or
     not). ``rows`` (int32 scalar, traced or not; None: M): only x's first ``rows`` rows are
     multiplied, the output's later rows are zeros (a step's padding tokens). Each row of ``x`` is rounded to int16 with its own absmax scale inside the kernel,
-    except bfloat16 ``x`` of more than 4 rows on a CPU with AVX-512 BF16, which is multiplied as
+    except bfloat16 ``x`` of more than 4 real rows (``rows``) on a CPU with AVX-512 BF16, which is multiplied as
     given (the kernel's header); a row holding a NaN or an infinity comes out NaN. Call only
     where `available` is True."""
     k, n = packed_shape_kn(packed)

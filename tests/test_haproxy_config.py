@@ -121,10 +121,14 @@ def test_failed_install_is_announced_then_reported(tmp_path, monkeypatch):
 
 
 class _SlowStream(http.server.BaseHTTPRequestHandler):
-    """An upstream that answers ``/health`` and streams two SSE events 1.5 s apart."""
+    """An upstream that answers GETs (``/health``; ``/ports`` notes the balancer's source port
+    in `ports`, keeping the connection open) and streams two SSE events 1.5 s apart."""
     protocol_version = "HTTP/1.1"
+    ports: list[int] = []
 
     def do_GET(self):
+        if self.path == "/ports":
+            self.ports.append(self.client_address[1])
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -135,11 +139,14 @@ class _SlowStream(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        for i, event in enumerate((b"data: first\n\n", b"data: [DONE]\n\n")):
-            if i:
-                time.sleep(1.5)
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
-        self.wfile.write(b"0\r\n\r\n")
+        try:
+            for i, event in enumerate((b"data: first\n\n", b"data: [DONE]\n\n")):
+                if i:
+                    time.sleep(1.5)
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):  # the test read its first event and left
+            self.close_connection = True
 
     def log_message(self, *args):
         pass
@@ -159,10 +166,9 @@ def _seconds_to_first_event(port: int) -> float:
         return time.perf_counter() - t0
 
 
-def test_streamed_events_are_forwarded_at_once(tmp_path):
-    """Without ``option http-no-delay`` HAProxy marks its writes MSG_MORE and the kernel held a
-    stream's first event ~200 ms (every streamed TTFT through the balancer paid it); with it,
-    the event reaches the client while the upstream still holds the second one."""
+@pytest.fixture()
+def balancer(tmp_path):
+    """HAProxy with the rendered config in front of one `_SlowStream` upstream: its port."""
     binary = hx.find_haproxy()
     if binary is None:
         pytest.skip("haproxy is not installed (python -m jaxinfer.cluster installs it)")
@@ -175,17 +181,41 @@ def test_streamed_events_are_forwarded_at_once(tmp_path):
     proc = subprocess.Popen([binary, "-db", "-f", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 20
-        while True:
+        while True:  # until HAProxy listens and routes
             try:
-                first = _seconds_to_first_event(port)
+                _seconds_to_first_event(port)
                 break
             except (OSError, AssertionError):
                 if time.monotonic() > deadline or proc.poll() is not None:
                     raise
                 time.sleep(0.2)
-        times = [first] + [_seconds_to_first_event(port) for _ in range(2)]
-        assert min(times) < 0.1, f"first event after {times} s"
+        yield port
     finally:
         proc.terminate()
         proc.wait(10)
         upstream.shutdown()
+
+
+def test_streamed_events_are_forwarded_at_once(balancer):
+    """Without ``option http-no-delay`` HAProxy marks its writes MSG_MORE and the kernel held a
+    stream's first event ~200 ms (every streamed TTFT through the balancer paid it); with it,
+    the event reaches the client while the upstream still holds the second one."""
+    times = [_seconds_to_first_event(balancer) for _ in range(3)]
+    assert min(times) < 0.1, f"first event after {times} s"
+
+
+def test_each_request_gets_its_own_upstream_connection(balancer):
+    """Two requests on one client connection reach the instance on two connections
+    (``option http-server-close``): HAProxy never reuses an idle connection to an instance,
+    which the instance may be closing at that moment (HAProxy then drops the request)."""
+    _SlowStream.ports.clear()
+    with socket.create_connection(("127.0.0.1", balancer), timeout=10) as s:
+        for _ in range(2):
+            s.sendall(b"GET /ports HTTP/1.1\r\nHost: x\r\n\r\n")
+            seen = b""
+            while b"\r\n\r\n" not in seen:
+                chunk = s.recv(4096)
+                assert chunk, "the balancer closed the client's connection"
+                seen += chunk
+            assert seen.startswith(b"HTTP/1.1 200")
+    assert len(_SlowStream.ports) == 2 and _SlowStream.ports[0] != _SlowStream.ports[1]

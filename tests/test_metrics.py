@@ -142,7 +142,6 @@ def test_queue_time_counts_from_the_servers_receipt():
 
     assert delta("request_queue_time_seconds_count") == 2
     assert delta("request_queue_time_seconds_sum") >= HELD  # the second request's wait for the step
-    assert delta("time_to_first_token_seconds_sum") >= HELD
 
 
 def test_success_total_by_finished_reason(api):

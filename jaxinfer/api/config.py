@@ -24,11 +24,13 @@ class ServerConfig:
         last tokens that leave room for ``max_tokens``).
       shutdown_timeout: grace period in seconds for in-flight requests after SIGTERM.
       timeout_keep_alive: seconds an idle HTTP keep-alive connection stays open (uvicorn's
-        ``timeout_keep_alive``). Longer than a load balancer keeps idle connections to the
-        server, so that the balancer closes them, never the server: a server closing an idle
-        connection just as HAProxy sends a request on it makes HAProxy drop the client's
-        connection without a response (its ``http-reuse safe`` leaves the retry to the client).
-        With uvicorn's default 5 s, one of six cluster benchmark runs lost a request that way.
+        ``timeout_keep_alive``). Longer than a load balancer that reuses idle connections to
+        the server keeps them (nginx's upstream ``keepalive_timeout``: 60 s), so that the
+        balancer closes them: a server closing an idle connection just as the balancer sends a
+        request on it loses that request (HAProxy drops the client's connection unanswered
+        and leaves the retry to the client). With uvicorn's default 5 s behind HAProxy reusing
+        connections, one of six cluster benchmark runs lost a request that way; the rendered
+        HAProxy config now opens a connection per request (`jaxinfer.haproxy_config`).
       retry_after: the least ``Retry-After`` (seconds) on 429; the engine suggests more when
         its measured admission rate says the queue needs longer (`jaxinfer.drain_rate`).
       max_request_bytes: larger request bodies get 413 before they are parsed (None: no limit).

@@ -18,7 +18,7 @@
 // That is the weight-only (W8A16) product that XLA's path computes as x (q s), up to the int16
 // rounding of x (SmoothQuant-style per-token activation scales, Xiao et al. 2023, at 16 bits).
 // (A row whose largest value is below ~4e-34 gets a scale XLA flushes to zero: its outputs are 0.)
-// Exception, on a CPU with AVX-512 BF16: bfloat16 x of more than kRows (4) rows is multiplied as
+// Exception, on a CPU with AVX-512 BF16: bfloat16 x of more than kRows (4) real rows is multiplied as
 // given, each group's weights widened to bfloat16 (exact, |q| <= 127) and summed by VDPBF16PS
 // in float32 (`Bf16Path`): y[m, n] = sum_g s[g, n] sum_{k in g} x[m, k] q[k, n], no rounding of x
 // at all. VPDPWSSD's loop took 1.16-1.24x the bfloat16 model's decode step there.
