@@ -3,21 +3,9 @@
 Steps: 6 decoding rows (T = 8); plus one request with 256 cached and 48 new prompt tokens
 (54 tokens, T = 64); 136 new (142, T = 144); a cold 304-token prompt (310, T = 328); and 33
 decoding rows (T = 40)."""
-import statistics, sys, time
-sys.path.insert(0, "/work/main")
-import jax.numpy as jnp
-from jaxinfer import LLM, SamplingParams
-from jaxinfer.models import llama
-
-def build(padded: bool):
-    real, head = llama.real_tokens, llama.lm_head_logits
-    if padded:
-        llama.real_tokens = lambda meta: jnp.int32(meta.positions.shape[0])
-        llama.lm_head_logits = lambda *a, rows=None, **k: head(*a, **k)
-    try:
-        return LLM(max_num_seqs=64, max_num_batched_tokens=512, use_tqdm=False).engine
-    finally:
-        llama.real_tokens, llama.lm_head_logits = real, head
+import statistics, time
+from padded_engine import build  # this folder
+from jaxinfer import SamplingParams
 
 engines = {"padded rows multiplied": build(True), "real rows only": build(False)}
 sp = SamplingParams(max_tokens=1000, ignore_eos=True, temperature=0)

@@ -1,20 +1,8 @@
 """Decode-only steps at row counts that do not fill their bucket, padded rows multiplied or not
 (two engines in one process, alternated). Usage: rows_decode.py N1 N2 ..."""
 import statistics, sys, time
-sys.path.insert(0, "/work/main")
-import jax.numpy as jnp
-from jaxinfer import LLM, SamplingParams
-from jaxinfer.models import llama
-
-def build(padded: bool):
-    real, head = llama.real_tokens, llama.lm_head_logits
-    if padded:
-        llama.real_tokens = lambda meta: jnp.int32(meta.positions.shape[0])
-        llama.lm_head_logits = lambda *a, rows=None, **k: head(*a, **k)
-    try:
-        return LLM(max_num_seqs=64, max_num_batched_tokens=512, use_tqdm=False).engine
-    finally:
-        llama.real_tokens, llama.lm_head_logits = real, head
+from padded_engine import build  # this folder
+from jaxinfer import SamplingParams
 
 engines = {"padded": build(True), "real": build(False)}
 sp = SamplingParams(max_tokens=3000, ignore_eos=True, temperature=0.0)
