@@ -5,7 +5,8 @@ Modules, request order: ``protocol`` (pydantic bodies) -> ``routes`` (endpoints)
 ``params`` (`SamplingParams`), ``responses`` / ``logprobs`` (JSON and SSE shapes);
 ``errors`` (OpenAI error envelope), ``metrics`` (Prometheus), ``config`` (`ServerConfig`),
 ``model_registry`` (the served models by name), ``degrade`` (the fallback decision),
-``app`` (`create_app`). Contract: docs/api.md.
+``app`` (`create_app`), ``lifecycle`` (the process around the app: socket, uvicorn, the SIGTERM
+drain). Contract: docs/api.md.
 """
 from jaxinfer.api.app import create_app
 from jaxinfer.api.config import ServerConfig
