@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU check of pallas_kernels, prepared for one H200 call (< 8 minutes, installs nothing).
+# GPU check of pallas_kernels, prepared for two H200 calls (installs nothing):
+#   STEPS="tests bench engine" (< 10 min), then STEPS="llama throughput oracle" (< 6 min).
 #
 # Assumes the GPU machine's python3 with jax 0.11.x + CUDA (its image has jax, flax, orbax,
 # transformers; jaxinfer's server-only packages such as fastapi are not needed here).
@@ -13,10 +14,15 @@
 #      per backend (64 sequences)                                     -> backend_check_llama3-8b-2l.json
 #      (a stand-in for the oracle tests on a GPU host that has neither the converted
 #      SmolLM2, ~336 MB, nor network access to fetch it)
-#   5. tests/test_oracle.py with JAXINFER_TEST_BACKEND=pallas, only if weights/ holds the
+#   5. engine throughput, Llama-3-8B layout (32 layers, random bf16 weights), 64 prompts of
+#      128 tokens, 128 out, continuous against static batching  -> throughput.log,
+#      engine_throughput.json
+#   6. tests/test_oracle.py with JAXINFER_TEST_BACKEND=pallas, only if weights/ holds the
 #      converted model (reference outputs: tests/data/)                -> oracle.log
-# and writes summary.txt (exit code of each step). Everything lands flat in
-# ${OUT:-benchmarks/results/gpu/$(date +%F)} (8 files without step 5).
+# and writes summary.txt (exit code of each step). STEPS (default "tests bench engine llama
+# throughput oracle") picks steps, so a run can be split over two calls under the device's
+# 10-minute limit per command. Everything lands flat in
+# ${OUT:-benchmarks/results/gpu/$(date +%F)} (8 files without steps 5 and 6).
 # Usage: bash benchmarks/gpu_check.sh
 set -u
 cd "$(dirname "$0")/.."
@@ -26,6 +32,8 @@ PY="${PYTHON:-python3}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 SUMMARY="$OUT_DIR/summary.txt"
 : > "$SUMMARY"
+STEPS=" ${STEPS:-tests bench engine llama throughput oracle} "
+want() { [[ "$STEPS" == *" $1 "* ]]; }
 
 step() {  # step NAME LIMIT_SECONDS LOG COMMAND...
   local name=$1 limit=$2 log=$3; shift 3
@@ -44,21 +52,27 @@ step() {  # step NAME LIMIT_SECONDS LOG COMMAND...
 } >"$OUT_DIR/env.txt" 2>&1
 cat "$OUT_DIR/env.txt"
 
-step "kernel tests, compiled" 140 "$OUT_DIR/tests.log" \
+want tests && step "kernel tests, compiled" 180 "$OUT_DIR/tests.log" \
   env JAXINFER_PALLAS_COMPILED=1 "$PY" -m pytest -p no:cacheprovider -q -rA \
   --durations=10 tests/test_pallas_kernels.py
 
-step "kernel benchmark" 170 "$OUT_DIR/bench.log" \
+want bench && step "kernel benchmark" 170 "$OUT_DIR/bench.log" \
   "$PY" benchmarks/kernel_bench.py --out "$OUT_DIR"
 
-step "engine check, pallas vs xla" 110 "$OUT_DIR/engine.log" \
+want engine && step "engine check, pallas vs xla" 200 "$OUT_DIR/engine.log" \
   "$PY" benchmarks/backend_check.py --decode-batch 0 --out "$OUT_DIR"
 
-step "engine check, Llama-3-8B layout (2 layers, bf16)" 60 "$OUT_DIR/engine.log" \
+want llama && step "engine check, Llama-3-8B layout (2 layers, bf16)" 120 "$OUT_DIR/engine.log" \
   "$PY" benchmarks/backend_check.py --config configs/llama-3-8b.json --layers 2 \
   --dtypes bfloat16 --decode-batch 64 --tag llama3-8b-2l --out "$OUT_DIR"
 
-if [ -f weights/smollm2-135m-instruct/config.json ] && [ -f tests/test_oracle.py ]; then
+want throughput && step "engine throughput, Llama-3-8B layout (32 layers, bf16)" 200 \
+  "$OUT_DIR/throughput.log" "$PY" benchmarks/engine_throughput.py \
+  --config configs/llama-3-8b.json --batch 64 --input 128 --output 128 --out "$OUT_DIR"
+
+if ! want oracle; then
+  :
+elif [ -f weights/smollm2-135m-instruct/config.json ] && [ -f tests/test_oracle.py ]; then
   # shellcheck disable=SC2086  # ORACLE_ARGS is a list of words
   step "oracle tests, pallas backend" 80 "$OUT_DIR/oracle.log" \
     env JAXINFER_TEST_BACKEND=pallas "$PY" -m pytest -p no:cacheprovider -q -rA \

@@ -52,6 +52,8 @@ class LLM:
       load_format: "auto" or "dummy" (random weights).
       tensor_parallel_size, data_parallel_size: devices per replica and replicas
         (`ParallelConfig`, `jaxinfer.sharding`); generate works the same with any.
+      scheduler: "continuous" (default) or "static", the static-batching baseline
+        (`jaxinfer.static_scheduler`), for side-by-side measurements.
       scheduling_policy: "fcfs" or "priority" (``SamplingParams.priority`` / ``generate``'s
         ``priority``, lower first); priority_aging_s: seconds of waiting that lower the
         effective priority by 1 (`jaxinfer.priority_scheduler`).
@@ -72,7 +74,7 @@ class LLM:
                  weights_dir: str | None = None, max_queue_len: int = 1 << 30, enable_prefix_caching: bool = True,
                  tensor_parallel_size: int = 1, data_parallel_size: int = 1, tokenizer: str | None = None,
                  chat_template: str | None = None, gpu_memory_utilization: float | None = None,
-                 block_size: int = BLOCK_SIZE, use_tqdm: bool = True, scheduling_policy: str = "fcfs",
+                 block_size: int = BLOCK_SIZE, use_tqdm: bool = True, scheduler: str = "continuous", scheduling_policy: str = "fcfs",
                  priority_aging_s: float | None = None, quantization: str | None = None,
                  kv_cache_dtype: str = "auto", speculative_config=None,
                  **engine_kwargs):
@@ -108,7 +110,7 @@ class LLM:
                               gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                       max_model_len=max_model_len, max_queue_len=max_queue_len,
-                                      scheduling_policy=scheduling_policy, priority_aging_s=priority_aging_s),
+                                      scheduler=scheduler, scheduling_policy=scheduling_policy, priority_aging_s=priority_aging_s),
             attention_backend=attention_backend, seed=seed, warmup=warmup, return_logits=return_logits,
             parallel=parallel, tokenizer=tokenizer, chat_template=chat_template, quantization=quantization,
             speculative=speculative)
