@@ -125,10 +125,69 @@ def test_temperature_sharpens():
     assert np.mean(np.array(cold) == 0) > np.mean(np.array(hot) == 0) + 0.15
 
 
+def nucleus_reference(logits, top_k, top_p):
+    """Kept mask of top-k then top-p in float64 NumPy, as vLLM's sort-based apply_top_k_top_p:
+    top-k keeps every logit at or above the k-th largest (ties whole), top-p renormalises over
+    those and keeps each token whose mass strictly above it is below top_p (ties whole).
+    Also returns where float32 may decide either way: mass above within 1e-6 of top_p < 1."""
+    kept, unsure = np.zeros(logits.shape, bool), np.zeros(logits.shape, bool)
+    for r, row in enumerate(np.asarray(logits, np.float64)):
+        in_k = row >= np.sort(row)[::-1][min(top_k[r], row.size) - 1]
+        p = np.where(in_k, np.exp(row - row.max()), 0.0)
+        p /= p.sum()
+        values, where = np.unique(p, return_inverse=True)
+        above = (np.cumsum(values[::-1] * np.bincount(where)[::-1])[::-1] - values * np.bincount(where))[where]
+        kept[r] = in_k & ((above < top_p[r]) | (top_p[r] >= 1))
+        unsure[r] = in_k & (np.abs(above - top_p[r]) < 1e-6) & (top_p[r] < 1)
+    return kept, unsure
+
+
+def assert_same_kept(got, logits, s):
+    want, unsure = nucleus_reference(logits, s.top_k, s.top_p)
+    np.testing.assert_array_equal(np.isfinite(got) | unsure, want | unsure)
+    assert unsure.sum() <= 8  # the comparison is not vacuous
+
+
+@pytest.mark.parametrize("top_k,top_p,spread,step", [
+    (-1, 0.9, 1.0, 0.0),     # flat: the nucleus is thousands of tokens
+    (-1, 0.3, 3.0, 0.0),
+    (-1, 0.999, 3.0, 0.0),
+    (1000, 0.5, 1.0, 0.0),
+    (300, 1.0, 1.0, 0.0),    # top-k alone, past the candidates
+    (-1, 0.7, 2.0, 0.25),    # logits on a grid of 0.25: ties at the cut
+    (2000, 0.8, 2.0, 0.5),
+    (1, 0.9, 1.0, 0.0),
+])
+def test_bisection_filter_equals_full_sort(top_k, top_p, spread, step):
+    """The sort-free fallback keeps exactly the tokens a float64 sort-based filter keeps, ties
+    included (a float32 sort's running sum once dropped 226 tail tokens at top_p = 1)."""
+    from jaxinfer import sampler
+
+    V, R = 8192, 3
+    rng = np.random.default_rng(int(spread * 10 + step * 100) + top_k % 89)
+    raw = rng.normal(0, spread, (R, V))
+    logits = jnp.asarray(np.round(raw / step) * step if step else raw, jnp.float32)
+    layout = B.BatchLayout(BucketLadders(R, R, 4), 16, V, 128, 8)
+    s = dataclasses.replace(B.empty_inputs(Bucket(R, R, 4), layout, penalties=False, mask=False).sampling,
+                            top_k=np.full((R,), V if top_k < 0 else top_k, np.int32),
+                            top_p=np.array([top_p, min(1.0, top_p + 0.05), top_p], np.float32))
+    got = np.asarray(jax.jit(sampler._filter_bisect)(logits, s))
+    assert_same_kept(got, logits, s)
+    np.testing.assert_array_equal(got[np.isfinite(got)], np.asarray(logits)[np.isfinite(got)])
+
+
+def test_ordered_keys_follow_the_float_order():
+    from jaxinfer import sampler
+
+    x = np.array([-np.inf, -3e38, -2.5, -1e-30, -0.0, 0.0, 1e-30, 1e-7, 0.5, 2.5, 3e38, np.inf], np.float32)
+    keys = np.asarray(sampler._ordered_keys(jnp.asarray(x)))
+    assert (np.diff(keys.astype(np.int64)) >= 0).all() and keys[4] + 1 == keys[5]
+
+
 @pytest.mark.parametrize("top_k,top_p", [(50, 1.0), (256, 0.9), (-1, 0.3), (-1, 0.999), (1000, 0.5), (7, 0.2)])
 def test_top_candidates_filter_equals_full_sort(top_k, top_p):
-    """A large vocabulary filters on lax.top_k candidates; the kept set equals a full sort's,
-    both when the candidates cover the filter and when the step falls back to the sort."""
+    """A large vocabulary filters on lax.top_k candidates; the kept set equals a float64 sort's,
+    both when the candidates cover the filter and when the step falls back to bisection."""
     from jaxinfer import sampler
 
     V, R = 8192, 4
@@ -139,7 +198,21 @@ def test_top_candidates_filter_equals_full_sort(top_k, top_p):
                             top_k=np.full((R,), V if top_k < 0 else top_k, np.int32),
                             top_p=np.full((R,), top_p, np.float32))
     got = np.asarray(jax.jit(sampler._filter_top)(logits, s))
-    want = np.asarray(sampler._filter_sorted(logits, s))
-    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
-    kept = np.isfinite(want).sum(-1)  # the filters do something here
+    assert_same_kept(got, logits, s)
+    kept = np.isfinite(got).sum(-1)  # the filters do something here
     assert (kept < V).all() and (kept >= 1).all()
+
+
+def test_inverse_cdf_draws_follow_the_softmax_and_skip_filtered_tokens():
+    """The draw's frequencies match softmax(logits); a -inf token is never drawn, at u = 0 or
+    at the largest uniform below 1 either (the point is kept under the running total)."""
+    from jaxinfer import sampler
+
+    logits = jnp.log(jnp.asarray([0.0, 0.5, 0.3, 0.0, 0.2, 0.0], jnp.float32))  # -inf at 0, 3, 5
+    keys = jax.random.split(jax.random.PRNGKey(7), 6000)
+    us = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
+    draws = np.asarray(jax.jit(jax.vmap(sampler._inverse_cdf, in_axes=(None, 0)))(logits, us))
+    freq = np.bincount(draws, minlength=6) / draws.size
+    np.testing.assert_allclose(freq, [0, 0.5, 0.3, 0, 0.2, 0], atol=0.025)
+    edges = jnp.asarray([0.0, np.nextafter(np.float32(1), np.float32(0))], jnp.float32)
+    assert np.asarray(jax.vmap(sampler._inverse_cdf, in_axes=(None, 0))(logits, edges)).tolist() == [1, 4]

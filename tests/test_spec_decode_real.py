@@ -44,7 +44,7 @@ def test_input_grounded_prompts_identical_to_no_speculation(llm):
     from jaxinfer.engine import LLMEngine
 
     tok = llm.get_tokenizer()
-    texts = [t for t, _ in grounded.prompts(3, 120, np.random.default_rng(0))]
+    texts = [t for t, _ in grounded.prompts(3, 100, np.random.default_rng(0))]  # + 48 within max_model_len 256
     ids = [tok.encode(t) for t in texts]
     params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
     e = llm.engine
