@@ -64,10 +64,12 @@ CANDIDATES = 256  # top-k / top-p work on this many best logits per row (lax.top
 def _filter_top(logits, s):
     """top_k then top_p masks, computed on the best `CANDIDATES` logits of each row.
 
-    Exact whenever every row's filter stays inside its candidates (``top_k <= CANDIDATES``, or
-    no top-k and the candidates hold at least ``top_p`` of the probability mass); otherwise the step falls
-    back to `_filter_bisect`, which finds both thresholds by bisection without sorting. A full sort of
-    a 262K vocabulary costs seconds per step on a CPU; ``lax.top_k`` of 256 costs milliseconds.
+    A row whose filter stays inside its candidates (``top_k <= CANDIDATES``, or no top-k and the
+    candidates hold at least ``top_p`` of the probability mass) is filtered on them; the other
+    rows by `_filter_bisect`, which finds both thresholds by bisection without sorting (run only
+    when some row needs it). Each row's path depends on that row alone, so its result does not
+    depend on the batch. A full sort of a 262K vocabulary costs seconds per step on a CPU;
+    ``lax.top_k`` of 256 costs milliseconds.
     """
     V = logits.shape[1]
     if V <= CANDIDATES:
@@ -77,12 +79,18 @@ def _filter_top(logits, s):
     lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)  # the normaliser when no top-k applies
     mass = jnp.sum(jnp.exp(top - lse), axis=-1)
     covered = (k <= CANDIDATES) | ((k >= V) & (mass >= s.top_p))
-    return jax.lax.cond(jnp.all(covered), _filter_candidates, _filter_bisect, logits, s, (top, lse))
+    on_candidates = _filter_candidates(logits, s, top, lse)
+    return jax.lax.cond(jnp.all(covered), lambda: on_candidates,
+                        lambda: jnp.where(covered[:, None], on_candidates, _filter_bisect(logits, s)))
 
 
-def _filter_candidates(logits, s, top_lse):
-    top, lse = top_lse
-    return _threshold(logits, top, jnp.clip(s.top_k, 1, logits.shape[1]), s.top_p, lse)
+def _filter_candidates(logits, s, top, lse):
+    """`_threshold` on the candidates ``top`` [R, C]; logits tied with the k-th that did not make
+    the candidates still count in top-p's normaliser (they survive top-k)."""
+    k = jnp.clip(s.top_k, 1, logits.shape[1])
+    kth = jnp.take_along_axis(top, (jnp.minimum(k, top.shape[1]) - 1)[:, None], axis=-1)
+    missed = jnp.sum(logits == kth, axis=-1) - jnp.sum(top == kth, axis=-1)
+    return _threshold(logits, top, k, s.top_p, lse, missed)
 
 
 def _ordered_keys(x):
@@ -133,21 +141,26 @@ def _filter_bisect(logits, s, _=None):
     probs = jax.nn.softmax(jnp.where(keep, logits, -jnp.inf), axis=-1)
     pkeys = _ordered_keys(probs)
     pth = _largest_key(pkeys, probs, s.top_p)
+    pth = jnp.minimum(pth, jnp.max(pkeys, axis=-1))  # the best token survives any top_p, 0 after rounding too
     pth = jnp.where(s.top_p >= 1.0, 0, pth)  # top_p = 1 keeps every top-k survivor, rounding aside
     return jnp.where(keep & (pkeys >= pth[:, None]), logits, -jnp.inf)
 
 
-def _threshold(logits, srt, k, top_p, full_lse=None):
+def _threshold(logits, srt, k, top_p, full_lse=None, missed_ties=None):
     """Mask ``logits`` [R, V] below the top-k and top-p thresholds read off ``srt`` [R, C], the
     rows' best C logits in descending order. Top-p's probabilities are those of the top-k
     survivors (top-k before top-p, as vLLM), logits tied with the k-th included: a softmax over
     them, or with ``k > C`` (only when k covers the vocabulary) ``full_lse`` [R, 1], the
-    logsumexp of the whole row."""
+    logsumexp of the whole row. ``missed_ties`` [R] int32: logits equal to the k-th outside
+    ``srt``, added to the normaliser."""
     C = srt.shape[1]
     kk = jnp.minimum(k, C)
     kth = jnp.take_along_axis(srt, (kk - 1)[:, None], axis=-1)
     srt = jnp.where(srt >= kth, srt, -jnp.inf)
     lse = jax.nn.logsumexp(srt, axis=-1, keepdims=True)
+    if missed_ties is not None:
+        extra = missed_ties[:, None].astype(jnp.float32)
+        lse = jnp.where(extra > 0, jnp.logaddexp(lse, kth + jnp.log(jnp.maximum(extra, 1.0))), lse)
     if full_lse is not None:
         lse = jnp.where((k > C)[:, None], full_lse, lse)
     probs = jnp.exp(srt - lse)
@@ -180,17 +193,23 @@ def _sample(logits, s):
 def _inverse_cdf(logits, u):
     """Inverse-transform draw from softmax(logits) [V] with one uniform ``u`` in [0, 1).
 
-    Token i is drawn when ``cdf[i-1] <= u * total < cdf[i]`` (the running sum of the
-    unnormalised weights), which is probability p_i. A filtered (-inf) token has zero weight,
-    an empty interval, so it is never drawn; the point is kept below the total, so rounding
-    never runs past the last token of non-zero weight. One uniform per row instead of a
-    Gumbel-max draw's V (13 ms against 2 ms at 32 rows of 49,152 on a 2-core CPU).
+    Draws the first token of non-zero weight whose running sum of the unnormalised weights
+    passes ``u * total``: token i with probability p_i. A filtered (-inf) token has zero weight
+    and is never drawn, whatever the rounding: XLA's cumsum adds each position's sum in its own
+    order, so the running sum is not exactly monotone; if no token passes (rounding at the top
+    end), the last token of non-zero weight is drawn. One uniform per row instead of a
+    Gumbel-max draw's V (13 ms against 2 ms at 32 rows of 49,152 on a 2-core CPU), as
+    FlashInfer's sampling kernels; float32 sums honour each token's probability to ~1e-7 of the
+    total, so a token far below that (the flat tail of a 262K vocabulary) is drawn within a
+    few percent of its probability rather than exactly.
     """
     weights = jnp.exp(logits - jnp.max(logits))
     cdf = jnp.cumsum(weights)
-    total = cdf[-1]
-    point = jnp.minimum(u * total, jnp.nextafter(total, jnp.float32(0)))
-    return jnp.sum(cdf <= point).astype(jnp.int32)
+    ids = jnp.arange(logits.shape[0], dtype=jnp.int32)
+    live = weights > 0
+    first = jnp.min(jnp.where(live & (cdf > u * cdf[-1]), ids, logits.shape[0]))
+    last = jnp.max(jnp.where(live, ids, 0))
+    return jnp.where(first < logits.shape[0], first, last).astype(jnp.int32)
 
 
 def _logprobs(logits, sampled, num_top: int):

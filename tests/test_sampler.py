@@ -216,3 +216,43 @@ def test_inverse_cdf_draws_follow_the_softmax_and_skip_filtered_tokens():
     np.testing.assert_allclose(freq, [0, 0.5, 0.3, 0, 0.2, 0], atol=0.025)
     edges = jnp.asarray([0.0, np.nextafter(np.float32(1), np.float32(0))], jnp.float32)
     assert np.asarray(jax.vmap(sampler._inverse_cdf, in_axes=(None, 0))(logits, edges)).tolist() == [1, 4]
+
+
+def test_inverse_cdf_never_draws_a_filtered_token_at_the_boundaries():
+    """Uniforms placed exactly on the running sum's steps (and one ulp below): XLA's cumsum is
+    not exactly monotone, and a count of steps below the point once landed on -inf tokens
+    (803 of 65,536 draws here)."""
+    from jaxinfer import sampler
+
+    rng = np.random.default_rng(1)
+    draw = jax.jit(jax.vmap(sampler._inverse_cdf, in_axes=(None, 0)))
+    for _ in range(8):
+        lg = rng.normal(0, 2, 4096).astype(np.float32)
+        lg[rng.random(4096) < 0.5] = -np.inf
+        c = np.asarray(jnp.cumsum(jnp.exp(jnp.asarray(lg) - lg.max())))
+        us = np.concatenate([c / c[-1], np.nextafter(c / c[-1], 0)])
+        us = np.clip(us, 0, np.nextafter(np.float32(1), np.float32(0))).astype(np.float32)
+        assert np.isfinite(lg[np.asarray(draw(jnp.asarray(lg), jnp.asarray(us)))]).all()
+
+
+def _filter_rows(rows, top_k, top_p):
+    from jaxinfer import sampler
+
+    R, V = rows.shape
+    layout = B.BatchLayout(BucketLadders(R, R, 4), 16, V, 128, 8)
+    s = dataclasses.replace(B.empty_inputs(Bucket(R, R, 4), layout, penalties=False, mask=False).sampling,
+                            top_k=np.asarray(top_k, np.int32), top_p=np.asarray(top_p, np.float32))
+    return np.isfinite(np.asarray(jax.jit(sampler._filter_top)(jnp.asarray(rows, jnp.float32), s)))
+
+
+@pytest.mark.parametrize("top_k,top_p,expect", [(3, 0.05, 1000), (1000, 1e-40, 1), (1000, 1e-50, 1)])
+def test_a_rows_filter_does_not_depend_on_its_batch(top_k, top_p, expect):
+    """A row filtered alone and beside a row that needs the bisection fallback keeps the same
+    tokens: logits tied with the k-th past the 256 candidates count in top-p's normaliser on
+    both paths, and a top_p that is 0 in float32 still keeps the best token."""
+    row = np.array([3.0, 2.0] + [0.0] * 998)
+    flat = np.random.default_rng(0).normal(0, 0.1, 1000)
+    alone = _filter_rows(row[None], [top_k], [top_p])[0]
+    beside = _filter_rows(np.stack([row, flat]), [top_k, 1000], [top_p, 0.9])[0]
+    assert alone.sum() == beside.sum() == expect
+    np.testing.assert_array_equal(alone, beside)
