@@ -5,7 +5,8 @@ Issue 21's engine line: Llama-3-8B-shaped dummy weights in bfloat16, ``--batch``
 once through `jaxinfer.LLM.generate`. For each scheduler (and attention backend) the
 engine is built on the same weights, the workload runs once to compile its buckets, then
 once timed. Reported: output tokens per second, wall seconds, the static/continuous
-ratio. Meant for a GPU (an 8B model in bfloat16 is 16 GB); on CPU use a small config or
+ratio, and per compiled step its temporary bytes and any copies of the KV cache
+(`executable_memory`). Meant for a GPU (an 8B model in bfloat16 is 16 GB); on CPU use a small config or
 ``--layers``.
 
 Usage:
@@ -26,6 +27,23 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+
+def executable_memory(runner) -> list[dict]:
+    """Per compiled model step: XLA's temporary bytes and the copies of a KV-cache-shaped array
+    in its optimised HLO, against one cache's bytes. A step that copies the stacked cache (a
+    donation or an in-place update XLA could not keep) moves it all per step, or per layer
+    inside the layer loop; this shows it without a profiler."""
+    cache = runner.k_cache
+    shape = f"[{','.join(map(str, cache.shape))}]"
+    rows = []
+    for bucket, executable in runner._executables.items():
+        analysis = executable.memory_analysis()
+        copies = sum(1 for line in executable.as_text().splitlines()
+                     if " copy(" in line and shape in line.split(" copy(")[0])
+        rows.append({"bucket": str(bucket), "temp_bytes": int(analysis.temp_size_in_bytes),
+                     "cache_bytes": int(cache.nbytes), "cache_shaped_copies": copies})
+    return rows
 
 
 def run_one(model_config, params, scheduler: str, backend: str, args) -> dict:
@@ -53,11 +71,12 @@ def run_one(model_config, params, scheduler: str, backend: str, args) -> dict:
     outs = llm.generate(prompts, greedy, use_tqdm=False)
     seconds = time.perf_counter() - start
     generated = sum(len(o.outputs[0].token_ids) for o in outs)
+    memory = executable_memory(llm.engine.runner)
     del llm
     jax.clear_caches()
     return {"scheduler": scheduler, "backend": backend, "build_s": built_s,
             "first_run_s": first_s, "seconds": seconds, "output_tokens": generated,
-            "output_tok_per_s": generated / seconds}
+            "output_tok_per_s": generated / seconds, "executables": memory}
 
 
 def parse_args(argv=None):

@@ -37,6 +37,9 @@ def test_both_schedulers_generate_every_token(tmp_path):
     for run in report["runs"]:
         assert run["output_tokens"] == 4 * 5
         assert run["output_tok_per_s"] > 0
+        assert run["executables"]  # the prefill and decode steps, compiled
+        for step in run["executables"]:  # the donated cache is updated in place, never copied
+            assert step["cache_shaped_copies"] == 0 and step["temp_bytes"] > 0
 
 
 def test_llm_refuses_an_unknown_scheduler():
