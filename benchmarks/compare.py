@@ -6,6 +6,8 @@ Scenarios (closed loop; prompts are random token ids; ``ignore_eos`` so lengths 
   * ``single``: 1 client, 128-token prompts, 128-token outputs (latency of one stream).
   * ``fixed8``: 8 clients, 512 / 256.
   * ``fixed``: ``--concurrency`` (32) clients, 512 / 256.
+  * ``sampled`` (run when named): ``fixed`` with temperature 1 and top_p 0.95 instead of greedy
+    requests, as OpenAI-style clients ask by default.
   * ``sharegpt``: same clients, ShareGPT-like lognormal lengths (`jaxinfer.bench.workloads`),
     prompts <= 512 and outputs <= 511 tokens.
   * ``c128``: 128 clients, 512 / 256; the KV pool holds all 128 (continuous batching should

@@ -48,9 +48,9 @@ class Scenario:
 
 
 SCENARIOS = ("single", "fixed8", "fixed", "sharegpt", "c128", "overload", "priority", "priority-fcfs", "json8",
-             "grounded1", "degradation")
+             "grounded1", "degradation", "sampled")
 PRIORITY_SCENARIOS = ("priority", "priority-fcfs")  # the interactive / batch mix (benchmarks/priority_mix.py)
-DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s not in ("grounded1", "degradation"))  # these run when named
+DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s not in ("grounded1", "degradation", "sampled"))  # run when named
 FALLBACK_NAME = "fallback"  # the served name of the degradation scenario's fallback model
 JSON8_MIN_ITEMS = 64
 JSON8_SCHEMA = {"type": "object", "properties": {"rows": {
@@ -58,6 +58,11 @@ JSON8_SCHEMA = {"type": "object", "properties": {"rows": {
         "id": {"type": "integer", "minimum": 0}, "label": {"enum": ["red", "green", "blue"]},
         "note": {"type": "string", "maxLength": 24}}, "required": ["id", "label", "note"],
         "additionalProperties": False}}}, "required": ["rows"], "additionalProperties": False}
+
+
+# the "sampled" scenario: fixed lengths drawn as OpenAI-style clients ask by default (temperature
+# 1) with a nucleus, instead of the other scenarios' greedy requests
+SAMPLED = {"temperature": 1.0, "top_p": 0.95}
 
 
 def scenarios(a) -> dict[str, Scenario]:
@@ -77,6 +82,8 @@ def scenarios(a) -> dict[str, Scenario]:
         Scenario("fixed", a.concurrency, a.concurrency, wl(num_requests=a.num_requests, **fixed),
                  ("jaxinfer", "jaxinfer-static", "jaxinfer-before", "jaxinfer-spec", "llamacpp", "llamacpp-q8_0",
                   "hf-transformers")),
+        Scenario("sampled", a.concurrency, a.concurrency, wl(num_requests=a.num_requests, **fixed),
+                 ("jaxinfer", "jaxinfer-before", "llamacpp"), extra_body=SAMPLED),
         Scenario("sharegpt", a.concurrency, a.concurrency, sharegpt,
                  ("jaxinfer", "jaxinfer-static", "jaxinfer-before", "llamacpp", "hf-transformers")),
         Scenario("c128", c128, c128, wl(num_requests=max(a.num_requests, c128), **fixed),
