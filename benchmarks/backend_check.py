@@ -185,12 +185,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import jax
 
-    from jaxinfer.config import ModelConfig
+    from jaxinfer.plan import load_config
 
-    raw = json.loads(pathlib.Path(args.config).read_text())
-    if args.layers:
-        raw["num_hidden_layers"] = args.layers
-    model_config = ModelConfig.from_dict(raw)
+    model_config = load_config(args.config, args.layers or None)
     results = []
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "device": str(jax.devices()[0]), "jax": jax.__version__,

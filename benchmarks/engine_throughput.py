@@ -97,13 +97,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import jax
 
-    from jaxinfer.config import ModelConfig
+    from jaxinfer.plan import load_config
     from jaxinfer.params import init_params
 
-    raw = json.loads(pathlib.Path(args.config).read_text())
-    if args.layers:
-        raw["num_hidden_layers"] = args.layers
-    model_config = ModelConfig.from_dict(raw)
+    model_config = load_config(args.config, args.layers or None)
     start = time.perf_counter()
     params = init_params(model_config, args.dtype, seed=0)
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -175,10 +175,14 @@ def format_plan(p: MemoryPlan, name: str = "") -> str:
     return "\n".join(lines)
 
 
-def load_config(path: str) -> ModelConfig:
-    """A HF ``config.json`` file, or a model folder holding one."""
+def load_config(path: str, num_hidden_layers: int | None = None) -> ModelConfig:
+    """A HF ``config.json`` file, or a model folder holding one; ``num_hidden_layers`` overrides
+    the depth (benchmarks on a few layers of a large layout)."""
     p = Path(path)
-    return ModelConfig.from_dir(p) if p.is_dir() else ModelConfig.from_dict(json.loads(p.read_text()))
+    if num_hidden_layers is None:
+        return ModelConfig.from_dir(p) if p.is_dir() else ModelConfig.from_dict(json.loads(p.read_text()))
+    raw = json.loads((p / "config.json" if p.is_dir() else p).read_text())
+    return ModelConfig.from_dict({**raw, "num_hidden_layers": num_hidden_layers})
 
 
 def main(argv: list[str] | None = None) -> int:

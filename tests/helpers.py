@@ -46,6 +46,16 @@ def tiny_config(vocab=256, hidden=64, layers=2, heads=4, kv_heads=2, inter=128, 
                        tie_word_embeddings=tied, bos_token_id=1, eos_token_ids=(2,))
 
 
+def tiny_hf_config(**overrides) -> dict:
+    """A tiny model's HF ``config.json`` dict (2 layers, 6 q / 2 KV heads of 16), for scripts that
+    read a config file."""
+    d = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 16, "rope_theta": 10000.0,
+         "rms_norm_eps": 1e-5, "max_position_embeddings": 512, "tie_word_embeddings": False,
+         "bos_token_id": 1, "eos_token_id": 2}
+    return {**d, **overrides}
+
+
 def to_hf_state_dict(cfg: ModelConfig, params) -> dict[str, np.ndarray]:
     """Our params tree -> HF LlamaForCausalLM state dict (numpy), the inverse of convert."""
     L, D = cfg.num_hidden_layers, cfg.hidden_size

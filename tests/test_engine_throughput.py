@@ -8,12 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import tiny_hf_config
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rope_theta": 10000.0,
-        "rms_norm_eps": 1e-5, "max_position_embeddings": 256, "tie_word_embeddings": False,
-        "bos_token_id": 1, "eos_token_id": 2}
+TINY = tiny_hf_config()
 
 
 def load_script():

@@ -1,6 +1,7 @@
 """The memory planner and the engine's KV-pool sizing against hand calculations."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -134,3 +135,11 @@ def test_planner_suggests_the_smallest_tp_that_fits(capsys):
 def test_head_divisible_tp_sizes_skip_replicating_sizes():
     smol = tiny_config(vocab=49152, hidden=576, layers=30, heads=9, kv_heads=3, inter=1536)
     assert plan.head_divisible_tp_sizes(smol) == [1, 3]  # TP 2 would replicate attention and the KV cache
+
+
+def test_load_config_can_override_the_depth():
+    """Benchmarks run a few layers of a large layout (`--layers`); every other field stays."""
+    full = plan.load_config(str(CONFIGS / "llama-3-8b.json"))
+    two = plan.load_config(str(CONFIGS / "llama-3-8b.json"), num_hidden_layers=2)
+    assert (full.num_hidden_layers, two.num_hidden_layers) == (32, 2)
+    assert dataclasses.replace(two, num_hidden_layers=32) == full
