@@ -9,8 +9,9 @@ Order (as vLLM): token bitmask of structured outputs (``bitmask``, only in steps
 row is constrained; -inf for disallowed tokens) -> logit_bias -> penalties (repetition: CTRL, Keskar et al. 2019;
 presence/frequency: OpenAI API docs) -> [logprobs taken here] -> temperature ->
 min_p -> top_k -> top_p (nucleus, Holtzman et al. 2019) -> an inverse-CDF draw with one
-uniform from a per-row key ``fold_in(PRNGKey(seed), output_index)``: the same request and seed give
-the same tokens alone or in any batch.
+uniform from a per-row key ``fold_in(PRNGKey(seed), output_index)``: given the same logits, the
+same request and seed draw the same tokens alone or in any batch. The logits themselves can
+differ in their last bits with the batch (see `jaxinfer.sampling_params`, ``seed``).
 """
 from __future__ import annotations
 
