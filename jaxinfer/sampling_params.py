@@ -35,9 +35,9 @@ class SamplingParams:
       repetition_penalty: CTRL-style penalty (Keskar et al. 2019) over prompt and
         generated tokens, [0.01, 10] (1 = off).
       seed: per-request seed. Each draw depends only on the seed, the output index and that
-        position's logits, never on other rows. The logits of a bfloat16 model can differ in
-        their last bits with the batch around a request (the step's bucket and kernel path)
-        and with prefix-cache hits, and such a difference changes a token at a near-tie: the
+        position's logits, never on other rows. The logits can differ with the batch around a
+        request (the step's bucket and kernel path; up to 0.3 in bfloat16, 2e-4 in float32
+        for SmolLM2) and with prefix-cache hits, and such a difference changes a token at a near-tie: the
         same request reproduces its text under the same load, not under any load (as vLLM
         outside its batch-invariant mode). Greedy requests behave the same way.
       max_tokens: cap on generated tokens (None = up to max_model_len).
