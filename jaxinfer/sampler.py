@@ -80,18 +80,9 @@ def _filter_top(logits, s):
     lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)  # the normaliser when no top-k applies
     mass = jnp.sum(jnp.exp(top - lse), axis=-1)
     covered = (k <= CANDIDATES) | ((k >= V) & (mass >= s.top_p))
-    on_candidates = _filter_candidates(logits, s, top, lse)
+    on_candidates = _threshold(logits, top, k, s.top_p, lse)
     return jax.lax.cond(jnp.all(covered), lambda: on_candidates,
                         lambda: jnp.where(covered[:, None], on_candidates, _filter_bisect(logits, s)))
-
-
-def _filter_candidates(logits, s, top, lse):
-    """`_threshold` on the candidates ``top`` [R, C]; logits tied with the k-th that did not make
-    the candidates still count in top-p's normaliser (they survive top-k)."""
-    k = jnp.clip(s.top_k, 1, logits.shape[1])
-    kth = jnp.take_along_axis(top, (jnp.minimum(k, top.shape[1]) - 1)[:, None], axis=-1)
-    missed = jnp.sum(logits == kth, axis=-1) - jnp.sum(top == kth, axis=-1)
-    return _threshold(logits, top, k, s.top_p, lse, missed)
 
 
 def _ordered_keys(x):
@@ -122,7 +113,7 @@ def _largest_key(keys, weights, target):
     return jax.lax.fori_loop(0, 32, halve, (lo, span))[0]
 
 
-def _filter_bisect(logits, s, _=None):
+def _filter_bisect(logits, s):
     """top_k then top_p masks without a sort, for filters wider than the candidates.
 
     Top-k keeps the logits at or above the k-th largest: the largest key with at least k logits
@@ -147,23 +138,22 @@ def _filter_bisect(logits, s, _=None):
     return jnp.where(keep & (pkeys >= pth[:, None]), logits, -jnp.inf)
 
 
-def _threshold(logits, srt, k, top_p, full_lse=None, missed_ties=None):
+def _threshold(logits, srt, k, top_p, full_lse):
     """Mask ``logits`` [R, V] below the top-k and top-p thresholds read off ``srt`` [R, C], the
     rows' best C logits in descending order. Top-p's probabilities are those of the top-k
     survivors (top-k before top-p, as vLLM), logits tied with the k-th included: a softmax over
     them, or with ``k > C`` (only when k covers the vocabulary) ``full_lse`` [R, 1], the
-    logsumexp of the whole row. ``missed_ties`` [R] int32: logits equal to the k-th outside
-    ``srt``, added to the normaliser."""
+    logsumexp of the whole row. Logits tied with the k-th that did not make ``srt`` survive
+    top-k, so they count in the normaliser too."""
     C = srt.shape[1]
     kk = jnp.minimum(k, C)
     kth = jnp.take_along_axis(srt, (kk - 1)[:, None], axis=-1)
     srt = jnp.where(srt >= kth, srt, -jnp.inf)
     lse = jax.nn.logsumexp(srt, axis=-1, keepdims=True)
-    if missed_ties is not None:
-        extra = missed_ties[:, None].astype(jnp.float32)
-        lse = jnp.where(extra > 0, jnp.logaddexp(lse, kth + jnp.log(jnp.maximum(extra, 1.0))), lse)
-    if full_lse is not None:
-        lse = jnp.where((k > C)[:, None], full_lse, lse)
+    missed = (jnp.sum(logits == kth, axis=-1, keepdims=True) - jnp.sum(srt == kth, axis=-1, keepdims=True))
+    missed = missed.astype(jnp.float32)
+    lse = jnp.where(missed > 0, jnp.logaddexp(lse, kth + jnp.log(jnp.maximum(missed, 1.0))), lse)
+    lse = jnp.where((k > C)[:, None], full_lse, lse)
     probs = jnp.exp(srt - lse)
     before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each sorted token
     keep = before < top_p[:, None]
