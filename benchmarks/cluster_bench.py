@@ -224,7 +224,7 @@ def summarize(turns: list[dict], cache: dict) -> dict:
                        "mean": statistics.fmean(ttfts) if ttfts else None},
             "hit_rate_metrics": cache["hit_rate"], "hit_rate_usage": cached / prompt if prompt else None,
             "prefix_cache_tokens": {"hits": cache["hit_tokens"], "queries": cache["query_tokens"],
-                                    "misses": cache["miss_tokens"]},
+                                    "misses": cache["miss_tokens"], "evicted_blocks": cache["evicted_blocks"]},
             "prompt_tokens": {"mean": statistics.fmean(u["prompt_tokens"] for u in usages) if usages else None,
                               "max": max((u["prompt_tokens"] for u in usages), default=None)},
             "answer_tokens_mean": statistics.fmean(u["completion_tokens"] for u in usages) if usages else None,
@@ -284,7 +284,8 @@ def main(argv=None) -> dict:
     for mode in a.modes:
         m = result["modes"][mode] = run_mode(mode, texts, a, run_dir)
         print(mode, json.dumps(m["ttft_s"]), "hit rate", m["hit_rate_metrics"], "misses",
-              m["prefix_cache_tokens"]["misses"], "server means", json.dumps(m["server_means"]), flush=True)
+              m["prefix_cache_tokens"]["misses"], "evicted blocks", m["prefix_cache_tokens"]["evicted_blocks"],
+              "server means", json.dumps(m["server_means"]), flush=True)
     if {"hash", "roundrobin"} <= set(result["modes"]):
         result["ratios"] = ratios(result["modes"]["hash"], result["modes"]["roundrobin"])
         print(json.dumps(result["ratios"], indent=1))

@@ -26,8 +26,9 @@ class EngineSnapshot:
       kv_slots_reserved: token slots of the KV blocks held by requests at the end of the
         last step (blocks x block_size, summed over requests).
       kv_slots_filled: of those, slots holding a computed token's K/V.
-      preemptions, prefix_cache_queries, prefix_cache_hits, prompt_tokens, prefill_tokens,
-      generation_tokens, compilations, timeouts, aborted: counters (see `jaxinfer.api.metrics`).
+      preemptions, prefix_cache_queries, prefix_cache_hits, prefix_cache_evictions, prompt_tokens,
+      prefill_tokens, generation_tokens, compilations, timeouts, aborted: counters (see
+      `jaxinfer.api.metrics`).
       finished: finish reason (``jaxinfer.request.FinishReason`` value) -> requests ended so.
       fragmentation_step_sum, fragmentation_steps: the per-step fragmentation samples
         (sum of ratios, number of steps) for a mean over an interval.
@@ -46,6 +47,7 @@ class EngineSnapshot:
     preemptions: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    prefix_cache_evictions: int = 0
     prompt_tokens: int = 0
     prefill_tokens: int = 0
     generation_tokens: int = 0

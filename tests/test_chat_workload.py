@@ -28,6 +28,15 @@ def test_cache_figures_sum_counter_increases_over_instances():
     assert f["query_tokens"] == 400 and f["hit_tokens"] == 216 and f["miss_tokens"] == 184
     assert f["hit_rate"] == pytest.approx(216 / 400)
     assert cw.cache_figures(before, before)["hit_rate"] is None  # nothing queried
+    assert f["evicted_blocks"] is None  # servers without the eviction counter
+
+
+def test_cache_figures_sum_evictions_when_every_reading_has_them():
+    before = [{"prefix_cache_queries_total": 0.0, "prefix_cache_hits_total": 0.0, "prefix_cache_evictions_total": 5.0},
+              {"prefix_cache_queries_total": 0.0, "prefix_cache_hits_total": 0.0, "prefix_cache_evictions_total": 0.0}]
+    after = [{"prefix_cache_queries_total": 64.0, "prefix_cache_hits_total": 16.0, "prefix_cache_evictions_total": 9.0},
+             {"prefix_cache_queries_total": 32.0, "prefix_cache_hits_total": 0.0, "prefix_cache_evictions_total": 3.0}]
+    assert cw.cache_figures(before, after)["evicted_blocks"] == 7
 
 
 @pytest.mark.parametrize("after", [[{"prefix_cache_queries_total": 50.0, "prefix_cache_hits_total": 0.0}],

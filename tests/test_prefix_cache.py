@@ -132,6 +132,7 @@ def test_prefix_evicted_and_recomputed(llm):
     e = engine(llm, True, num_blocks=20)  # small pool: the fillers evict the shared blocks
     first, _ = run(e, [([prompts[0]], None), (fillers, None)])
     assert e.block_manager.num_evictions > 0
+    assert e.snapshot().prefix_cache_evictions == e.block_manager.num_evictions  # jaxinfer_prefix_cache_evictions_total
     again, cached = run(e, [(prompts, None)])
     ref, _ = run(engine(llm, False), [(prompts, None)])
     assert again == ref and first[0] == ref[0]

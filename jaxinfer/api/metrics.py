@@ -171,6 +171,8 @@ _COUNTERS = {  # metric name (without _total) -> (EngineSnapshot attribute, help
     "preemptions": ("preemptions", "Requests preempted (recomputed later)."),
     "prefix_cache_queries": ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
     "prefix_cache_hits": ("prefix_cache_hits", "Prompt tokens found in the prefix cache."),
+    "prefix_cache_evictions": ("prefix_cache_evictions", "Cached KV blocks reclaimed (their prefix dropped) "
+                               "for new allocations."),
     "request_timeouts": ("timeouts", "Sequences evicted at their deadline (a request with n > 1 counts n)."),
     "requests_aborted": ("aborted", "Requests aborted (client gone)."),
     "prompt_tokens": ("prompt_tokens", "Prompt tokens of admitted requests."),

@@ -198,13 +198,15 @@ def cache_figures(before: Sequence[dict], after: Sequence[dict]) -> dict:
 
     Each reading is `jaxinfer.bench.metadata.parse_metrics` of one instance's ``/metrics``
     (``prefix_cache_queries_total``: prompt tokens of every admitted request;
-    ``prefix_cache_hits_total``: those found in the prefix cache, whole blocks only). Sums over
+    ``prefix_cache_hits_total``: those found in the prefix cache, whole blocks only;
+    ``prefix_cache_evictions_total``: cached blocks reclaimed for new allocations). Sums over
     the instances, so one request counts once wherever it ran.
 
     Returns:
-      ``{"query_tokens", "hit_tokens", "miss_tokens", "hit_rate"}``: the increases, misses =
-      queries - hits (the prompt tokens the instances had to prefill), and hits / queries
-      (None when no token was queried).
+      ``{"query_tokens", "hit_tokens", "miss_tokens", "hit_rate", "evicted_blocks"}``: the
+      increases, misses = queries - hits (the prompt tokens the instances had to prefill),
+      hits / queries (None when no token was queried), and the blocks evicted (None when a
+      reading lacks the counter: a server from before it existed).
 
     Raises:
       ValueError: the readings cover different numbers of instances, or a counter is missing
@@ -223,8 +225,11 @@ def cache_figures(before: Sequence[dict], after: Sequence[dict]) -> dict:
             deltas.append(a[key] - b[key])
         totals[key] = sum(deltas)
     queries, hits = totals["prefix_cache_queries_total"], totals["prefix_cache_hits_total"]
+    key = "prefix_cache_evictions_total"
+    evicted = (sum(a[key] - b[key] for b, a in zip(before, after))
+               if all(key in (r or {}) for r in (*before, *after)) else None)
     return {"query_tokens": queries, "hit_tokens": hits, "miss_tokens": queries - hits,
-            "hit_rate": hits / queries if queries else None}
+            "hit_rate": hits / queries if queries else None, "evicted_blocks": evicted}
 
 
 # histogram (without the jaxinfer_ prefix) -> the key `server_phase_means` reports it under
