@@ -66,13 +66,18 @@ LONG = {"prompt": list(range(1000, 1200)), "max_tokens": 4000, "ignore_eos": Tru
                               "ignore_eos": True}),
 ])
 def test_sc14_non_streaming_disconnect_aborts(srv, path, body, caplog):
-    aborted = metrics(srv.http)["jaxinfer_requests_aborted_total"]
+    before = metrics(srv.http)
     with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its socket
         httpx.post(srv.url + path, json=body, timeout=httpx.Timeout(10, read=1.0))
     t_closed = time.monotonic()
     assert wait_until(lambda: idle(srv.http, srv.f0), 2.0)
     assert time.monotonic() - t_closed < 2.0
-    assert metrics(srv.http)["jaxinfer_requests_aborted_total"] == aborted + 1
+    after = metrics(srv.http)
+    assert after["jaxinfer_requests_aborted_total"] == before["jaxinfer_requests_aborted_total"] + 1
+    # the client's leaving is a 499, never counted as a server error (503)
+    errors = 'jaxinfer_http_error_responses_total{status="%d"}'
+    assert wait_until(lambda: metrics(srv.http)[errors % 499] == before[errors % 499] + 1, 2.0)
+    assert metrics(srv.http)[errors % 503] == before[errors % 503]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 

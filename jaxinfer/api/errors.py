@@ -11,6 +11,7 @@ Owns `APIError` and the exception handlers that map the rest onto it:
 | warming up, draining, engine dead (new work) | 503    | service_unavailable   | Retry-After |
 | engine failed with the request in flight     | 500    | server_error          |             |
 | request deadline passed                      | 504    | timeout               |             |
+| client left before its (non-streamed) answer | 499    | client_closed_request |             |
 | anything unexpected (a bug)                  | 500    | server_error          |             |
 
 A prompt (or prompt + ``max_tokens``) too long for the context is a 400 with ``code``
@@ -37,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 _TYPE_BY_STATUS = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
                    405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-                   503: "service_unavailable", 504: "timeout"}
+                   499: "client_closed_request", 503: "service_unavailable", 504: "timeout"}
 
 
 class APIError(Exception):
@@ -105,6 +106,15 @@ def timeout_error(seconds: float | None) -> APIError:
     """HTTP 504 for a request evicted at its deadline."""
     after = f" after {seconds:g} s" if seconds is not None else ""
     return APIError(504, f"the request timed out{after}", code="request_timeout")
+
+
+def client_closed_error() -> APIError:
+    """HTTP 499 (nginx's "client closed request") for a non-streamed request whose client
+    disconnected before the answer was ready: the request was aborted and no one reads this
+    response; the status only keeps the client's leaving apart from server errors in logs and
+    ``jaxinfer_http_error_responses_total``."""
+    return APIError(499, "the client closed the connection before the answer was ready; the request was aborted",
+                    code="client_closed_request")
 
 
 def queue_wait_error(seconds: float | None, retry_after: float) -> APIError:

@@ -57,7 +57,7 @@ _PHASE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5,
 _TOKEN_BUCKETS = tuple(m * 10**e for e in range(7) for m in (1, 2, 5)) + (float("inf"),)
 
 REJECT_REASONS = ("queue_full", "queue_wait_expired", "not_ready")
-ERROR_STATUSES = (400, 401, 404, 413, 429, 500, 503, 504)  # exposed as 0 before the first one
+ERROR_STATUSES = (400, 401, 404, 413, 429, 499, 500, 503, 504)  # exposed as 0 before the first one
 FINISH_REASONS = tuple(r.value for r in FinishReason)
 
 

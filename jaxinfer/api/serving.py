@@ -35,7 +35,7 @@ from jaxinfer.api import degrade
 from jaxinfer.api import params as params_mod
 from jaxinfer.api import prompts as prompts_mod
 from jaxinfer.api.config import ServerConfig
-from jaxinfer.api.errors import APIError, from_exception, queue_wait_error, timeout_error
+from jaxinfer.api.errors import APIError, client_closed_error, from_exception, queue_wait_error, timeout_error
 from jaxinfer.api.metrics import Metrics
 from jaxinfer.api.model_registry import ModelRegistry, ServedModel
 from jaxinfer.api.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
@@ -263,9 +263,9 @@ async def _run(job: _Job, job_on: JobOn, raw: Request, ctx: ServingContext, *, c
     abort = lambda: ae.abort(sorted(stream.unfinished))  # noqa: E731
     served_by = {degrade.SERVED_BY_HEADER: job.model.name}
     try:
-        async with abort_on_disconnect(raw, abort):
+        async with abort_on_disconnect(raw, abort) as gone:
             if not job.request.stream:
-                outputs = await _collect(stream, ctx, job.model)
+                outputs = await _collect_unless_gone(stream, ctx, job.model, gone)
                 return JSONResponse(job.fmt.response([outputs[s.request_id] for s in specs], _lengths(job)),
                                     headers=served_by)
             first = await _first_outputs(stream, ctx, job)
@@ -294,6 +294,19 @@ async def _collect(stream: OutputStream, ctx: ServingContext, model: ServedModel
                 ctx.metrics.observe_finished(out, model.name)
                 final[out.request_id] = out
     return final
+
+
+async def _collect_unless_gone(stream: OutputStream, ctx: ServingContext, model: ServedModel,
+                               gone: asyncio.Event) -> dict[str, RequestOutput]:
+    """`_collect`; but a group aborted because its client disconnected ends as a 499, not as
+    the 503 of an abort, so that ``jaxinfer_http_error_responses_total`` does not count a
+    client's leaving as a server failure."""
+    try:
+        return await _collect(stream, ctx, model)
+    except APIError:
+        if gone.is_set():
+            raise client_closed_error() from None
+        raise
 
 
 async def _first_outputs(stream: OutputStream, ctx: ServingContext, job: _Job) -> list[RequestOutput]:
@@ -397,18 +410,21 @@ def _event(data: str) -> str:
 async def abort_on_disconnect(raw: Request, abort: Callable[[], None]):
     """While the body runs, a task blocks on the ASGI ``receive`` channel (the request body
     has been read, so the next message is ``http.disconnect``) and calls ``abort`` when the
-    client goes away. No polling."""
+    client goes away. No polling. Yields an `asyncio.Event`, set (before ``abort``) once the
+    client has gone."""
+    gone = asyncio.Event()
 
     async def watch() -> None:
         while True:
             message = await raw.receive()
             if message["type"] == "http.disconnect":
+                gone.set()
                 abort()
                 return
 
     task = asyncio.create_task(watch())
     try:
-        yield
+        yield gone
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
