@@ -16,6 +16,7 @@ naming ``messages``. No JAX here.
 from __future__ import annotations
 
 import functools
+import json
 import re
 
 from jaxinfer import tool_calls
@@ -95,6 +96,8 @@ def render_conversation(convo: list[dict], tokenizer, *, add_generation_prompt: 
     convo = [_as_template_message(m, native_tools) for m in convo]
     for turn in convo:
         check_text(turn["content"], "messages")
+    if tools:  # their names, descriptions and schemas reach the prompt too
+        check_text(json.dumps(tools, ensure_ascii=False), "tools")
     if tools and not native_tools:
         convo = _with_tools_text(convo, tools)
     if not supports_system_role(tokenizer):

@@ -67,6 +67,7 @@ class GrammarEngine:
         eos = sorted(eos_token_ids)
         eos_first = tokenizer.eos_token_id if tokenizer.eos_token_id in eos else (eos[0] if eos else None)
         self.vocab_size = vocab_size
+        self.eos_token_id = eos_first
         self.ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer._tok, n_vocab=vocab_size, eos_token=eos_first)
         self._executor = llguidance.LLExecutor()
         self._cache: collections.OrderedDict[tuple, object] = collections.OrderedDict()
@@ -95,12 +96,26 @@ class GrammarEngine:
         if template.is_error():
             raise RequestError(f"invalid structured output constraint: {template.get_error()[:500]}",
                                param="structured_outputs")
+        if self._admits_nothing(template):
+            raise RequestError("invalid structured output constraint: no text satisfies it (e.g. a schema or "
+                               "grammar rule defined only by itself)", param="structured_outputs")
         with self._lock:
             self.compilations += 1
             self._cache[key] = template
             while len(self._cache) > GRAMMAR_CACHE_SIZE:
                 self._cache.popitem(last=False)
         return template.deep_copy()
+
+    def _admits_nothing(self, matcher) -> bool:
+        """True when ``matcher``, fresh, accepts no text: it is not accepting yet, and its first
+        mask allows no token but the EOS that llguidance leaves open at a dead end. (A
+        constraint that dead-ends only after some text is not caught here.)"""
+        if matcher.is_accepting():
+            return False
+        mask = np.zeros((1, bitmask_width(self.vocab_size)), dtype=np.int32)
+        self.fill_bitmask([(matcher.deep_copy(), 0)], mask)
+        allowed = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[:self.vocab_size])
+        return allowed.size == 0 or (allowed.size == 1 and allowed[0] == self.eos_token_id)
 
     def fill_bitmask(self, rows: list[tuple[object, int]], bitmask: np.ndarray) -> None:
         """Write the allowed-token bits of each ``(matcher, row)`` into ``bitmask`` [R, W] int32.

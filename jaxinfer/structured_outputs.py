@@ -107,5 +107,20 @@ class StructuredOutputsParams:
         if self.choice is not None:
             return m.grammar_from_regex("|".join(re.escape(c) for c in self.choice))
         if "::=" in self.grammar:  # GBNF (llama.cpp's EBNF dialect)
-            return m.grammar_from_lark(llguidance.gbnf_to_lark(self.grammar))
+            return m.grammar_from_lark(_gbnf_to_lark(self.grammar))
         return m.grammar_from_lark(self.grammar)
+
+
+def _gbnf_to_lark(text: str) -> str:
+    """llguidance's GBNF-to-Lark translation (``llguidance.gbnf_to_lark.gbnf_to_lark``).
+
+    Raises:
+      ValueError: the GBNF does not parse or names an undefined rule (llguidance raises a
+        plain ``Exception`` for some of these).
+    """
+    from llguidance.gbnf_to_lark import gbnf_to_lark
+
+    try:
+        return gbnf_to_lark(text)
+    except Exception as exc:  # noqa: BLE001 - GbnfToLarkError and bare Exceptions alike
+        raise ValueError(f"GBNF: {exc}") from None

@@ -47,16 +47,37 @@ def render_response(content: str) -> str:
     return f"<tool_response>\n{content}\n</tool_response>"
 
 
-def _call_schema(tool: dict) -> dict:
+def _rebase_refs(node, base: str):
+    """``node`` with every document-local ``$ref`` (``#`` or ``#/...``) moved under the JSON
+    pointer ``base``: a function's parameters schema is embedded in the call schema at ``base``,
+    so its own ``#/$defs/x`` (or a recursive ``#``) must name ``base/$defs/x`` (or ``base``)."""
+    if isinstance(node, list):
+        return [_rebase_refs(v, base) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _rebase_refs(v, base) for k, v in node.items()}
+    ref = node.get("$ref")
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+        out["$ref"] = "#" + base + ref[1:]
+    return out
+
+
+def _call_schema(tool: dict, index: int) -> tuple[dict, dict]:
+    """(the schema of one call of ``tool``, ``{key: its parameters schema}`` for the root's
+    ``$defs``). The parameters live in the root's ``$defs`` so that their own references
+    (`_rebase_refs`) still resolve."""
     fn = tool["function"]
     params = fn.get("parameters") or {"type": "object", "properties": {}}
-    return {"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
+    key = f"jaxinfer_tool_{index}_parameters"
+    call = {"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": {"$ref": f"#/$defs/{key}"}},
             "required": ["name", "arguments"], "additionalProperties": False}
+    return call, {key: _rebase_refs(params, f"/$defs/{key}")}
 
 
-def tool_call_grammar(tools: list[dict], name: str | None = None) -> str:
+def tool_call_grammar(tools: list[dict], name: str | None = None, single: bool = False) -> str:
     """A Lark grammar (llguidance dialect, ``%json``) for one or more calls of ``tools``, or
-    of the function ``name`` only, and nothing else.
+    of the function ``name`` only, and nothing else. ``single``: exactly one call
+    (``parallel_tool_calls: false``; a named function is always one call).
 
     Raises:
       KeyError: ``name`` is not one of ``tools``.
@@ -64,10 +85,16 @@ def tool_call_grammar(tools: list[dict], name: str | None = None) -> str:
     chosen = [t for t in tools if name is None or t["function"]["name"] == name]
     if not chosen:
         raise KeyError(name)
-    schema = _call_schema(chosen[0]) if len(chosen) == 1 else {"anyOf": [_call_schema(t) for t in chosen]}
+    calls, defs = [], {}
+    for i, tool in enumerate(chosen):
+        call, params = _call_schema(tool, i)
+        calls.append(call)
+        defs.update(params)
+    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    schema["$defs"] = defs
     schema["x-guidance"] = {"whitespace_flexible": False}  # compact JSON: no padding up to max_tokens
     call = f'"{OPEN}\\n" %json {json.dumps(schema)} "\\n{CLOSE}"'
-    if name is not None:  # a named function: exactly one call
+    if name is not None or single:  # exactly one call
         return f"start: {call}\n"
     return f'start: call ("\\n" call)*\ncall: {call}\n'
 
@@ -79,7 +106,8 @@ def parse(text: str) -> tuple[str | None, list[dict]]:
       ``content``: the text outside call blocks (stripped; None when empty) and ``calls``:
       OpenAI ``tool_calls`` entries (``{"id", "type": "function", "function": {"name",
       "arguments"}}``, arguments as JSON text). Blocks that are not JSON objects with a
-      string ``name`` stay in the content, as text.
+      string ``name`` stay in the content, as text. After at least one call, an unfinished
+      call block at the end (cut by ``max_tokens``) is dropped, not shown as content.
     """
     calls, kept, pos = [], [], 0
     for m in _BLOCK.finditer(text):
@@ -94,7 +122,8 @@ def parse(text: str) -> tuple[str | None, list[dict]]:
                       "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}})
         kept.append(text[pos:m.start()])
         pos = m.end()
-    kept.append(text[pos:])
+    tail = text[pos:]
+    kept.append(tail if not (calls and tail.lstrip().startswith(OPEN)) else "")
     content = "".join(kept).strip() if calls else text
     return (content or None), calls
 

@@ -39,9 +39,16 @@ def test_bad_response_format_is_400_naming_it(api, fmt):
 
 
 @pytest.mark.parametrize("so", [{"regex": "("}, {"regex": "a", "choice": ["b"]}, {"bogus": 1}, {"choice": []},
-                                {"grammar": "start: undefined_rule"}])
+                                {"grammar": "start: undefined_rule"}, {"grammar": "root ::= undefined_rule"},
+                                {"grammar": "start: a\na: a"}])
 def test_bad_structured_outputs_is_400(api, so):
     assert_error(chat(api, messages=MSGS, structured_outputs=so), 400, "structured_outputs")
+
+
+def test_two_constraints_error_names_both_fields(api):
+    err = assert_error(chat(api, messages=MSGS, response_format={"type": "json_object"},
+                            structured_outputs={"regex": "a"}), 400, "structured_outputs")
+    assert "response_format, structured_outputs" in err["message"]
 
 
 def test_tool_choice_errors(api):
@@ -58,6 +65,10 @@ def test_tool_choice_errors(api):
 def test_text_format_and_valid_constraints_are_accepted(api):
     assert chat(api, messages=MSGS, response_format={"type": "text"}).status_code == 200
     assert chat(api, messages=MSGS, response_format={"type": "json_object"}).status_code == 200
+    assert chat(api, messages=MSGS, structured_outputs={"grammar": 'root ::= "yes" | "no"'}).status_code == 200
+    recursive = {"type": "json_schema", "json_schema": {"name": "r", "schema": {
+        "$defs": {"n": {"$ref": "#/$defs/n"}}, "$ref": "#/$defs/n"}}}
+    assert_error(chat(api, messages=MSGS, response_format=recursive), 400, "response_format")
 
 
 def test_max_completion_tokens_named_in_message(api):
@@ -108,4 +119,8 @@ def test_parse_tool_calls():
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [("f", {"x": 1}),
                                                                                                ("g", {})]
     assert tool_calls.parse("<tool_call>not json</tool_call>") == ("<tool_call>not json</tool_call>", [])
+    cut = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "f", "argu'
+    content, calls = tool_calls.parse(cut)  # max_tokens ended a second call: dropped, not content
+    assert content is None and [c["function"]["name"] for c in calls] == ["f"]
+    assert tool_calls.parse('<tool_call>\n{"name": "f", "ar') == ('<tool_call>\n{"name": "f", "ar', [])
     assert tool_calls.may_become_call("  <tool_") and not tool_calls.may_become_call("Hello")

@@ -381,6 +381,11 @@ def post_raw(api, path, text):
      '{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}], "max_tokens": 2}', "messages"),
     ("/tokenize", '{"prompt": "x\\ud800"}', "prompt"),
     ("/tokenize", '{"messages": [{"role": "user", "content": "x\\ud800"}]}', "messages"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "tools": [{"type": '
+     '"function", "function": {"name": "f", "description": "\\ud800", "parameters": {"type": "object"}}}]}', "tools"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "tools": [{"type": '
+     '"function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"\\udc00": {}}}}}]}',
+     "tools"),
 ])
 def test_lone_surrogates_are_400(api, path, body, param):
     assert_error(post_raw(api, path, body), 400, param)

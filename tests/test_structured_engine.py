@@ -99,3 +99,67 @@ def test_grammar_compiled_once_per_schema_and_errors(llm):
     assert e.value.param == "structured_outputs"
     with pytest.raises(RequestError):
         SamplingParams(structured_outputs={"regex": "a", "choice": ["b"]})
+
+
+def test_gbnf_grammar_constrains_and_a_broken_one_is_a_request_error(llm):
+    p = SamplingParams(temperature=1.0, max_tokens=6, structured_outputs={"grammar": 'root ::= "yes" | "no"'})
+    assert {o.text for o in gen(llm, p, n=4)} <= {"yes", "no"}
+    for bad in ("root ::= undefined_rule", "root ::= ("):
+        with pytest.raises(RequestError) as e:
+            gen(llm, SamplingParams(max_tokens=4, structured_outputs={"grammar": bad}))
+        assert e.value.param == "structured_outputs"
+
+
+@pytest.mark.parametrize("so", [{"json": {"$defs": {"n": {"$ref": "#/$defs/n"}}, "$ref": "#/$defs/n"}},
+                                {"grammar": "start: a\na: a"}])
+def test_constraint_that_nothing_satisfies_is_a_request_error(llm, so):
+    with pytest.raises(RequestError, match="no text satisfies") as e:
+        gen(llm, SamplingParams(max_tokens=4, structured_outputs=so))
+    assert e.value.param == "structured_outputs"
+
+
+def test_empty_string_constraint_is_still_accepted(llm):
+    out = gen(llm, SamplingParams(max_tokens=4, structured_outputs={"regex": ""}))[0]
+    assert out.text == ""
+
+
+DEFS_TOOLS = [
+    {"type": "function", "function": {"name": "f", "parameters": {
+        "$defs": {"i": {"type": "integer", "minimum": 0, "maximum": 9}}, "type": "object",
+        "properties": {"x": {"$ref": "#/$defs/i"}}, "required": ["x"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "tree", "parameters": {
+        "type": "object", "properties": {"v": {"type": "integer", "minimum": 0, "maximum": 9},
+                                         "kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 1}},
+        "required": ["v", "kids"], "additionalProperties": False}}},
+]
+
+
+@pytest.mark.parametrize("name", ["f", "tree"])
+def test_enforced_tool_call_resolves_the_parameters_own_refs(llm, name):
+    """A function's parameters may use ``$defs`` / ``#`` references: they resolve inside the
+    call grammar, and the arguments validate against the function's own schema."""
+    from jaxinfer import tool_calls
+
+    schema = next(t for t in DEFS_TOOLS if t["function"]["name"] == name)["function"]["parameters"]
+    p = SamplingParams(temperature=1.0, max_tokens=120,
+                       structured_outputs={"grammar": tool_calls.tool_call_grammar(DEFS_TOOLS, name)})
+    outs = [o for o in gen(llm, p, n=3) if o.finish_reason != "length"]
+    assert outs  # a random model ends at least one call within max_tokens
+    for out in outs:
+        _, calls = tool_calls.parse(out.text)
+        assert len(calls) == 1 and calls[0]["function"]["name"] == name, out.text
+        jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), schema)
+
+
+def test_single_call_grammar_allows_exactly_one_call(llm):
+    """``parallel_tool_calls: false`` with ``tool_choice: required``: one call of any tool, then
+    the grammar admits only the end."""
+    from jaxinfer import tool_calls
+
+    p = SamplingParams(temperature=1.0, max_tokens=120,
+                       structured_outputs={"grammar": tool_calls.tool_call_grammar(DEFS_TOOLS, single=True)})
+    outs = [o for o in gen(llm, p, n=4) if o.finish_reason != "length"]
+    assert outs
+    for out in outs:
+        content, calls = tool_calls.parse(out.text)
+        assert content is None and len(calls) == 1, out.text

@@ -49,7 +49,10 @@ def chat_aliases(req: ChatCompletionRequest) -> dict[str, str]:
 
 
 def structured_aliases(req: _GenerationRequest) -> dict[str, str]:
-    """``structured_outputs`` errors renamed to the field that carried the constraint."""
+    """``structured_outputs`` errors renamed to the field that carried the constraint (none
+    when the request has ``structured_outputs`` itself)."""
+    if req.structured_outputs is not None:
+        return {}
     if req.response_format is not None:
         return {"structured_outputs": "response_format"}
     if isinstance(req, ChatCompletionRequest) and tool_mode(req) in ("required", "named"):
@@ -108,7 +111,7 @@ def structured_constraint(req: _GenerationRequest) -> StructuredOutputsParams | 
     if isinstance(req, ChatCompletionRequest) and tool_mode(req) in ("required", "named"):
         name = req.tool_choice.function.name if tool_mode(req) == "named" else None
         found.append(("tool_choice", StructuredOutputsParams(grammar=tool_calls.tool_call_grammar(
-            tools_as_dicts(req), name))))
+            tools_as_dicts(req), name, single=req.parallel_tool_calls is False))))
     if len(found) > 1:
         raise RequestError(f"only one output constraint per request; got {', '.join(f for f, _ in found)}",
                            param=found[1][0])
