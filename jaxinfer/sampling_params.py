@@ -98,7 +98,7 @@ class SamplingParams:
     def _validate(self) -> None:
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             _check(isinstance(getattr(self, name), bool), name, f"{name} must be a bool")
-        _check(_is_int(self.priority) and abs(self.priority) < 2**63, "priority",
+        _check(_is_int(self.priority) and -(2**63) <= self.priority < 2**63, "priority",
                "priority must be a 64-bit integer")
         _check(_is_int(self.n) and self.n >= 1, "n", "n must be an integer >= 1")
         _check(all(_is_int(t) for t in self.stop_token_ids), "stop_token_ids", "stop_token_ids must be integers")

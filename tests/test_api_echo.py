@@ -136,3 +136,24 @@ def test_lm_eval_loglikelihood_request(tiny_server, legacy):
         np.testing.assert_allclose(got, want, rtol=1e-4)
         assert is_greedy == want_greedy
     assert want_greedy  # the last continuation was the greedy token
+
+
+def test_text_offsets_count_characters_not_token_pieces():
+    """A token holding part of a character (byte-level BPE splits an emoji) adds no character:
+    each offset is the length of the text the tokens before it complete, never past the text,
+    and a stream's chunks (one `TextOffsets` carried across them) give the same offsets."""
+    from jaxinfer.api import logprobs as lp
+    from jaxinfer.outputs import Logprob
+
+    tok = tokenizer()
+    ids = tok.encode("Emoji list: 😀😃😄 done", add_special_tokens=False)
+    entries = [{t: Logprob(-0.1, 1, tok.decode([t]))} for t in ids]
+    text = tok.decode(ids)
+    expected = [len(tok.decode(ids[:i]).rstrip("\ufffd")) for i in range(len(ids))]
+    assert any(t == "\ufffd" for t in (tok.decode([i]) for i in ids))  # the case at hand: split characters
+    whole = lp.completion_logprobs(ids, entries, tokenizer=tok)
+    assert whole.text_offset == expected and max(expected) < len(text)
+    offsets, streamed = lp.TextOffsets(), []
+    for a, b in [(0, 3), (3, 4), (4, 9), (9, len(ids))]:
+        streamed += lp.completion_logprobs(ids[a:b], entries[a:b], offsets, tok).text_offset
+    assert streamed == expected

@@ -164,10 +164,12 @@ def test_priority_field_validated_and_defaults_to_zero():
     assert SamplingParams().priority == 0
     from jaxinfer.errors import RequestError
 
-    for bad in (1.5, "1", True, 2**63):
+    for bad in (1.5, "1", True, 2**63, -(2**63) - 1):
         with pytest.raises(RequestError) as exc:
             SamplingParams(priority=bad)
         assert exc.value.param == "priority"
+    for edge in (-(2**63), 2**63 - 1):  # the API's bounds: the whole signed 64-bit range
+        assert SamplingParams(priority=edge).priority == edge
 
 
 @pytest.mark.parametrize("kwargs", [{"scheduling_policy": "lottery"}, {"priority_aging_s": 0},

@@ -10,6 +10,7 @@ Both format a slice of tokens so a stream sends each token's logprobs once (SC-2
 """
 from __future__ import annotations
 
+import codecs
 import functools
 
 from jaxinfer.api.protocol import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
@@ -18,13 +19,37 @@ from jaxinfer.outputs import Logprob
 MIN_LOGPROB = -9999.0
 
 
-def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], text_offset: int = 0
-                        ) -> CompletionLogprobs:
+class TextOffsets:
+    """Character offsets of successive tokens in the text they decode to (``text_offset``).
+
+    A byte-level BPE token may hold part of a character (an emoji's first two bytes); its
+    own text is then a replacement character, but it adds no character to the text. So the
+    offset advances by the characters that the token's UTF-8 bytes (`token_bytes`) complete,
+    through an incremental decoder that keeps a character's leading bytes until its last one
+    arrives. Offsets never run past the decoded text. One instance per choice, carried
+    across the chunks of a stream.
+    """
+
+    def __init__(self, start: int = 0):
+        self.offset = start
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def advance(self, tokenizer, token_id: int, text: str) -> int:
+        """The offset of this token (characters before it); then moves past it."""
+        at = self.offset
+        self.offset += len(self._decoder.decode(bytes(token_bytes(tokenizer, token_id, text))))
+        return at
+
+
+def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]],
+                        offsets: TextOffsets | None = None, tokenizer=None) -> CompletionLogprobs:
     """Legacy format for ``token_ids`` (a slice of the output) and their ``entries``.
 
     Args:
-      text_offset: character offset of the first token in the generated text.
+      offsets: the choice's `TextOffsets` (a stream's, advanced here); None: from 0.
+      tokenizer: gives each token's bytes (`token_bytes`); None: the bytes of its text.
     """
+    offsets = offsets if offsets is not None else TextOffsets()
     out = CompletionLogprobs()
     for tok, entry in zip(token_ids, entries):
         chosen = entry[tok]
@@ -32,8 +57,7 @@ def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]],
         out.tokens.append(text)
         out.token_logprobs.append(_finite(chosen.logprob))
         out.top_logprobs.append({_text(lp, t): _finite(lp.logprob) for t, lp in entry.items()})
-        out.text_offset.append(text_offset)
-        text_offset += len(text)
+        out.text_offset.append(offsets.advance(tokenizer, tok, text))
     return out
 
 
@@ -49,30 +73,23 @@ def echo_logprobs(prompt_ids: list[int], entries: list[dict[int, Logprob] | None
       completion: the completion's logprobs, offsets counted from 0 (shifted after the prompt here).
     """
     out = CompletionLogprobs()
-    offset = 0
+    offsets = TextOffsets()
     for tok, entry in zip(prompt_ids, entries):
         if entry is None:
             text = tokenizer.decode([tok], skip_special_tokens=False) if tokenizer is not None else f"<{tok}>"
             out.tokens.append(text)
             out.token_logprobs.append(None)
             out.top_logprobs.append(None)
-            out.text_offset.append(offset)
-            offset += len(text)
+            out.text_offset.append(offsets.advance(tokenizer, tok, text))
         else:
-            one = completion_logprobs([tok], [entry], offset)
+            one = completion_logprobs([tok], [entry], offsets, tokenizer)
             for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
                 getattr(out, name).extend(getattr(one, name))
-            offset = next_text_offset(one, offset)
     out.tokens += completion.tokens
     out.token_logprobs += completion.token_logprobs
     out.top_logprobs += completion.top_logprobs
-    out.text_offset += [offset + t for t in completion.text_offset]
+    out.text_offset += [offsets.offset + t for t in completion.text_offset]
     return out
-
-
-def next_text_offset(logprobs: CompletionLogprobs, start: int) -> int:
-    """The offset after the tokens of ``logprobs`` (to continue a stream)."""
-    return start + sum(len(t) for t in logprobs.tokens)
 
 
 def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], num_top: int, tokenizer

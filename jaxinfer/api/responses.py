@@ -28,7 +28,7 @@ class ChoiceCursor:
 
     text_len: int = 0
     num_tokens: int = 0
-    text_offset: int = 0
+    text_offsets: lp.TextOffsets = dataclasses.field(default_factory=lp.TextOffsets)  # legacy ``text_offset``
     finished: bool = False
     plain_text: bool = False  # tools offered: the answer is known not to start with a call block
 
@@ -101,7 +101,7 @@ class CompletionFormat(_Format):
         choices = []
         for i, out in enumerate(outputs):
             comp = out.outputs[0]
-            logprobs = (lp.completion_logprobs(comp.token_ids, comp.logprobs or [])
+            logprobs = (lp.completion_logprobs(comp.token_ids, comp.logprobs or [], tokenizer=self.tokenizer)
                         if self.logprobs is not None else None)
             text = comp.text
             if self.echo:
@@ -125,8 +125,7 @@ class CompletionFormat(_Format):
     def _chunk(self, index, text, token_ids, entries, finish, cur):
         logprobs = None
         if entries is not None:
-            logprobs = lp.completion_logprobs(token_ids, entries, cur.text_offset)
-            cur.text_offset = lp.next_text_offset(logprobs, cur.text_offset)
+            logprobs = lp.completion_logprobs(token_ids, entries, cur.text_offsets, self.tokenizer)
         choice = P.CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=finish)
         return P.CompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice])
 
