@@ -280,6 +280,26 @@ def check_flags(parser: argparse.ArgumentParser, args) -> None:
         parser.error("several models (--model repeated, or --fallback-model) need a single-process server")
 
 
+def check_models(parser: argparse.ArgumentParser, args) -> None:
+    """Refuse an unknown ``--model`` / ``--fallback-model`` (exit 2, one line) before anything
+    loads: a misspelt name must not look like an engine crash."""
+    if args.load_format == "dummy":
+        return
+    from jaxinfer.weights import model_kind
+
+    try:
+        for spec in served_specs(args):
+            model_kind(spec.path)
+    except ValueError as e:
+        fail(parser, str(e))
+
+
+def fail(parser: argparse.ArgumentParser, message: str) -> None:
+    """Exit with status 2 and ``server.py: error: message``: argparse's error without the usage
+    text, for a reason that is not a flag's spelling (an unknown model, a busy port)."""
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+
 def kv_split(args):
     """Each model's `ModelSpec` with its share of the KV budget (logged when there are several)."""
     from jaxinfer.builder import cpu_default_kv_bytes
@@ -306,6 +326,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_flags(parser, args)
+    check_models(parser, args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from jaxinfer.api.app import create_app
     from jaxinfer.api.model_registry import ModelRegistry, ServedModel
@@ -321,7 +342,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         sock = listen_socket(config.host, config.port)
     except OSError as e:
-        parser.error(f"cannot listen on {config.host}:{config.port}: {e}")
+        fail(parser, f"cannot listen on {config.host}:{config.port}: {e}")
     specs = kv_split(args)  # after binding: a busy port fails before JAX starts
     models = ModelRegistry([ServedModel(s.name, AsyncEngine(engine_builder(model_args(args, s)),
                                                             log_requests=not args.disable_log_requests),

@@ -137,6 +137,8 @@ class LLMEngine:
         when given, is called after each bucket (`jaxinfer.warmup_progress.WarmupProgress`)."""
         t0 = time.perf_counter()
         buckets = self.layout.ladders.all_buckets()
+        if progress is not None:
+            progress(0, len(buckets))
         for i, b in enumerate(buckets):
             inputs = batch_mod.empty_inputs(b, self.layout)
             self.runner.compile(inputs)
@@ -145,8 +147,9 @@ class LLMEngine:
             if progress is not None:
                 progress(i + 1, len(buckets))
         dt = time.perf_counter() - t0
-        logger.info("warm-up: compiled %d buckets (tokens %s x context blocks %s) in %.1f s", len(buckets),
-                    self.layout.ladders.token_ladder, self.layout.ladders.width_ladder, dt)
+        logger.info("warm-up: %d buckets compiled or loaded from the compilation cache in %.1f s (tokens %s x "
+                    "context blocks %s)", len(buckets), dt,
+                    self.layout.ladders.token_ladder, self.layout.ladders.width_ladder)
         return dt
 
     # ----- requests -----------------------------------------------------------------------

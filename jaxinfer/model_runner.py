@@ -278,7 +278,8 @@ class ModelRunner:
         """The packed copies of the weights for the scanned buckets' products: bfloat16
         (`use_native_amx`) or int8 (`use_native_int8`); None where neither kernel runs."""
         if use_native_amx(self.dtype, shardings, self.cfg):
-            logger.info("products: bfloat16 weights packed once, jaxinfer/native/amx_gemm.cc")
+            logger.info("products: bfloat16 weights packed once, jaxinfer/native/amx_gemm.cc (%s)",
+                        native_amx.instruction_set())
             return native_amx.packed_variables(params, self.cfg)
         if use_native_int8(shardings, self.cfg):
             logger.info("products: int8 weights packed once, jaxinfer/native/int8_gemm.cc")

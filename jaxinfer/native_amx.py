@@ -82,6 +82,12 @@ def _smoke_test() -> str | None:
                                                              jnp.int32(0), jnp.int32(1)), 16.0)
 
 
+def instruction_set() -> str:
+    """The products' instructions on this host: AMX tiles where the CPU has them, else
+    AVX-512 BF16's VDPBF16PS (the kernel is built with ``-march=native``, which picks the path)."""
+    return "AMX tiles" if {"amx_tile", "amx_bf16"} <= host_cpu_flags() else "AVX-512 BF16, VDPBF16PS"
+
+
 def available() -> bool:
     """Whether the kernel can run here (checked, built and registered on first call)."""
     why = _load()

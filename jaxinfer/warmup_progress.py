@@ -36,7 +36,11 @@ class WarmupProgress:
         self._last_log_done = 0
 
     def __call__(self, done: int, total: int) -> None:
-        """``done`` of ``total`` buckets are compiled (1 <= done <= total)."""
+        """``done`` of ``total`` buckets are compiled (0 <= done <= total); 0, before the first
+        bucket, starts the clock (else it runs from this object's creation)."""
+        if done == 0:
+            self._t0 = self._last_log_t = time.monotonic()
+            return
         if self._bar is None:
             self._bar = tqdm(total=total, desc="Warm-up (compiling buckets)", unit="bucket",
                              disable=not self.use_tqdm)

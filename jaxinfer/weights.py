@@ -204,21 +204,43 @@ def resolve_model(name_or_path: str | Path, weights_dir: str | Path = "weights")
     Raises:
       ValueError: an unknown name (the message lists the models in ``weights_dir``).
     """
+    p, kind = Path(name_or_path), model_kind(name_or_path, weights_dir)
+    if kind == "converted":
+        return p
+    if kind == "hf":
+        return _convert.convert(p, Path(weights_dir) / p.absolute().name)
+    if kind == "gguf":
+        return _convert.convert(p, Path(weights_dir) / p.stem)
+    if kind == "builtin":
+        return ensure_builtin(str(name_or_path), weights_dir)
+    return Path(weights_dir) / str(name_or_path)
+
+
+def model_kind(name_or_path: str | Path, weights_dir: str | Path = "weights") -> str:
+    """What `resolve_model` would do with ``name_or_path``, found without loading, converting or
+    downloading anything (the server checks its ``--model`` with this before it starts):
+    ``"converted"``, ``"hf"`` (a checkpoint folder to convert), ``"gguf"``, ``"builtin"`` or
+    ``"local"`` (a conversion in ``weights_dir``).
+
+    Raises:
+      ValueError: none of these; the message says when a path does not exist, and lists the
+        models in ``weights_dir`` and the built-in names.
+    """
     p = Path(name_or_path)
     if p.is_dir() and (p / "params").is_dir():
-        return p
+        return "converted"
     if p.is_dir() and any(p.glob("*.safetensors")):
-        return _convert.convert(p, Path(weights_dir) / p.absolute().name)
+        return "hf"
     if p.is_file() and p.suffix == ".gguf":
-        return _convert.convert(p, Path(weights_dir) / p.stem)
+        return "gguf"
     name = str(name_or_path)
     if builtin_name(name):
-        return ensure_builtin(name, weights_dir)
-    local = Path(weights_dir) / name
-    if _convert.is_complete(local):
-        return local
-    raise ValueError(f"unknown model {name!r}: not a converted folder, a Hugging Face checkpoint folder or a "
-                     f".gguf file; converted models in {weights_dir}/: {available_models(weights_dir) or 'none'}; "
+        return "builtin"
+    if _convert.is_complete(Path(weights_dir) / name):
+        return "local"
+    missing = "no such file or folder; " if not p.exists() and (p.suffix == ".gguf" or os.sep in name) else ""
+    raise ValueError(f"unknown model {name!r}: {missing}not a converted folder, a Hugging Face checkpoint folder "
+                     f"or a .gguf file; converted models in {weights_dir}/: {available_models(weights_dir) or 'none'}; "
                      f"built-in names: {DEFAULT_MODEL}, {GEMMA3_MODEL}")
 
 

@@ -170,15 +170,35 @@ def test_several_models_each_get_a_name_and_a_share_of_the_kv_budget(caplog):
 
 
 def test_engine_failing_at_start_up_exits_1(tmp_path):
-    """A server whose engine can never come up (here: no such model) exits 1, not unready forever."""
+    """A server whose engine can never come up (here: a converted folder with nothing in it)
+    exits 1, not unready forever."""
     import subprocess
 
     from api_helpers import free_port
 
-    proc = subprocess.run([sys.executable, str(REPO / "server.py"), "--model", str(tmp_path / "missing"),
+    (tmp_path / "broken" / "params").mkdir(parents=True)
+    proc = subprocess.run([sys.executable, str(REPO / "server.py"), "--model", str(tmp_path / "broken"),
                            "--port", str(free_port())], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1
-    assert "unknown model" in proc.stderr
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "config.json" in proc.stderr  # it got as far as loading the folder
+
+
+@pytest.mark.parametrize("model", ["smollm2", "{tmp}/missing.gguf", "{tmp}/nope"])
+def test_an_unknown_model_exits_2_before_loading(tmp_path, model):
+    """A misspelt name or a path that does not exist: one line naming it (a missing path
+    says so), no usage text, no traceback, nothing loaded."""
+    import subprocess
+
+    from api_helpers import free_port
+
+    model = model.format(tmp=tmp_path)
+    proc = subprocess.run([sys.executable, str(REPO / "server.py"), "--model", model, "--port", str(free_port())],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"error: unknown model {model!r}" in proc.stderr
+    assert ("no such file or folder" in proc.stderr) == (model != "smollm2")
+    assert "usage:" not in proc.stderr and "Traceback" not in proc.stderr
+    assert "loads in the background" not in proc.stderr
 
 
 def test_a_port_in_use_exits_2_before_loading():
@@ -194,7 +214,7 @@ def test_a_port_in_use_exits_2_before_loading():
         proc = subprocess.run([sys.executable, str(REPO / "server.py"), "--port", str(held.getsockname()[1])],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, proc.stderr[-2000:]
-        assert "cannot listen on" in proc.stderr
+        assert "cannot listen on" in proc.stderr and "usage:" not in proc.stderr
         assert "loads in the background" not in proc.stderr
         assert time.monotonic() - t0 < 60
     finally:

@@ -136,7 +136,7 @@ def test_settings_line_at_start_up(caplog):
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model=")]
     usable = 47 - math.ceil(0.15 * 47)  # watermark of the 47 blocks past the null block
     assert lines == [f"model=tiny dtype=float32 kv_cache_dtype=auto backend=xla max_model_len=128 max_num_seqs=2 "
-                     f"max_num_batched_tokens=32 kv_blocks=48 (block_size 16) "
+                     f"max_num_batched_tokens=32 kv_blocks=48 (block_size 16, the null block included) "
                      f"max_concurrency_at_full_length={usable // (128 // 16)}"]
 
 
@@ -195,7 +195,20 @@ def test_warmup_reports_every_bucket_and_ends_at_total():
     calls = []
     engine.warmup(progress=lambda done, total: calls.append((done, total)))
     total = len(engine.layout.ladders.all_buckets())
-    assert total > 1 and calls == [(i, total) for i in range(1, total + 1)]
+    assert total > 1 and calls == [(i, total) for i in range(0, total + 1)]  # 0: before the first (starts the clock)
+
+
+def test_warmup_progress_times_the_buckets_only(caplog, monkeypatch):
+    """The "done in" figure runs from the call before the first bucket, not from the object's
+    creation (the engine is built, weights packed, between the two)."""
+    clock = iter([100.0, 130.0, 131.0, 132.0])
+    monkeypatch.setattr("jaxinfer.warmup_progress.time.monotonic", lambda: next(clock))
+    caplog.set_level(logging.INFO, logger="jaxinfer")
+    progress = WarmupProgress(use_tqdm=False)  # t = 100
+    progress(0, 2)  # t = 130: the warm-up begins
+    progress(1, 2)
+    progress(2, 2)  # t = 132
+    assert [r.getMessage() for r in caplog.records][-1] == "warm-up: 2/2 buckets, done in 2.0 s"
 
 
 def test_warmup_progress_logs_at_a_modest_rate(caplog):
