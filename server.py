@@ -327,8 +327,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_flags(parser, args)
-    check_models(parser, args)
+    # before anything else that may log: a first log call installs Python's default handler,
+    # and basicConfig then does nothing (every INFO line of the server would be lost)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    check_models(parser, args)
     from jaxinfer.api.app import create_app
     from jaxinfer.api.model_registry import ModelRegistry, ServedModel
     from jaxinfer.async_engine import AsyncEngine

@@ -181,6 +181,8 @@ def test_engine_failing_at_start_up_exits_1(tmp_path):
                            "--port", str(free_port())], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "config.json" in proc.stderr  # it got as far as loading the folder
+    # and its INFO lines came out in the server's own format (no earlier call stole the handler)
+    assert " INFO jaxinfer.server: listening on http://" in proc.stderr, proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize("model", ["smollm2", "{tmp}/missing.gguf", "{tmp}/nope"])
