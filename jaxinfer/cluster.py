@@ -11,7 +11,9 @@ accepting and finishes its open connections, the servers drain their in-flight r
 Rolling restart (`Cluster.rolling_restart`): one instance at a time, mark it ``drain`` in
 HAProxy (no new requests; sessions that hashed to it go to the others meanwhile), wait until
 it has no request in flight, stop it (SIGTERM), start it again with the same flags, wait
-until it is warm and HAProxy's check sees it up, then the next one. A running launcher does
+until it is warm and HAProxy's check sees it up, then the next one. Instances that are down
+(exited, or failing their check) go first, with no drain, so that the cluster has its full
+capacity back before a live one is drained. A running launcher does
 this on SIGHUP; ``python -m jaxinfer.cluster --rolling-restart [--port P]`` sends that signal
 and waits until it is done. An instance that dies on its own is reported, and HAProxy's
 check takes it out of rotation; it is not restarted automatically.
@@ -26,6 +28,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -91,6 +94,8 @@ class Cluster:
       stop_timeout: seconds a stopping process gets before SIGKILL (the servers' drain).
       env: environment of the server processes (default: this one's).
       say: where progress lines go.
+      stats_bind: ``host:port`` for HAProxy's stats page (``/stats``) and its Prometheus
+        metrics (``/metrics``), or None for none.
     Raises:
       ValueError: bad arguments (checked before anything starts).
     """
@@ -99,7 +104,7 @@ class Cluster:
                  base_port: int | None = None, ports: list[int] | None = None, run_dir: str | Path | None = None,
                  balance: str = "hash",
                  check: HealthCheck = HealthCheck(), ready_timeout: float = 900.0, stop_timeout: float = 40.0,
-                 env: dict | None = None, say: Callable[[str], None] = print):
+                 env: dict | None = None, say: Callable[[str], None] = print, stats_bind: str | None = None):
         if instances < 1:
             raise ValueError(f"instances must be >= 1, got {instances}")
         if balance not in BALANCES:
@@ -108,11 +113,14 @@ class Cluster:
         ports = list(range(first, first + instances)) if ports is None else list(ports)
         if len(ports) != instances or len(set(ports)) != instances or port in ports:
             raise ValueError(f"need {instances} distinct instance ports other than {port}, got {ports}")
-        clash = [a for a in server_args if a.split("=")[0] in OWN_SERVER_FLAGS]
+        clash = [a.split("=")[0] for a in server_args if a.split("=")[0] in OWN_SERVER_FLAGS]
+        if clash and clash[0] == "--instance-id":
+            raise ValueError("--instance-id would name every instance alike: the launcher leaves each its default "
+                             "(hostname:port), which the x-jaxinfer-instance header shows")
         if clash:
-            raise ValueError(f"{clash[0]} is set by the launcher for each instance (use --port / --base-port)")
+            raise ValueError(f"{clash[0]} is set by the launcher for each instance (use --host / --port / --base-port)")
         self.server_args = list(server_args)
-        self.host, self.port, self.balance, self.check = host, port, balance, check
+        self.host, self.port, self.balance, self.check, self.stats_bind = host, port, balance, check, stats_bind
         self.run_dir = Path(run_dir or Path(tempfile.gettempdir()) / f"jaxinfer-cluster-{port}")
         self.ready_timeout, self.stop_timeout, self.env, self.say = ready_timeout, stop_timeout, env, say
         self.instances = [self._new_instance(i, p) for i, p in enumerate(ports)]
@@ -153,12 +161,15 @@ class Cluster:
         """Install HAProxy if needed, start every instance, wait until all are warm, start HAProxy.
 
         Raises:
-          ClusterError: an instance exited or stayed unready past ``ready_timeout`` (its log's
-            last lines are in the message), or HAProxy did not come up.
+          ClusterError: the balancer's (or stats) address is taken, an instance exited or stayed
+            unready past ``ready_timeout`` (its log's last lines are in the message), or HAProxy
+            did not come up.
           jaxinfer.haproxy_runtime.HAProxyError: HAProxy missing and not installable.
         """
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.state_path.unlink(missing_ok=True)  # a stale one would point --rolling-restart at a dead pid
+        for address in filter(None, [f"{self.host}:{self.port}", self.stats_bind]):
+            _check_free(address)  # before minutes of loading and warming up the instances
         self.haproxy_binary = hx.ensure_haproxy(self.say)
         try:
             for inst in self.instances:
@@ -229,7 +240,8 @@ class Cluster:
     def _start_haproxy(self) -> None:
         """(Re)write the configuration and start HAProxy; a running one hands over (``-sf``)."""
         text = render_config([i.upstream for i in self.instances], bind=f"{self.host}:{self.port}",
-                             balance=self.balance, check=self.check, admin_socket=str(self.admin_socket))
+                             balance=self.balance, check=self.check, admin_socket=str(self.admin_socket),
+                             stats_bind=self.stats_bind)
         self.config_path.write_text(text)
         hx.check_config(self.haproxy_binary, self.config_path)
         old = self.haproxy if self.haproxy is not None and self.haproxy.poll() is None else None
@@ -295,13 +307,20 @@ class Cluster:
           ClusterError: a restarted instance did not become warm (HAProxy keeps it drained).
         """
         with self._lock:
-            for inst in self.instances:
+            up = self._up_names()
+            for inst in sorted(self.instances, key=lambda i: i.name in up):  # the down ones first
                 if should_stop():
                     return
                 t0 = time.monotonic()
-                self.say(f"rolling restart: {inst.name} (port {inst.port}) draining")
-                hx.set_state(self.admin_socket, BACKEND, inst.name, "drain")
-                self._wait_idle(inst, drain_timeout)
+                if inst.name not in up:
+                    self.say(f"rolling restart: {inst.name} (port {inst.port}) is down: restarting it first")
+                else:
+                    if not self._up_names() - {inst.name}:
+                        self.say(f"rolling restart: {inst.name} is the only instance up: requests fail until "
+                                 "it is warm again")
+                    self.say(f"rolling restart: {inst.name} (port {inst.port}) draining")
+                    hx.set_state(self.admin_socket, BACKEND, inst.name, "drain")
+                    self._wait_idle(inst, drain_timeout)
                 if inst.proc is not None and inst.proc.poll() is None:
                     inst.proc.send_signal(signal.SIGTERM)
                     try:
@@ -316,6 +335,12 @@ class Cluster:
                 self.say(f"rolling restart: {inst.name} back up (pid {inst.proc.pid}, {time.monotonic() - t0:.0f} s)")
             self.rolling_restarts += 1
             self._write_state()
+
+    def _up_names(self) -> set[str]:
+        """The instances whose process runs and whose HAProxy check says UP."""
+        stats = self.server_stats()
+        return {i.name for i in self.instances
+                if i.proc is not None and i.proc.poll() is None and stats.get(i.name, {}).get("status") == "UP"}
 
     def _wait_idle(self, inst: Instance, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -341,10 +366,22 @@ class Cluster:
                  f"  balancer  {self.url}  (OpenAI API at {self.url}/v1)"]
         lines += [f"  {i.name:<8}  {i.url}  pid {i.proc.pid}  metrics {i.url}/metrics  log {i.log_path}"
                   for i in self.instances]
-        lines += [f"  haproxy   pid {self.haproxy.pid}  config {self.config_path}  admin socket {self.admin_socket}",
+        lines += [f"  haproxy   pid {self.haproxy.pid}  config {self.config_path}  admin socket {self.admin_socket}"
+                  + (f"  stats http://{self.stats_bind}/stats" if self.stats_bind else ""),
                   f"Ctrl+C or SIGTERM stops everything; `python -m jaxinfer.cluster --rolling-restart --port "
                   f"{self.port}` restarts the instances one at a time."]
         return "\n".join(lines)
+
+
+def _check_free(address: str) -> None:
+    """Raise `ClusterError` unless ``host:port`` can be bound now (HAProxy binds it later)."""
+    host, _, port = address.rpartition(":")
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as HAProxy does
+        try:
+            sock.bind((host.strip("[]"), int(port)))
+        except OSError as e:
+            raise ClusterError(f"cannot listen on {address}: {e.strerror or e}") from None
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -379,6 +416,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rolling-restart", action="store_true",
                    help="do not start a cluster: restart the instances of the one running on --port, one at a time")
     p.add_argument("--timeout", type=float, default=3600.0, help="--rolling-restart: seconds to wait for it")
+    p.add_argument("--stats", default=None, metavar="HOST:PORT",
+                   help="also serve HAProxy's stats page (/stats) and its Prometheus metrics (/metrics) there "
+                        "(default: none)")
     return p
 
 
@@ -390,6 +430,7 @@ def check_server_flags(server_args: list[str]) -> None:
     spec.loader.exec_module(module)
     parser = module.build_parser()
     parser.prog = "python -m jaxinfer.cluster [cluster flags]"
+    parser.print_usage = lambda file=None: None  # the error line alone (server.py's usage is ~50 lines)
     module.check_flags(parser, parser.parse_args(server_args))
 
 
@@ -431,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     check_server_flags(server_args)
     try:
         cluster = Cluster(args.instances, server_args, host=args.host, port=args.port, base_port=args.base_port,
-                          run_dir=run_dir, balance=args.balance, say=lambda m: print(m, flush=True))
+                          run_dir=run_dir, balance=args.balance, say=lambda m: print(m, flush=True),
+                          stats_bind=args.stats)
     except ValueError as e:
         parser.error(str(e))
     signal.signal(signal.SIGTERM, _interrupt)  # while starting, SIGTERM is Ctrl+C: start() stops what it began

@@ -9,15 +9,67 @@ from jaxinfer import cluster
 
 @pytest.mark.parametrize("argv,message", [
     (["--instances", "0"], "instances must be >= 1"),
-    (["--instance-id", "x"], "--instance-id is set by the launcher"),
+    (["--instance-id", "x"], "--instance-id would name every instance alike"),
     (["--max-num-seqs", "0"], "max_num_seqs"),  # server.py's own checks
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
 ])
 def test_bad_flags_exit_2_before_starting(argv, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         cluster.main(["--run-dir", str(tmp_path), *argv])
-    assert exc.value.code == 2 and message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and message in err
+    assert "--speculative-config" not in err  # the error line, not server.py's ~50 lines of usage
     assert list(tmp_path.iterdir()) == []  # nothing was started or written
+
+
+def test_a_busy_balancer_port_fails_before_any_instance_starts(tmp_path, capsys, monkeypatch):
+    import socket
+
+    spawned = []
+    monkeypatch.setattr(cluster.Cluster, "_spawn", lambda self, inst: spawned.append(inst))
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        assert cluster.main(["--run-dir", str(tmp_path), "--port", str(port), "--base-port", str(port + 1)]) == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err and spawned == []
+
+
+class _Proc:
+    def __init__(self, alive: bool):
+        self.alive, self.pid, self.returncode = alive, 1, None if alive else -9
+
+    def poll(self):
+        return None if self.alive else self.returncode
+
+    def send_signal(self, sig):
+        self.alive = False
+
+    def wait(self, timeout=None):
+        return 0
+
+
+def test_rolling_restart_restarts_a_down_instance_first_without_draining_it(tmp_path, monkeypatch):
+    """With inst2 dead, draining inst1 first would leave no instance up (every request 503)
+    until inst1 was warm again; inst2 goes first, and only live instances are drained."""
+    c = cluster.Cluster(3, port=8000, run_dir=tmp_path, say=lambda m: None)
+    for inst, alive in zip(c.instances, (True, False, True)):
+        inst.proc = _Proc(alive)
+    events = []
+    monkeypatch.setattr(c, "server_stats", lambda: {i.name: {"status": "UP" if i.proc.poll() is None else "DOWN",
+                                                              "scur": "0"} for i in c.instances})
+    monkeypatch.setattr(cluster.hx, "set_state", lambda sock, backend, name, state: events.append((state, name)))
+
+    def spawn(inst):
+        events.append(("start", inst.name))
+        inst.proc = _Proc(True)
+    monkeypatch.setattr(c, "_spawn", spawn)
+    monkeypatch.setattr(c, "_wait_warm", lambda inst: None)
+    monkeypatch.setattr(c, "_wait_all_up", lambda insts, timeout: None)
+    monkeypatch.setattr(c, "_write_state", lambda: None)
+    c.rolling_restart()
+    assert [e for e in events if e[0] == "start"] == [("start", "inst2"), ("start", "inst1"), ("start", "inst3")]
+    assert ("drain", "inst2") not in events and ("drain", "inst1") in events and ("drain", "inst3") in events
 
 
 def test_ports_must_be_distinct():
