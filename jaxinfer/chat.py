@@ -52,9 +52,9 @@ def conversation_from_dicts(conv) -> list[dict]:
         raise RequestError("a conversation must be a list of messages", param="messages")
     out = []
     for m in conv:
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or m["role"] not in ROLES:
             raise RequestError(f"each message needs a role in {sorted(ROLES)}, got {m!r:.80}", param="messages")
-        content = m.get("content") or ""
+        content = "" if m.get("content") is None else m["content"]
         if isinstance(content, list):
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                        for p in content):
@@ -65,9 +65,26 @@ def conversation_from_dicts(conv) -> list[dict]:
                                param="messages")
         msg = {"role": m["role"], "content": content}
         if m.get("tool_calls"):
-            msg["tool_calls"] = m["tool_calls"]
+            msg["tool_calls"] = _checked_tool_calls(m["tool_calls"])
         out.append(msg)
     return out
+
+
+def _checked_tool_calls(calls) -> list:
+    """An assistant message's ``tool_calls`` as OpenAI sends them: a list of ``{"function":
+    {"name": str, "arguments": JSON text}}`` (``id`` and ``type`` optional here).
+
+    Raises:
+      RequestError (param ``messages``): any other shape (``arguments`` as a dict included:
+        OpenAI's are a JSON string).
+    """
+    ok = isinstance(calls, (list, tuple)) and all(
+        isinstance(c, dict) and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)
+        and isinstance(c["function"].get("arguments", ""), str) for c in calls)
+    if not ok:
+        raise RequestError('tool_calls must be a list of {"function": {"name": str, "arguments": JSON text}}, got '
+                           f"{calls!r:.80}", param="messages")
+    return list(calls)
 
 
 def render_conversation(convo: list[dict], tokenizer, *, add_generation_prompt: bool = True,

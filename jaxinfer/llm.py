@@ -19,7 +19,7 @@ from jaxinfer.config import BLOCK_SIZE, CacheConfig, EngineConfig, ParallelConfi
 from jaxinfer.engine_protocol import RequestSpec
 from jaxinfer.errors import RequestError
 from jaxinfer.outputs import RequestOutput
-from jaxinfer.sampling_params import SamplingParams, choice_seed
+from jaxinfer.sampling_params import SamplingParams, choice_seed, is_integer
 from jaxinfer.spec_decode import SpeculativeConfig
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -152,6 +152,12 @@ class LLM:
         Raises:
           RequestError: an empty conversation or a malformed message (param ``messages``).
         """
+        if isinstance(messages, dict):
+            raise RequestError("messages must be a list of message dicts (one conversation) or a list of those; "
+                               "got one dict: wrap it in a list", param="messages")
+        if not isinstance(messages, (list, tuple)):
+            raise RequestError(f"messages must be a list of message dicts, got {type(messages).__name__}",
+                               param="messages")
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         if not convs:
             raise RequestError("messages must contain at least one message", param="messages")
@@ -169,9 +175,10 @@ class LLM:
 
     def _encode(self, prompt) -> list[int]:
         if isinstance(prompt, str):
+            chat.check_text(prompt, "prompt")
             return self._tokenizer().encode(prompt)
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return list(prompt)
+        if isinstance(prompt, (list, tuple)) and all(is_integer(t) for t in prompt):
+            return [int(t) for t in prompt]
         raise TypeError(f"a prompt must be a string or a list of int token ids, got {prompt!r:.80}")
 
     def _run(self, items, sampling_params, use_tqdm: bool, priority=None) -> list[RequestOutput]:
@@ -179,12 +186,17 @@ class LLM:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(items)
+        if not isinstance(sampling_params, (list, tuple)):
+            raise TypeError(f"sampling_params must be SamplingParams or a list of them, got "
+                            f"{type(sampling_params).__name__}")
         sampling_params = list(sampling_params)
         if len(sampling_params) != len(items):
             raise ValueError(f"{len(sampling_params)} SamplingParams for {len(items)} prompts: give one, or one each")
         if not all(isinstance(sp, SamplingParams) for sp in sampling_params):
             raise TypeError("sampling_params must be SamplingParams objects")
         if priority is not None:
+            if not isinstance(priority, (list, tuple)):
+                raise TypeError(f"priority must be a list of integers, one per prompt, got {type(priority).__name__}")
             if len(priority) != len(items):
                 raise ValueError(f"{len(priority)} priorities for {len(items)} prompts: give one each")
             sampling_params = [dataclasses.replace(sp, priority=p) for sp, p in zip(sampling_params, priority)]

@@ -153,6 +153,7 @@ class OutputProcessor:
             logits=list(req.logits) if self.return_logits else None)
         metrics = RequestMetrics(req.arrival_time, req.first_scheduled_time, req.first_token_time, req.finished_time,
                                  req.num_preemptions)
-        prompt_lp = list(req.prompt_logprobs) if req.params.prompt_logprobs is not None else None
+        # position 0 has no logprob (None); a one-token prompt has nothing else to score
+        prompt_lp = list(req.prompt_logprobs or [None]) if req.params.prompt_logprobs is not None else None
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, [comp], req.is_finished, metrics,
                              num_cached_tokens=req.num_cached_tokens, prompt_logprobs=prompt_lp)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Mapping
 
 from jaxinfer.errors import RequestError
@@ -91,6 +92,11 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", _as_tuple(self.stop_token_ids, "stop_token_ids",
                                                              "a list of token ids"))
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        for name in _INT_FIELDS:  # numpy integers (a notebook's np.int64) become plain ints
+            value = getattr(self, name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool) and type(value) is not int:
+                object.__setattr__(self, name, int(value))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) if is_integer(t) else t for t in self.stop_token_ids))
         if self.structured_outputs is not None:
             object.__setattr__(self, "structured_outputs", StructuredOutputsParams.from_dict(self.structured_outputs))
         self._validate()
@@ -98,10 +104,10 @@ class SamplingParams:
     def _validate(self) -> None:
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             _check(isinstance(getattr(self, name), bool), name, f"{name} must be a bool")
-        _check(_is_int(self.priority) and -(2**63) <= self.priority < 2**63, "priority",
+        _check(is_integer(self.priority) and -(2**63) <= self.priority < 2**63, "priority",
                "priority must be a 64-bit integer")
-        _check(_is_int(self.n) and self.n >= 1, "n", "n must be an integer >= 1")
-        _check(all(_is_int(t) for t in self.stop_token_ids), "stop_token_ids", "stop_token_ids must be integers")
+        _check(is_integer(self.n) and self.n >= 1, "n", "n must be an integer >= 1")
+        _check(all(is_integer(t) for t in self.stop_token_ids), "stop_token_ids", "stop_token_ids must be integers")
         _check_range(self.temperature, 0.0, 2.0, "temperature")
         _check(_finite(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p", "top_p must be in (0, 1]")
         _check(isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= -1,
@@ -115,11 +121,11 @@ class SamplingParams:
             _check(isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool)
                    and self.max_tokens >= 1, "max_tokens", "max_tokens must be an integer >= 1")
         if self.seed is not None:
-            _check(_is_int(self.seed) and -(2**63) <= self.seed < 2**64, "seed", "seed must be a 64-bit integer")
+            _check(is_integer(self.seed) and -(2**63) <= self.seed < 2**64, "seed", "seed must be a 64-bit integer")
         if self.logprobs is not None:
-            _check(_is_int(self.logprobs) and self.logprobs >= 0, "logprobs", "logprobs must be an integer >= 0")
+            _check(is_integer(self.logprobs) and self.logprobs >= 0, "logprobs", "logprobs must be an integer >= 0")
         if self.prompt_logprobs is not None:
-            _check(_is_int(self.prompt_logprobs) and self.prompt_logprobs >= 0, "prompt_logprobs",
+            _check(is_integer(self.prompt_logprobs) and self.prompt_logprobs >= 0, "prompt_logprobs",
                    "prompt_logprobs must be an integer >= 0")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty strings")
         # every step checks every stop string against the new text: bound that work
@@ -157,8 +163,12 @@ def choice_seed(seed: int | None, index: int) -> int | None:
     return None if seed is None else (seed + index) % 2**64
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+_INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "logprobs", "priority", "prompt_logprobs")
+
+
+def is_integer(x) -> bool:
+    """An integer, Python's or numpy's (``numbers.Integral``), but not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def _bias_pairs(bias) -> tuple[tuple[int, float], ...]:
@@ -173,7 +183,7 @@ def _bias_pairs(bias) -> tuple[tuple[int, float], ...]:
     for key, value in pairs:
         if isinstance(key, str) and key.isascii() and key.isdigit():
             key = int(key)
-        if not _is_int(key):
+        if not is_integer(key):
             raise RequestError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")
         out.append((key, value))
     return tuple(out)

@@ -122,8 +122,9 @@ def parse(text: str) -> tuple[str | None, list[dict]]:
                       "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}})
         kept.append(text[pos:m.start()])
         pos = m.end()
-    tail = text[pos:]
-    kept.append(tail if not (calls and tail.lstrip().startswith(OPEN)) else "")
+    tail = text[pos:].strip()
+    cut_call = tail.startswith(OPEN) or (tail != "" and OPEN.startswith(tail))  # "<tool_call>{..." or "<tool"
+    kept.append(text[pos:] if not (calls and cut_call) else "")
     content = "".join(kept).strip() if calls else text
     return (content or None), calls
 

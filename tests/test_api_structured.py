@@ -122,5 +122,7 @@ def test_parse_tool_calls():
     cut = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "f", "argu'
     content, calls = tool_calls.parse(cut)  # max_tokens ended a second call: dropped, not content
     assert content is None and [c["function"]["name"] for c in calls] == ["f"]
+    content, calls = tool_calls.parse('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n<tool')  # in the tag
+    assert content is None and len(calls) == 1
     assert tool_calls.parse('<tool_call>\n{"name": "f", "ar') == ('<tool_call>\n{"name": "f", "ar', [])
     assert tool_calls.may_become_call("  <tool_") and not tool_calls.may_become_call("Hello")

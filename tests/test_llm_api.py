@@ -88,6 +88,22 @@ def test_sampling_params_name_the_bad_field(kwargs, param):
 def test_sampling_params_still_take_the_convenient_forms():
     sp = SamplingParams(stop="x", stop_token_ids=[3, 4], logit_bias={"7": 1.5, 8: -2})
     assert sp.stop == ("x",) and sp.stop_token_ids == (3, 4) and sp.logit_bias == ((7, 1.5), (8, -2.0))
+    np = pytest.importorskip("numpy")
+    sp = SamplingParams(max_tokens=np.int64(3), top_k=np.int32(5), seed=np.uint64(7), stop_token_ids=[np.int64(2)])
+    assert (sp.max_tokens, sp.top_k, sp.seed, sp.stop_token_ids) == (3, 5, 7, (2,))
+    assert all(type(v) is int for v in (sp.max_tokens, sp.top_k, sp.seed, *sp.stop_token_ids))
+
+
+def test_numpy_token_ids_and_bad_argument_types(llm, reference):
+    import numpy as np
+
+    out = llm.generate([[np.int64(t) for t in PROMPT]], GREEDY, use_tqdm=False)
+    assert out[0].outputs[0].token_ids == reference and all(type(t) is int for t in out[0].prompt_token_ids)
+    with pytest.raises(TypeError, match="sampling_params must be SamplingParams"):
+        llm.generate([PROMPT], "temperature=0", use_tqdm=False)
+    with pytest.raises(TypeError, match="priority must be a list"):
+        llm.generate([PROMPT], GREEDY, use_tqdm=False, priority=1)
+    assert_usable(llm, reference)
 
 
 @pytest.mark.parametrize("kwargs", [dict(dtype="float16"), dict(attention_backend="foo"), dict(load_format="bogus"),
@@ -112,10 +128,19 @@ def test_chat_messages_are_checked_before_the_template(tmp_path):
     llm = LLM("tiny", max_model_len=128, max_num_seqs=4, max_num_batched_tokens=32, num_blocks=48, warmup=False,
               model_config=tiny_config(vocab=tok.vocab_size), params=init_params(tiny_config(vocab=tok.vocab_size)),
               tokenizer=tok)
+    user = {"role": "user", "content": "hi"}
     for bad in ([], [{"content": "hi"}], [{"role": "robot", "content": "hi"}],
-                [{"role": "user", "content": [{"type": "image_url"}]}], [{"role": "user", "content": 5}]):
-        with pytest.raises(RequestError):
+                [{"role": "user", "content": [{"type": "image_url"}]}], [{"role": "user", "content": 5}],
+                [{"role": "user", "content": 0}], user, None, [{"role": ["user"], "content": "hi"}],
+                *([user, {"role": "assistant", "content": None, "tool_calls": calls}]
+                  for calls in ("abc", [{"id": "x"}], [{"function": None}],
+                                [{"function": {"name": "f", "arguments": {"a": 1}}}]))):
+        with pytest.raises(RequestError) as exc:
             llm.chat(bad, GREEDY, use_tqdm=False)
+        assert exc.value.param == "messages", bad
+    with pytest.raises(RequestError) as exc:
+        llm.generate("bad \ud800 x", GREEDY, use_tqdm=False)  # a lone surrogate, as from JSON's escape
+    assert exc.value.param == "prompt"
     parts = llm.chat([{"role": "user", "content": [{"type": "text", "text": "hi"}]}], GREEDY, use_tqdm=False)
     plain = llm.chat([{"role": "user", "content": "hi"}], GREEDY, use_tqdm=False)
     assert parts[0].prompt_token_ids == plain[0].prompt_token_ids

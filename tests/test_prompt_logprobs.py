@@ -123,3 +123,10 @@ def test_limits(untied, value):
     with pytest.raises(RequestError) as err:
         llm.generate([[5, 6, 7]], SamplingParams(prompt_logprobs=value), use_tqdm=False)
     assert err.value.param == "prompt_logprobs"
+
+
+def test_one_token_prompt_has_the_position_0_entry(untied):
+    """Every prompt position gets an entry, so a one-token prompt gets ``[None]`` (not ``[]``)."""
+    llm, _ = untied
+    out = llm.generate([[5]], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=2), use_tqdm=False)[0]
+    assert out.prompt_logprobs == [None]
