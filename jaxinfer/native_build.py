@@ -25,7 +25,12 @@ import numpy as np
 from jaxinfer.cpu_features import host_cpu_flags
 
 NATIVE_DIR = Path(__file__).parent / "native"
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp-simd", "-shared", "-fPIC", "-std=c++17", "-w")
+# -ffast-math's reassociation (what vectorizes the sums), spelled out without -ffast-math itself:
+# with it, the linker adds crtfastmath.o, whose constructor sets flush-to-zero and
+# denormals-are-zero for the whole process on load (numpy's and JAX's subnormals became 0).
+# Infinities and NaNs keep their meaning (no -ffinite-math-only).
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-signed-zeros", "-fno-trapping-math", "-fassociative-math",
+         "-freciprocal-math", "-fopenmp-simd", "-shared", "-fPIC", "-std=c++17", "-w")
 
 
 def compiler() -> str | None:

@@ -3,6 +3,8 @@
 #ifndef JAXINFER_NATIVE_PARALLEL_ITEMS_H_
 #define JAXINFER_NATIVE_PARALLEL_ITEMS_H_
 
+#include <xmmintrin.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -12,7 +14,22 @@
 
 namespace jaxinfer {
 
-// Runs body(i) for every i in [0, total). Items are taken from a shared counter by the calling
+// Flush-to-zero and denormals-are-zero (MXCSR bits 15 and 6) on this thread while it lives,
+// then the thread's own setting again. The kernels' exponentials underflow into subnormals
+// that cost a microcode assist each; the flags are scoped so that nothing else in the
+// process (numpy, XLA) loses its subnormals, as -ffast-math's crtfastmath.o made it do.
+class ScopedFlushDenormals {
+ public:
+  ScopedFlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }
+  ~ScopedFlushDenormals() { _mm_setcsr(saved_); }
+  ScopedFlushDenormals(const ScopedFlushDenormals&) = delete;
+  ScopedFlushDenormals& operator=(const ScopedFlushDenormals&) = delete;
+
+ private:
+  unsigned int saved_;
+};
+
+// Runs body(i) for every i in [0, total), each thread under ScopedFlushDenormals. Items are taken from a shared counter by the calling
 // thread and by helpers scheduled on the pool; the call returns once every item is done. A
 // helper that starts late finds no item left and touches nothing (the state it holds is
 // reference counted).
@@ -23,6 +40,7 @@ void parallel_items(xla::ffi::ThreadPool& pool, int64_t total, Body body) {
   };
   auto progress = std::make_shared<Progress>();
   auto work = [progress, total, body]() {
+    ScopedFlushDenormals flush;
     for (int64_t i; (i = progress->next.fetch_add(1)) < total;) {
       body(i);
       progress->done.fetch_add(1, std::memory_order_release);
