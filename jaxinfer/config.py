@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 
 from jaxinfer.cpu_features import has_native_bf16
@@ -138,6 +139,10 @@ class SchedulerConfig:
     prefill_budget_while_decoding: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_queue_len"):
+            _check_int(name, getattr(self, name))
+        if self.prefill_budget_while_decoding is not None:
+            _check_int("prefill_budget_while_decoding", self.prefill_budget_while_decoding)
         if self.prefill_budget_while_decoding is not None and self.prefill_budget_while_decoding < 1:
             raise ValueError(f"prefill_budget_while_decoding must be >= 1 or None, got "
                              f"{self.prefill_budget_while_decoding}")
@@ -223,6 +228,9 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
+        _check_int("seed", self.seed)
+        if not 0 <= self.seed < 2**63:  # numpy's default_rng takes no negative seed
+            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
         if self.quantization not in (None, "int8"):
             raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
         if self.dtype not in DTYPES:
@@ -231,3 +239,10 @@ class EngineConfig:
             raise ValueError(f"attention_backend must be 'xla' or 'pallas', got {self.attention_backend!r}")
         if self.speculative is not None and self.scheduler.scheduler == "static":  # it reserves whole requests
             raise ValueError("speculative decoding needs the continuous scheduler (not --scheduler static)")
+
+
+def _check_int(name: str, value) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is an integer (not a bool or a
+    string such as ``"512"``), before a comparison would fail with a bare ``TypeError``."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer, got {value!r}")

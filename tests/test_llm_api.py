@@ -108,7 +108,8 @@ def test_numpy_token_ids_and_bad_argument_types(llm, reference):
 
 @pytest.mark.parametrize("kwargs", [dict(dtype="float16"), dict(attention_backend="foo"), dict(load_format="bogus"),
                                     dict(max_queue_len=0), dict(max_num_seqs=8, max_num_batched_tokens=4),
-                                    dict(kv_cache_memory=0), dict(kv_cache_memory=1024), dict(max_model_len=1000)])
+                                    dict(kv_cache_memory=0), dict(kv_cache_memory=1024), dict(max_model_len=1000),
+                                    dict(max_model_len="128"), dict(max_num_seqs=2.0), dict(seed=-1)])
 def test_constructor_refuses_settings_that_cannot_work(kwargs):
     args = dict(max_model_len=128, max_num_seqs=4, max_num_batched_tokens=32, model_config=CFG,
                 params=init_params(CFG, seed=1), tokenizer=None, warmup=False)
