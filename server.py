@@ -295,6 +295,18 @@ def check_models(parser: argparse.ArgumentParser, args) -> None:
         fail(parser, str(e))
 
 
+NOISY_LOGGERS = ("absl", "jax._src.xla_bridge")  # orbax's checkpoint chatter, JAX's "no TPU here"
+
+
+def quiet_libraries(log_level: str) -> None:
+    """At ``--log-level info``, the libraries' own INFO lines (a dozen per checkpoint load,
+    one per platform JAX did not find) are hidden, so the log says what the server does;
+    ``--log-level debug`` shows them."""
+    if log_level != "debug":
+        for name in NOISY_LOGGERS:
+            logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLevelName(log_level.upper())))
+
+
 def fail(parser: argparse.ArgumentParser, message: str) -> None:
     """Exit with status 2 and ``server.py: error: message``: argparse's error without the usage
     text, for a reason that is not a flag's spelling (an unknown model, a busy port)."""
@@ -330,6 +342,7 @@ def main(argv: list[str] | None = None) -> None:
     # before anything else that may log: a first log call installs Python's default handler,
     # and basicConfig then does nothing (every INFO line of the server would be lost)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_libraries(args.log_level)
     check_models(parser, args)
     from jaxinfer.api.app import create_app
     from jaxinfer.api.model_registry import ModelRegistry, ServedModel

@@ -183,6 +183,7 @@ def test_engine_failing_at_start_up_exits_1(tmp_path):
     assert "config.json" in proc.stderr  # it got as far as loading the folder
     # and its INFO lines came out in the server's own format (no earlier call stole the handler)
     assert " INFO jaxinfer.server: listening on http://" in proc.stderr, proc.stderr[-2000:]
+    assert " INFO absl: " not in proc.stderr and "Unable to initialize backend" not in proc.stderr  # libraries' chatter
 
 
 @pytest.mark.parametrize("model", ["smollm2", "{tmp}/missing.gguf", "{tmp}/nope"])
