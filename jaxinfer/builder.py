@@ -126,7 +126,7 @@ def kv_pool_budget(cache: CacheConfig, device_memory: int | None, weight_bytes: 
     ``num_blocks`` is handled by `plan_num_blocks` before this is asked.
     """
     if cache.kv_cache_memory is not None:
-        return cache.kv_cache_memory, "--kv-cache-memory"
+        return cache.kv_cache_memory, "--kv-cache-memory, or this model's even share of the budget"
     if device_memory:
         util = cache.memory_utilization
         budget = kv_budget_bytes(device_memory, util, weight_bytes, reserve_bytes)

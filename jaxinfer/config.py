@@ -150,6 +150,9 @@ class SchedulerConfig:
             raise ValueError(f"scheduler must be 'continuous' or 'static', got {self.scheduler!r}")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
+        if self.priority_aging_s is not None and self.scheduling_policy != "priority":
+            raise ValueError("priority_aging_s applies to scheduling_policy 'priority' only (with 'fcfs' nothing "
+                             "reads it)")
         if self.priority_aging_s is not None and not (math.isfinite(self.priority_aging_s)
                                                       and self.priority_aging_s > 0):
             raise ValueError(f"priority_aging_s must be a positive number of seconds or None, got "

@@ -50,7 +50,8 @@ def model_specs(models: list[str], served_names: list[str] | None, fallback: str
       chat_templates: the ``--chat-template`` values (at most one per model, paired by
         position like the names), or None.
     Raises:
-      ValueError: more served names or chat templates than models, or two models under one name.
+      ValueError: more served names or chat templates than models, two models under one name,
+        or a fallback that is the only model.
     """
     names, templates = list(served_names or []), list(chat_templates or [])
     for flag, what, values in (("--served-model-name", "name", names), ("--chat-template", "template", templates)):
@@ -61,6 +62,9 @@ def model_specs(models: list[str], served_names: list[str] | None, fallback: str
                        chat_template=templates[i] if i < len(templates) else None) for i, path in enumerate(models)]
     if fallback is not None and fallback not in {s.name for s in specs}:
         specs.append(ModelSpec(fallback, fallback))
+    if fallback is not None and len(specs) == 1:
+        raise ValueError(f"--fallback-model {fallback!r} is the only served model: degradation needs another model "
+                         "to send requests to")
     seen: set[str] = set()
     for s in specs:
         if s.name in seen:

@@ -164,7 +164,10 @@ def test_within_the_slo_without_an_estimate_or_to_a_busier_fallback_nothing_move
 def test_metrics_carry_one_series_set_per_model(served):
     app = served[0]
     run(post(app, "/v1/completions", completion("small")))
-    s = series(run(client_get(app, "/metrics")))
+    text = run(client_get(app, "/metrics"))
+    s = series(text)
+    types = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+    assert len(types) == len(set(types)), "a family's # TYPE twice (one block per model)"
     for model in ("big", "small"):
         assert s[("jaxinfer_kv_blocks_total", (("model_name", model),))] == 8
         assert s[("jaxinfer_engine_healthy", (("model_name", model),))] == 1

@@ -140,7 +140,8 @@ def test_bad_flags_are_refused():
                                    ["--fallback-model", "m", "--degrade-ttft-slo", "0"],
                                    ["--fallback-model", "m", "--degrade-ttft-slo", "1", "--num-processes", "2"],
                                    ["--chat-template", "no-such-template"], ["--chat-template", "gemma3", "--chat-template", "gemma3"],
-                                   ["--timeout-keep-alive", "0"]])
+                                   ["--timeout-keep-alive", "0"], ["--seed", "-1"],
+                                   ["--model", "m", "--fallback-model", "m", "--degrade-ttft-slo", "1"]])
 def test_flags_the_config_rejects_exit_2_before_loading(flags, capsys):
     parser = server.build_parser()
     with pytest.raises(SystemExit) as exc:

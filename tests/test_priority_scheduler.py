@@ -172,11 +172,19 @@ def test_priority_field_validated_and_defaults_to_zero():
         assert SamplingParams(priority=edge).priority == edge
 
 
-@pytest.mark.parametrize("kwargs", [{"scheduling_policy": "lottery"}, {"priority_aging_s": 0},
-                                    {"priority_aging_s": float("inf")}])
+@pytest.mark.parametrize("kwargs", [{"scheduling_policy": "lottery"},
+                                    {"scheduling_policy": "priority", "priority_aging_s": 0},
+                                    {"scheduling_policy": "priority", "priority_aging_s": float("inf")}])
 def test_scheduler_config_rejects_bad_policy(kwargs):
     with pytest.raises(ValueError):
         SchedulerConfig(**kwargs)
+
+
+def test_aging_without_the_priority_policy_is_refused():
+    """fcfs never reads priority_aging_s: a flag that would silently do nothing is an error."""
+    with pytest.raises(ValueError, match="scheduling_policy 'priority' only"):
+        SchedulerConfig(priority_aging_s=5.0)
+    assert SchedulerConfig(scheduling_policy="priority", priority_aging_s=5.0).priority_aging_s == 5.0
 
 
 def stop_case(token, stop_string=None, max_tokens=5, outputs=1, max_model_len=256, ignore_eos=False):

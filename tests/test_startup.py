@@ -95,7 +95,7 @@ def test_gpu_memory_utilization_sizes_the_pool_from_device_memory():
     assert default == int(80 * gib * 0.9) - 18 * gib  # vLLM's default 0.9
     explicit, why = kv_pool_budget(CacheConfig(kv_cache_memory=3 * gib, gpu_memory_utilization=0.5), 80 * gib,
                                    16 * gib, 2 * gib)
-    assert (explicit, why) == (3 * gib, "--kv-cache-memory")
+    assert explicit == 3 * gib and why.startswith("--kv-cache-memory")
 
 
 def test_gpu_memory_utilization_does_not_apply_on_cpu(caplog):

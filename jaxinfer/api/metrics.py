@@ -111,8 +111,7 @@ class Metrics:
                                [MODEL_LABEL, "status"], registry=r)
         for status in ERROR_STATUSES:
             self._errors.labels(self.model_name, str(status))
-        for m in models:
-            r.register(_EngineCollector(m.async_engine, m.name))
+        r.register(_EngineCollector(models))
 
     def reject(self, reason: str, model: str | None = None) -> None:
         """Count a request for ``model`` (default: the default model) refused for ``reason``
@@ -186,41 +185,52 @@ _COUNTERS = {  # metric name (without _total) -> (EngineSnapshot attribute, help
 
 
 class _EngineCollector:
-    """Turns the engine's `EngineSnapshot` into families at scrape time."""
+    """Turns every served model's `EngineSnapshot` into families at scrape time: each family
+    once, with one series per model (``model_name``), as the Prometheus text format wants (a
+    second ``# TYPE`` line for a name is an error to its strict parsers).
 
-    def __init__(self, async_engine, model_name: str):
-        self.async_engine = async_engine
-        self.model_name = model_name
+    Args:
+      models: the served models (``.name``, ``.async_engine``), in the registry's order.
+    """
+
+    def __init__(self, models):
+        self.models = list(models)
 
     def describe(self):
         return []
 
     def collect(self):
-        label = [self.model_name]
         healthy = GaugeMetricFamily("jaxinfer_engine_healthy", "1 when the engine is ready to serve.",
                                     labels=[MODEL_LABEL])
-        healthy.add_metric(label, float(self.async_engine.is_healthy))
-        yield healthy
-        engine = self.async_engine.engine
-        if engine is None:
-            return
-        snap: EngineSnapshot = engine.snapshot()
-        for name, doc in _GAUGES.items():
-            family = GaugeMetricFamily(f"jaxinfer_{name}", doc, labels=[MODEL_LABEL])
-            family.add_metric(label, float(getattr(snap, _SNAPSHOT_FIELD.get(name, name))))
-            yield family
+        gauges = {name: GaugeMetricFamily(f"jaxinfer_{name}", doc, labels=[MODEL_LABEL])
+                  for name, doc in _GAUGES.items()}
         steps = SummaryMetricFamily("jaxinfer_kv_fragmentation_step_ratio",
                                     "KV fragmentation sampled once per engine step (mean over an interval: "
                                     "increase of _sum / increase of _count).", labels=[MODEL_LABEL])
-        steps.add_metric(label, count_value=snap.fragmentation_steps, sum_value=snap.fragmentation_step_sum)
-        yield steps
-        for name, (field, doc) in _COUNTERS.items():
-            family = CounterMetricFamily(f"jaxinfer_{name}", doc, labels=[MODEL_LABEL])
-            family.add_metric(label, float(getattr(snap, field)))
-            yield family
+        counters = {name: CounterMetricFamily(f"jaxinfer_{name}", doc, labels=[MODEL_LABEL])
+                    for name, (_, doc) in _COUNTERS.items()}
         success = CounterMetricFamily("jaxinfer_request_success", "Engine requests that ended, by finish reason "
                                       "(stop, length, abort, timeout, rejected, error, failed).",
                                       labels=[MODEL_LABEL, "finished_reason"])
-        for reason in FINISH_REASONS:
-            success.add_metric(label + [reason], float(snap.finished.get(reason, 0)))
-        yield success
+        loaded = False
+        for model in self.models:
+            label = [model.name]
+            healthy.add_metric(label, float(model.async_engine.is_healthy))
+            engine = model.async_engine.engine
+            if engine is None:  # still loading: its engine series appear once it is built
+                continue
+            loaded = True
+            snap: EngineSnapshot = engine.snapshot()
+            for name, family in gauges.items():
+                family.add_metric(label, float(getattr(snap, _SNAPSHOT_FIELD.get(name, name))))
+            steps.add_metric(label, count_value=snap.fragmentation_steps, sum_value=snap.fragmentation_step_sum)
+            for name, (field, _) in _COUNTERS.items():
+                counters[name].add_metric(label, float(getattr(snap, field)))
+            for reason in FINISH_REASONS:
+                success.add_metric(label + [reason], float(snap.finished.get(reason, 0)))
+        yield healthy
+        if loaded:
+            yield from gauges.values()
+            yield steps
+            yield from counters.values()
+            yield success
