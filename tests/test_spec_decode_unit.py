@@ -74,6 +74,8 @@ def test_config_parsing_and_refusals():
     for b in bad:
         with pytest.raises(ValueError):
             SpeculativeConfig.from_value(b)
+    with pytest.raises(ValueError, match=r"prompt_lookup_max must be an integer >= prompt_lookup_min \(3\), got 2"):
+        SpeculativeConfig.from_value(bad[2])  # the bound names the field it comes from
 
 
 def test_config_refused_with_static_scheduler():

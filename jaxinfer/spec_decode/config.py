@@ -52,7 +52,7 @@ class SpeculativeConfig:
             raise ValueError(f"speculative method must be one of {', '.join(METHODS)}, got {self.method!r}")
         _check_int(self.num_speculative_tokens, 1, "num_speculative_tokens")
         _check_int(self.prompt_lookup_min, 1, "prompt_lookup_min")
-        _check_int(self.prompt_lookup_max, self.prompt_lookup_min, "prompt_lookup_max")
+        _check_int(self.prompt_lookup_max, self.prompt_lookup_min, "prompt_lookup_max", "prompt_lookup_min")
         if self.method == "draft_model" and not self.model:
             raise ValueError("speculative method 'draft_model' needs 'model' (the draft model's name or folder)")
         if self.disable_by_batch_size is not None:
@@ -86,6 +86,8 @@ class SpeculativeConfig:
         return cls(**value)
 
 
-def _check_int(v: Any, lo: int, name: str) -> None:
+def _check_int(v: Any, lo: int, name: str, lo_name: str | None = None) -> None:
+    """``v`` must be an integer >= ``lo`` (which is the field ``lo_name``'s value, if given)."""
     if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-        raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+        bound = f"{lo_name} ({lo})" if lo_name else str(lo)
+        raise ValueError(f"{name} must be an integer >= {bound}, got {v!r}")
