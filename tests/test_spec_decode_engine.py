@@ -164,7 +164,7 @@ def test_counters_and_metrics(llm):
     from jaxinfer.api.metrics import _EngineCollector
 
     reg = CollectorRegistry()
-    reg.register(_EngineCollector(SimpleNamespace(is_healthy=True, engine=e), "tiny"))
+    reg.register(_EngineCollector([SimpleNamespace(name="tiny", async_engine=SimpleNamespace(is_healthy=True, engine=e))]))
     text = generate_latest(reg).decode()
     vals = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
     assert vals["jaxinfer_spec_decode_num_draft_tokens_total"] == snap.spec_num_draft_tokens
