@@ -185,10 +185,10 @@ def settings_line(config: EngineConfig, backend: str, num_blocks: int) -> str:
     conc = max_concurrency_at_full_length(num_blocks, cc.block_size, cc.watermark, sc.max_model_len)
     par = config.parallel
     layout = f" tp={par.tensor_parallel_size} dp={par.data_parallel_size}" if par.world_size > 1 else ""
-    quant = f" quantization={config.quantization}" if config.quantization else ""
     spec = config.speculative
-    quant += f" speculative={spec.method} k={spec.num_speculative_tokens}" if spec is not None else ""
-    return (f"model={config.model_path} dtype={config.dtype}{quant} kv_cache_dtype={cc.kv_cache_dtype} "
+    extras = (f" quantization={config.quantization}" if config.quantization else "") + (
+        f" speculative={spec.method} k={spec.num_speculative_tokens}" if spec is not None else "")
+    return (f"model={config.model_path} dtype={config.dtype}{extras} kv_cache_dtype={cc.kv_cache_dtype} "
             f"backend={backend}{layout} "
             f"max_model_len={sc.max_model_len} max_num_seqs={sc.max_num_seqs} "
             f"max_num_batched_tokens={sc.max_num_batched_tokens} kv_blocks={num_blocks} "

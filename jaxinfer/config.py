@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 import os
 
 from jaxinfer.cpu_features import has_native_bf16
 from jaxinfer.model_config import ModelConfig  # noqa: F401 (re-export)
+from jaxinfer.sampling_params import is_integer
 from jaxinfer.spec_decode.config import SpeculativeConfig
 
 BLOCK_SIZE = 16  # tokens per KV block (PagedAttention, Kwon et al. 2023)
@@ -247,5 +247,5 @@ class EngineConfig:
 def _check_int(name: str, value) -> None:
     """Raise ``ValueError`` naming ``name`` unless ``value`` is an integer (not a bool or a
     string such as ``"512"``), before a comparison would fail with a bare ``TypeError``."""
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+    if not is_integer(value):
         raise ValueError(f"{name} must be an integer, got {value!r}")

@@ -44,6 +44,7 @@ SOURCE = native_build.NATIVE_DIR / "amx_gemm.cc"
 ENV_SWITCH = "JAXINFER_NATIVE_AMX"  # "0" turns the kernel off (XLA's dot runs)
 COLLECTION = "amx"  # the variable collection of packed weights (`packed_variables`)
 MAX_K = 16384  # kMaxK in amx_gemm.cc
+AMX_FLAGS = frozenset({"amx_tile", "amx_bf16"})  # /proc/cpuinfo flags of the AMX path
 _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158
 
 
@@ -63,7 +64,7 @@ def _request_tiles() -> str | None:
 def _load() -> str | None:
     """Check the CPU, ask for tile state, build (once per machine), load and register; None, or why not."""
     flags = host_cpu_flags()
-    if {"amx_tile", "amx_bf16"} <= flags:
+    if AMX_FLAGS <= flags:
         why = _request_tiles()
         if why is not None:
             return why
@@ -85,7 +86,7 @@ def _smoke_test() -> str | None:
 def instruction_set() -> str:
     """The products' instructions on this host: AMX tiles where the CPU has them, else
     AVX-512 BF16's VDPBF16PS (the kernel is built with ``-march=native``, which picks the path)."""
-    return "AMX tiles" if {"amx_tile", "amx_bf16"} <= host_cpu_flags() else "AVX-512 BF16, VDPBF16PS"
+    return "AMX tiles" if AMX_FLAGS <= host_cpu_flags() else "AVX-512 BF16, VDPBF16PS"
 
 
 def available() -> bool:

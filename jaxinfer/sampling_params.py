@@ -93,9 +93,8 @@ class SamplingParams:
                                                              "a list of token ids"))
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         for name in _INT_FIELDS:  # numpy integers (a notebook's np.int64) become plain ints
-            value = getattr(self, name)
-            if isinstance(value, numbers.Integral) and not isinstance(value, bool) and type(value) is not int:
-                object.__setattr__(self, name, int(value))
+            if is_integer(getattr(self, name)):
+                object.__setattr__(self, name, int(getattr(self, name)))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) if is_integer(t) else t for t in self.stop_token_ids))
         if self.structured_outputs is not None:
             object.__setattr__(self, "structured_outputs", StructuredOutputsParams.from_dict(self.structured_outputs))

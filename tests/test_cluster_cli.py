@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxinfer import cluster
+from jaxinfer import cluster, cluster_cli
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -15,7 +15,7 @@ from jaxinfer import cluster
 ])
 def test_bad_flags_exit_2_before_starting(argv, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
-        cluster.main(["--run-dir", str(tmp_path), *argv])
+        cluster_cli.main(["--run-dir", str(tmp_path), *argv])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and message in err
     assert "--speculative-config" not in err  # the error line, not server.py's ~50 lines of usage
@@ -31,7 +31,7 @@ def test_a_busy_balancer_port_fails_before_any_instance_starts(tmp_path, capsys,
         held.bind(("127.0.0.1", 0))
         held.listen(1)
         port = held.getsockname()[1]
-        assert cluster.main(["--run-dir", str(tmp_path), "--port", str(port), "--base-port", str(port + 1)]) == 1
+        assert cluster_cli.main(["--run-dir", str(tmp_path), "--port", str(port), "--base-port", str(port + 1)]) == 1
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err and spawned == []
 
 
@@ -80,7 +80,7 @@ def test_ports_must_be_distinct():
 
 
 def test_rolling_restart_without_a_running_cluster_says_so(tmp_path, capsys):
-    assert cluster.main(["--rolling-restart", "--run-dir", str(tmp_path)]) == 1
+    assert cluster_cli.main(["--rolling-restart", "--run-dir", str(tmp_path)]) == 1
     assert f"no running cluster found in {tmp_path}" in capsys.readouterr().err
 
 
