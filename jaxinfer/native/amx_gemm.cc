@@ -45,7 +45,7 @@
 // here each 32 x 32 float32 block of (g, u) stays in L1 and only h, half the bytes of one of
 // them, is written. Probe (SmolLM2-135M's K 576, F 1536, 30 scanned layers, 8 weight stacks in
 // rotation, the two ways alternated in one process,
-// benchmarks/results/2026-12-03-cpu2-prefill-runs/probes/gated_mlp_ab.py): 32 rows 11.1 -> 8.5 ms,
+// benchmarks/probes/prefillruns_gated_mlp_ab.py): 32 rows 11.1 -> 8.5 ms,
 // 512 rows 81.0 -> 61.1 ms.
 // Inputs: x, layer and rows as above; w u16 [L, 2F / 16, K / 32, 16, 16, 2]: the [K, 2F] matrix whose
 // 16-column blocks alternate gate block q, up block q (`native_amx.pack_gated`), so that a
@@ -105,7 +105,7 @@ using jaxinfer::with_our_tiles;
 // model, so it comes from DRAM; a tile load cannot start before the products still reading its
 // tile are done, so without prefetch every block waits out DRAM's latency. Probe (30 scanned
 // products, 8 weight stacks in rotation, 0 against 4 ahead alternated in one process,
-// benchmarks/results/2026-12-03-cpu2-amx-attention/probes/amx_prefetch_ab.py): 32 x 576 x 1536
+// benchmarks/probes/amxattn_amx_prefetch_ab.py): 32 x 576 x 1536
 // 6.6 -> 5.2 ms, 8 rows 4.4 -> 3.7 ms, 32 x 1536 x 576 5.1 -> 4.8 ms; 512 rows alike within
 // noise. 2 and 4 ahead measured alike, 8 no better. 0 turns it off.
 constexpr int64_t kAhead = 4;
