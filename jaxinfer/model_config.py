@@ -1,6 +1,7 @@
 """The model's hyperparameters: `ModelConfig`, read from a Hugging Face style ``config.json``
-(and ``generation_config.json``) and written back, with its `RopeScaling` and the Gemma 3
-text-config fields.
+(and ``generation_config.json``) and written back, with its `RopeScaling`. The fields
+particular to one family are read and written by that family's entry in
+`jaxinfer.models.registry`, which also decides which ``model_type`` values are supported.
 
 Split from `jaxinfer.config` (the serving configuration), which re-exports `ModelConfig`:
 most modules import it from there. Plain Python: no JAX import, so host-side modules and
@@ -12,6 +13,8 @@ import dataclasses
 import json
 from pathlib import Path
 from typing import Any
+
+from jaxinfer.models import registry
 
 ROPE_SCALING_TYPES = ("llama3", "linear", "dynamic", "yarn")
 _ROPE_REQUIRED = {"linear": ("factor",), "dynamic": ("factor",),
@@ -112,66 +115,23 @@ def _opt_float(v: Any) -> float | None:
     return None if v is None else float(v)
 
 
-def _int_if_whole(v: float | None) -> float | int | None:
-    return int(v) if v is not None and float(v).is_integer() else v  # transformers' Gemma3TextConfig wants an int
-
-
-MODEL_TYPES = ("llama", "gemma3_text")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 LAYER_TYPES = ("sliding_attention", "full_attention")
-GEMMA3_SLIDING_PATTERN = 6  # transformers' default for configs without layer_types: every 6th layer is global
-
-
-def _gemma3_fields(d: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Gemma 3 text-config fields -> (ModelConfig keyword arguments, the global layers' RoPE dict).
-
-    Reads transformers 5's nested ``rope_parameters`` (``full_attention`` /
-    ``sliding_attention``) or the older ``rope_theta`` / ``rope_local_base_freq`` /
-    ``rope_scaling``; ``layer_types`` or the older ``sliding_window_pattern`` (default 6).
-
-    Raises:
-      ValueError: attention-logit soft-capping or bidirectional attention (not supported).
-    """
-    if d.get("attn_logit_softcapping") is not None:
-        raise ValueError("attn_logit_softcapping is not supported (Gemma 2 style attention soft-capping)")
-    if d.get("use_bidirectional_attention"):
-        raise ValueError("use_bidirectional_attention is not supported (decoder-only serving)")
-    n = d["num_hidden_layers"]
-    rp = d.get("rope_parameters") or {}
-    if "full_attention" in rp or "sliding_attention" in rp:
-        full = dict(rp.get("full_attention") or {})
-        local = rp.get("sliding_attention") or {}
-    else:
-        full = dict(d.get("rope_scaling") or rp or {})
-        local = {}
-    full.setdefault("rope_theta", d.get("rope_theta", 1_000_000.0))
-    pattern = d.get("sliding_window_pattern") or GEMMA3_SLIDING_PATTERN
-    types = d.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
-                                     for i in range(n)]
-    fields = dict(
-        hidden_act=d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh",
-        sliding_window=d.get("sliding_window", 4096),
-        layer_types=tuple(types),
-        rope_local_base=float(local.get("rope_theta", d.get("rope_local_base_freq", 10_000.0))),
-        qk_norm=True, sandwich_norm=True, scale_embeddings=True, norm_offset=1.0,
-        query_pre_attn_scalar=float(d.get("query_pre_attn_scalar", 256)),
-        final_logit_softcapping=_opt_float(d.get("final_logit_softcapping")),
-    )
-    return fields, full
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Decoder-only hyperparameters of the two supported families (Hugging Face field names).
+    """Decoder-only hyperparameters of the registered families (Hugging Face field names).
 
     Attributes mirror ``LlamaConfig``: ``hidden_size`` D, ``num_attention_heads`` N,
     ``num_key_value_heads`` K (GQA), ``head_dim`` H, ``intermediate_size`` F,
     ``vocab_size`` V, ``num_hidden_layers`` L. ``rope_scaling``: None for plain RoPE
     (for Gemma 3: the scaling of the global layers only, as in transformers).
 
-    Family switches (Llama values are the defaults; `from_dict` sets Gemma 3's, from
-    transformers ``Gemma3TextConfig`` and the Gemma 3 technical report, 2025):
-      model_type: ``"llama"`` or ``"gemma3_text"`` (written back by `to_hf_dict`).
+    Family switches (Llama values are the defaults; `from_dict` sets the others through the
+    family's ``hf_config_fields``, e.g. `jaxinfer.models.gemma3_family.hf_config_fields`):
+      model_type: a `jaxinfer.models.registry.model_types` name, ``"llama"`` or ``"gemma3_text"``
+        (written back by `to_hf_dict`).
       hidden_act: MLP gate activation, ``"silu"`` (SwiGLU) or ``"gelu_pytorch_tanh"`` (GeGLU).
       sliding_window: keys a sliding layer's query sees, itself included (``q - k < window``);
         None: no sliding layers.
@@ -219,8 +179,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.quantization not in (None, "int8"):
             raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
-        if self.model_type not in MODEL_TYPES:
-            raise ValueError(f"model_type {self.model_type!r} is not supported; supported: {', '.join(MODEL_TYPES)}")
+        registry.by_model_type(self.model_type)
         if self.hidden_act not in ACTIVATIONS:
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
         if self.layer_types and len(self.layer_types) != self.num_hidden_layers:
@@ -251,15 +210,13 @@ class ModelConfig:
         ``rope_parameters`` (transformers 5) or ``rope_scaling`` (`RopeScaling.from_hf`).
 
         Raises:
-          ValueError: an unsupported RoPE scaling type or malformed RoPE scaling fields.
+          ValueError: an unregistered ``model_type`` (absent: ``"llama"``), an unsupported RoPE
+            scaling type, malformed RoPE scaling fields, or a feature the family's decoder lacks.
         """
         n_heads = d["num_attention_heads"]
         head_dim = d.get("head_dim") or d["hidden_size"] // n_heads
         model_type = d.get("model_type") or "llama"
-        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
-        family: dict[str, Any] = {}
-        if model_type == "gemma3_text":
-            family, rope = _gemma3_fields(d)
+        family, rope = registry.by_model_type(model_type).hf_config_fields(d)
         rope_theta = d.get("rope_theta", rope.get("rope_theta", 10000.0))
         eos: list[int] = []
         for src in (d, generation_config or {}):
@@ -297,47 +254,27 @@ class ModelConfig:
         return cls.from_dict(cfg, gen)
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """The HF ``config.json`` fields (``LlamaForCausalLM``, or ``Gemma3ForCausalLM`` for
-        ``gemma3_text``, readable by transformers' own config classes); `from_dict` inverts it."""
-        if self.model_type == "gemma3_text":
-            return self._gemma3_hf_dict()
+        """The HF ``config.json`` fields, readable by transformers' own config class of the
+        family (``LlamaForCausalLM``, ``Gemma3ForCausalLM``, ...); `from_dict` inverts it.
+
+        ``architectures``, ``model_type`` and the layer shape, then the family's fields
+        (`jaxinfer.models.family.ModelFamily.hf_config_dict`).
+        """
+        family = registry.by_model_type(self.model_type)
         return {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            **self._shape_hf_fields(),
-            "rope_theta": self.rope_theta,
-            "rope_scaling": self.rope_scaling.to_hf() if self.rope_scaling else None,
-            "rms_norm_eps": self.rms_norm_eps,
-            "max_position_embeddings": self.max_position_embeddings,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "bos_token_id": self.bos_token_id,
-            "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) != 1 else self.eos_token_ids[0],
-            "hidden_act": "silu",
+            "architectures": [family.hf_architectures[0]],
+            "model_type": self.model_type,
+            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            **family.hf_config_dict(self),
         }
 
-    def _shape_hf_fields(self) -> dict[str, Any]:
-        """The layer-shape fields both families' HF configs share."""
-        return {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
-                "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_hidden_layers,
-                "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
-                "head_dim": self.head_dim}
-
-    def _gemma3_hf_dict(self) -> dict[str, Any]:
-        full = {"rope_type": "default", "rope_theta": self.rope_theta}
-        if self.rope_scaling:
-            full.update(self.rope_scaling.to_hf())
+    def hf_common_fields(self) -> dict[str, Any]:
+        """The HF ``config.json`` fields every family writes alike (norm epsilon, context,
+        tying, BOS and EOS), for the families' ``hf_config_dict``."""
         return {
-            "architectures": ["Gemma3ForCausalLM"],
-            "model_type": "gemma3_text",
-            **self._shape_hf_fields(),
-            "hidden_activation": self.hidden_act,
-            "rope_parameters": {"full_attention": full,
-                                "sliding_attention": {"rope_type": "default", "rope_theta": self.rope_local_base}},
-            "sliding_window": self.sliding_window,
-            "layer_types": list(self.layer_types),
-            "query_pre_attn_scalar": _int_if_whole(self.query_pre_attn_scalar),
-            "final_logit_softcapping": self.final_logit_softcapping,
-            "attn_logit_softcapping": None,
             "rms_norm_eps": self.rms_norm_eps,
             "max_position_embeddings": self.max_position_embeddings,
             "tie_word_embeddings": self.tie_word_embeddings,
