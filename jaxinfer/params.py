@@ -3,7 +3,8 @@
 `init_params` makes random weights of the right shapes and dtype (tests, and
 ``--load-format dummy``); `param_logical_axes` gives each leaf's logical axis names
 (``("layers", "embed", "heads", "head_dim")``, ...) for the sharding rules; `abstract_params`
-gives shapes without allocating (``jax.eval_shape``).
+gives shapes without allocating (``jax.eval_shape``). The decoder is the family's
+(`jaxinfer.models.registry.decoder_class`).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 
 from jaxinfer.attention import AttentionBackend, AttentionMetadata
 from jaxinfer.config import ModelConfig
-from jaxinfer.models.llama import LlamaForCausalLM
+from jaxinfer.models import registry
 
 
 def _dummy_call_args(cfg: ModelConfig):
@@ -28,7 +29,7 @@ def _dummy_call_args(cfg: ModelConfig):
 
 
 def _boxed_init(cfg: ModelConfig, dtype: str, seed: int):
-    model = LlamaForCausalLM(cfg, AttentionBackend(), jnp.dtype(dtype), jnp.dtype(dtype))
+    model = registry.decoder_class(cfg)(cfg, AttentionBackend(), jnp.dtype(dtype), jnp.dtype(dtype))
     return model.init(jax.random.PRNGKey(seed), *_dummy_call_args(cfg))["params"]
 
 
