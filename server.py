@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import socket
 import threading
 import types
 
 from jaxinfer.api.lifecycle import listen_socket, serve, uvicorn_config  # noqa: F401 - part of this script's API
+from jaxinfer.engine_args import parse_bytes  # noqa: F401 - part of this script's API
 
 logger = logging.getLogger("jaxinfer.server")
 
@@ -31,17 +31,6 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 # Engines are built one at a time: several models' engine threads would otherwise import
 # transformers (not thread-safe on first import), read checkpoints and compile all at once.
 _BUILD_LOCK = threading.Lock()
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
-
-
-def parse_bytes(text: str) -> int:
-    """``"2GiB"``, ``"512M"``, ``"1073741824"`` -> bytes (powers of 1024)."""
-    m = _SIZE.match(text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 2GiB, 512MiB, 1073741824)")
-    return int(float(m.group(1)) * 1024 ** " kmgt".index((m.group(2) or " ").lower()))
-
-
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows every flag's default once: appended as ``(default: X)`` unless the help text
     already says ``default:`` itself (for defaults that depend on something else)."""

@@ -17,7 +17,8 @@ same that sizes the KV pool of a running engine:
   (block 0 is the null block). ``--kv-reserve-fraction`` (default 0.5) is the share of
   device memory kept for activations, compiler scratch and the runtime; a conservative
   planning figure (the engine itself uses ``--gpu-memory-utilization`` and an activation estimate).
-Memory sizes: ``80GB`` = 80e9 bytes, ``80GiB`` = 80 * 2**30, or a plain byte count.
+Memory sizes as ``server.py`` reads them (`jaxinfer.engine_args.parse_bytes`, powers of 1024):
+``80GB`` = ``80GiB`` = 80 * 2**30 bytes, or a plain byte count.
 
 When a plan does not fit, the CLI tries the other tensor-parallel sizes that split both the
 query heads and the KV heads evenly (the divisors of ``gcd(N, K)``: other sizes replicate
@@ -31,27 +32,13 @@ import argparse
 import dataclasses
 import json
 import math
-import re
 import sys
 from pathlib import Path
 
 from jaxinfer.config import BLOCK_SIZE, ModelConfig
+from jaxinfer.engine_args import parse_bytes
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 DEFAULT_RESERVE = 0.5
-
-
-def parse_bytes(text: str) -> int:
-    """``"80GB"`` -> 80_000_000_000, ``"80GiB"`` -> 85_899_345_920, ``"1024"`` -> 1024.
-
-    Raises:
-      ValueError: not a number with one of the units kB, MB, GB, TB, KiB, MiB, GiB, TiB.
-    """
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"cannot read a memory size from {text!r} (e.g. 80GB, 80GiB, 1024)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
 @dataclasses.dataclass(frozen=True)
