@@ -338,8 +338,7 @@ def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir
         if draft is not None:
             raise ValueError("speculative decoding with a draft model runs on one device (no TP / DP yet)")
         engine = build_parallel_engine(config, model_config, params, tokenizer)
-        replica = getattr(engine, "engines", [engine])[0]
-        logger.info("%s", settings_line(config, backend, replica.block_manager.num_blocks))
+        logger.info("%s", settings_line(config, backend, engine.describe().num_blocks))
         return engine
     if params is None:
         from jaxinfer.params import init_params
@@ -369,7 +368,7 @@ def quantize_model(config: EngineConfig, model_config: ModelConfig, params):
 
 
 def build_replica(config: EngineConfig, model_config: ModelConfig, params, tokenizer, mesh=None, *,
-                  progress=None, on_planned=None, draft: dict | None = None) -> LLMEngine:
+                  progress=None, on_planned=None, draft: dict | None = None, grammar=None) -> LLMEngine:
     """One engine (one replica) on one device or on a ``(data=1, model=tp)`` mesh: the KV
     pool sized per device (`plan_num_blocks`), the runner, warm-up if configured.
 
@@ -382,6 +381,10 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
       on_planned: called with the pool's block count once planned (the settings line).
       draft: keyword arguments of `jaxinfer.spec_decode.draft_model.build_draft_proposer`
         beyond the engine's own (a draft model for speculative decoding), or None.
+      grammar: a `jaxinfer.engine_protocol.SharedGrammar` shared with other replicas, or None.
+    In a multi-process run the runner takes part in the SPMD step protocol
+    (`jaxinfer.distributed.step_runner`: the leader's broadcasts each step).
+
     Raises:
       ValueError: the KV budget holds fewer than 2 blocks.
     """
@@ -411,6 +414,10 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
     runner = ModelRunner(model_config, params, num_blocks, config.cache.block_size, config.dtype, backend,
                          config.max_logprobs, config.return_logits, shardings=shardings,
                          kv_cache_dtype=config.cache.kv_cache_dtype)
+    if jax.process_count() > 1:
+        from jaxinfer.distributed import step_runner
+
+        runner = step_runner(runner)
     factory = None
     if draft is not None:
         from jaxinfer.spec_decode.draft_model import build_draft_proposer
@@ -418,9 +425,8 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
         def factory(layout):
             return build_draft_proposer(config.speculative, model_config, num_blocks, config.cache.block_size,
                                         config.dtype, backend, layout, **draft)
-    engine = LLMEngine(config, model_config, runner, num_blocks, tokenizer, proposer_factory=factory)
-    engine.kv_cache_description = why
-    engine.mesh = mesh
+    engine = LLMEngine(config, model_config, runner, num_blocks, tokenizer, proposer_factory=factory,
+                       grammar=grammar, kv_cache_description=why, mesh=mesh)
     if config.warmup:
         engine.warmup(progress=progress)
     return engine

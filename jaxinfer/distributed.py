@@ -14,8 +14,8 @@ locally; the followers' copies are dropped. A "stop" message ends the followers'
 Start-up order on every process: `initialize` (before any other JAX call: starts
 ``jax.distributed``, opens the step channel and its liveness watch, installs the exit
 guard of `jaxinfer.peer_failure`), build the engine (the KV pool's block count is
-agreed over the processes, `agree_num_blocks`; the builder calls `attach`, which makes
-the leader's runner broadcast its steps), then the leader serves while followers call
+agreed over the processes, `agree_num_blocks`; the builder wraps the runner with
+`step_runner` before it builds the engine, so the leader's runner broadcasts its steps), then the leader serves while followers call
 `serve_follower`; every process calls `shutdown` at an orderly exit.
 
 Failures (`jaxinfer.peer_failure`): a process that fails (an exception at start-up or
@@ -199,30 +199,31 @@ def _coordinator_host(coordinator_address: str | None) -> str:
     return coordinator_address.rsplit(":", 1)[0].strip("[]")
 
 
-def attach(engine) -> None:
-    """Join ``engine`` to the SPMD step protocol (every process, once its engine is built).
-
-    Leader: ``engine.runner`` becomes a `LeaderRunner`. Every process keeps the channel
-    as ``engine.step_channel`` (`serve_follower`, `shutdown`).
+def step_runner(runner):
+    """The runner of this process's engine in the SPMD step protocol (every process, before
+    its engine is built): on the leader a `LeaderRunner` around ``runner``, on a follower
+    ``runner`` itself (`serve_follower` runs the leader's steps on it).
 
     Raises:
       RuntimeError: `initialize` did not open a channel (not a multi-process run).
     """
     if _channel is None:
         raise RuntimeError("no step channel: call jaxinfer.distributed.initialize first")
-    engine.step_channel = _channel
-    if _channel.leader:
-        engine.runner = LeaderRunner(engine.runner, _channel)
+    return LeaderRunner(runner, _channel) if _channel.leader else runner
 
 
 def serve_follower(engine) -> int:
-    """Follower loop: run every step the leader broadcasts, until it sends "stop". (The
-    leader's failure ends this process from the channel's reader thread.)
+    """Follower loop: run every step the leader broadcasts (on ``engine.runner``), until it
+    sends "stop". (The leader's failure ends this process from the channel's reader thread.)
 
     Returns:
       Number of steps run.
+    Raises:
+      RuntimeError: `initialize` did not open a channel (not a multi-process run).
     """
-    channel: StepChannel = engine.step_channel
+    if _channel is None:
+        raise RuntimeError("no step channel: call jaxinfer.distributed.initialize first")
+    channel: StepChannel = _channel
     runner = engine.runner
     deadline = StepDeadline()
     n = 0

@@ -27,7 +27,7 @@ import jax
 from jaxinfer import sharding
 from jaxinfer.config import EngineConfig, ModelConfig
 from jaxinfer.engine import LLMEngine
-from jaxinfer.engine_protocol import RequestSpec
+from jaxinfer.engine_protocol import EngineDescription, RequestSpec, SharedGrammar
 from jaxinfer.engine_snapshot import EngineSnapshot
 from jaxinfer.errors import RequestError
 from jaxinfer.outputs import RequestOutput
@@ -49,7 +49,7 @@ def build_parallel_engine(config: EngineConfig, model_config: ModelConfig, param
     Returns:
       An `LLMEngine` (DP 1) or a `DataParallelRouter` (DP > 1). In a multi-process run
       the engine's runner also takes part in the SPMD step protocol of
-      `jaxinfer.distributed`.
+      `jaxinfer.distributed` (`jaxinfer.builder.build_replica` wraps it).
     Raises:
       ValueError: not enough devices; multi-process with DP > 1 or with a mesh that
         does not cover every device.
@@ -74,12 +74,11 @@ def build_parallel_engine(config: EngineConfig, model_config: ModelConfig, param
     replica_params = sharding.split_replicas(params, mesh) if dp > 1 else [params]
     from jaxinfer.builder import build_replica
 
-    engines = [build_replica(config, model_config, p, tokenizer, sub)
+    # one grammar engine for all replicas (one tokenizer): a constraint compiled in the API's
+    # thread through the router is in every replica's cache
+    grammar = SharedGrammar(tokenizer, model_config.vocab_size, frozenset(model_config.eos_token_ids))
+    engines = [build_replica(config, model_config, p, tokenizer, sub, grammar=grammar)
                for p, sub in zip(replica_params, sharding.replica_meshes(mesh))]
-    if jax.process_count() > 1:
-        from jaxinfer import distributed
-
-        distributed.attach(engines[0])
     return engines[0] if dp == 1 else DataParallelRouter(engines)
 
 
@@ -110,7 +109,10 @@ class DataParallelRouter:
         self.config = engines[0].config
         self.model_config = engines[0].model_config
         self.tokenizer = engines[0].tokenizer
-        self.kv_cache_description = f"{len(engines)} replicas x " + getattr(engines[0], "kv_cache_description", "")
+        first = engines[0].describe()
+        self._description = EngineDescription(first.num_blocks, f"{len(engines)} replicas x {first.kv_cache}",
+                                              len(engines))
+        self.kv_cache_description = self._description.kv_cache
         self._owner: dict[str, int] = {}
         self._pool = ThreadPoolExecutor(max_workers=len(engines), thread_name_prefix="dp-replica")
 
@@ -166,6 +168,20 @@ class DataParallelRouter:
 
     def warmup(self) -> float:
         return sum(e.warmup() for e in self.engines)
+
+    def grammar_engine(self):
+        """The replicas' grammar engine: one for all of them (`build_parallel_engine` gives
+        them one `SharedGrammar`), so a constraint compiled through it before `add_requests`
+        is in the cache of whichever replica takes the request.
+
+        Raises:
+          RequestError: no tokenizer (structured outputs need one).
+        """
+        return self.engines[0].grammar_engine()
+
+    def describe(self) -> EngineDescription:
+        """One replica's pool, ``"N replicas x "`` its sizing line, and N."""
+        return self._description
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)

@@ -38,7 +38,7 @@ from jaxinfer.block_manager import BlockManager
 from jaxinfer.buckets import BucketLadders
 from jaxinfer.config import EngineConfig, ModelConfig
 from jaxinfer.drain_rate import DrainRate
-from jaxinfer.engine_protocol import RequestSpec
+from jaxinfer.engine_protocol import EngineDescription, RequestSpec, SharedGrammar
 from jaxinfer.engine_snapshot import EngineSnapshot
 from jaxinfer.errors import RequestError
 from jaxinfer.fault_injection import PREPARE, StepFault
@@ -95,14 +95,21 @@ class LLMEngine:
       tokenizer: optional `jaxinfer.tokenizer.Tokenizer` (text, stop strings, logprob text).
       proposer_factory: ``layout -> proposer`` when ``config.speculative`` names a draft
         model (`jaxinfer.spec_decode.draft_model`; ngram builds its own).
+      grammar: the `SharedGrammar` to compile constraints with (replicas share one), or
+        None for this engine's own.
+      kv_cache_description: how the KV pool was sized, for `describe` (start-up log).
+      mesh: the replica's ``jax.sharding.Mesh``, or None on one device (kept as ``mesh``).
     """
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, runner, num_blocks: int, tokenizer=None,
-                 proposer_factory=None):
+                 proposer_factory=None, *, grammar: SharedGrammar | None = None, kv_cache_description: str = "",
+                 mesh=None):
         self.config = config
         self.model_config = model_config
         self.runner = runner
         self.tokenizer = tokenizer
+        self.kv_cache_description = kv_cache_description
+        self.mesh = mesh
         sc, cc = config.scheduler, config.cache
         self.block_manager = BlockManager(num_blocks, cc.block_size, cc.enable_prefix_caching)
         self.scheduler = make_scheduler(sc, cc, self.block_manager, cache_salt=config.model_path.encode())
@@ -117,11 +124,11 @@ class LLMEngine:
         self._admitted_seen = 0
         self._pending_outputs: list[RequestOutput] = []
         self._rng = np.random.default_rng(config.seed)
-        self._grammar = None  # jaxinfer.grammar.GrammarEngine, made at the first constrained request
         self.stats = EngineStats()
+        self.eos_token_ids = frozenset(model_config.eos_token_ids)
+        self._grammar = grammar or SharedGrammar(tokenizer, model_config.vocab_size, self.eos_token_ids)
         self.speculator = make_speculator(config.speculative, sc, self.block_manager,
                                           proposer_factory(self.layout) if proposer_factory else None)
-        self.eos_token_ids = frozenset(model_config.eos_token_ids)
         self.output_processor = OutputProcessor(lambda: self.scheduler, self.stats, self.requests, tokenizer,
                                                 self.eos_token_ids, config.return_logits, lambda: self.speculator)
         self.prepare_fault = StepFault.from_env(phase=PREPARE)  # the JAXINFER_FAIL_PHASE=prepare test hook
@@ -218,18 +225,16 @@ class LLMEngine:
         self.scheduler.add_request(req)
 
     def grammar_engine(self):
-        """The `jaxinfer.grammar.GrammarEngine` of this model (made once, on first use).
+        """The `jaxinfer.grammar.GrammarEngine` of this model (made once, on first use; thread-safe).
 
         Raises:
           RequestError: the engine has no tokenizer (structured outputs need one).
         """
-        if self._grammar is None:
-            if self.tokenizer is None:
-                raise RequestError("structured outputs need the model's tokenizer", param="structured_outputs")
-            from jaxinfer.grammar import GrammarEngine
+        return self._grammar.get()
 
-            self._grammar = GrammarEngine(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
-        return self._grammar
+    def describe(self) -> EngineDescription:
+        """The KV pool for the start-up log (`jaxinfer.engine_protocol.EngineDescription`)."""
+        return EngineDescription(self.block_manager.num_blocks, self.kv_cache_description)
 
     def abort_request(self, request_id: str) -> None:
         """Finish a request now (client gone); its blocks are freed immediately. Unknown ids are ignored."""
@@ -353,7 +358,7 @@ class LLMEngine:
         if bitmask is None:
             return
         rows = [(req.matcher, i) for i, (req, _) in enumerate(sched.scheduled) if req.matcher is not None]
-        self._grammar.fill_bitmask(rows, bitmask)
+        self.grammar_engine().fill_bitmask(rows, bitmask)
         self.stats.mask_steps += 1
         self.stats.mask_rows += len(rows)
 

@@ -1,19 +1,23 @@
 """The engine interface: what the front ends (`jaxinfer.async_engine.AsyncEngine`,
 `jaxinfer.llm.LLM`, the metrics endpoint) may call on an engine.
 
-Owns `RequestSpec` (one request to add) and `Engine`, a `typing.Protocol` that
+Owns `RequestSpec` (one request to add), `EngineDescription` (what the start-up log says
+of an engine), `SharedGrammar` (the grammar engine an engine hands out, one for all
+data-parallel replicas) and `Engine`, a `typing.Protocol` that
 `jaxinfer.engine.LLMEngine` (one replica) and `jaxinfer.dp_router.DataParallelRouter`
 (several) both implement in full: nothing reads an engine's internals (scheduler,
 runner, stats) through it, and the gauges and counters come from one `snapshot`.
-Plain Python; no JAX import.
+Plain Python; no JAX import (`jaxinfer.grammar` is imported on first use).
 """
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Protocol, Sequence, runtime_checkable
 
 from jaxinfer.config import EngineConfig, ModelConfig
 from jaxinfer.engine_snapshot import EngineSnapshot
+from jaxinfer.errors import RequestError
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams
 
@@ -45,6 +49,46 @@ class RequestSpec:
     arrival_time: float | None = None
 
 
+class SharedGrammar:
+    """One `jaxinfer.grammar.GrammarEngine` for a tokenizer, made on first use (thread-safe).
+    Data-parallel replicas hold one (same tokenizer, vocabulary and EOS ids), so a constraint
+    compiled for one is in the cache of all."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids):
+        self._args = (tokenizer, vocab_size, eos_token_ids)
+        self._engine = None
+        self._lock = threading.Lock()
+
+    def get(self):
+        """The grammar engine. Raises: RequestError: no tokenizer (structured outputs need one)."""
+        if self._engine is None:
+            with self._lock:
+                if self._engine is None:
+                    if self._args[0] is None:
+                        raise RequestError("structured outputs need the model's tokenizer",
+                                           param="structured_outputs")
+                    from jaxinfer.grammar import GrammarEngine
+
+                    self._engine = GrammarEngine(*self._args)
+        return self._engine
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineDescription:
+    """What the start-up log says of a built engine (`Engine.describe`).
+
+    Attributes:
+      num_blocks: KV blocks of one replica's pool, the null block included.
+      kv_cache: one line on how the KV pool was sized (e.g. ``"5800 blocks x 0.70 MiB per
+        device = 3.97 GiB (default CPU budget ...)"``), prefixed ``"N replicas x "`` by a router.
+      replicas: data-parallel replicas behind the engine (1 for one `LLMEngine`).
+    """
+
+    num_blocks: int
+    kv_cache: str
+    replicas: int = 1
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A continuous-batching engine driven one step at a time by one thread.
@@ -52,7 +96,6 @@ class Engine(Protocol):
     Attributes:
       config, model_config: its configuration and model hyperparameters.
       tokenizer: a `jaxinfer.tokenizer.Tokenizer`, or None.
-      kv_cache_description: one line on how the KV pool was sized (start-up log).
     """
 
     config: EngineConfig
@@ -87,6 +130,19 @@ class Engine(Protocol):
 
     def warmup(self) -> float:
         """Compile every shape ahead of time; returns seconds spent."""
+
+    def grammar_engine(self):
+        """The `jaxinfer.grammar.GrammarEngine` that compiles this engine's structured-output
+        constraints (made once, on first use; thread-safe, so a front end may compile a
+        request's constraint in its own thread before `add_requests`, and the engine thread
+        then finds it in the grammar cache).
+
+        Raises:
+          RequestError: the engine has no tokenizer (structured outputs need one).
+        """
+
+    def describe(self) -> EngineDescription:
+        """The KV pool and replica layout for the start-up log (`EngineDescription`)."""
 
     @property
     def num_steps(self) -> int:

@@ -50,13 +50,15 @@ def model_config(eos=(EOS, EOS_B), vocab=V) -> ModelConfig:
 
 
 def fake_engine(*, num_blocks=257, max_model_len=256, max_num_seqs=8, max_num_batched_tokens=64, max_queue_len=64,
-                watermark=0.15, step_delay=0.0, runner=None, tok=None, vocab=V, eos=(EOS, EOS_B)) -> LLMEngine:
-    """An engine over `FakeRunner` (``num_blocks`` includes the null block)."""
+                watermark=0.15, step_delay=0.0, runner=None, tok=None, vocab=V, eos=(EOS, EOS_B),
+                grammar=None) -> LLMEngine:
+    """An engine over `FakeRunner` (``num_blocks`` includes the null block); ``grammar``: a
+    `jaxinfer.engine_protocol.SharedGrammar` to share with other engines, or None."""
     config = EngineConfig(model_path="fake", scheduler=SchedulerConfig(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
         max_queue_len=max_queue_len), cache=CacheConfig(num_blocks=num_blocks, watermark=watermark))
     runner = runner or FakeRunner(vocab, step_delay=step_delay)
-    return LLMEngine(config, model_config(eos, vocab), runner, num_blocks, tok or tokenizer())
+    return LLMEngine(config, model_config(eos, vocab), runner, num_blocks, tok or tokenizer(), grammar=grammar)
 
 
 def server_config(**kw) -> ServerConfig:

@@ -1,12 +1,13 @@
 """The engine protocol: `LLMEngine` and `DataParallelRouter` both implement it, and
-``add_requests`` is one all-or-none admission path on either (fake runner)."""
+``add_requests`` is one all-or-none admission path on either (fake runner); the router hands
+out its replicas' one grammar engine, so a constraint compiles off the engine thread."""
 from __future__ import annotations
 
 import pytest
 
-from api_helpers import fake_engine
+from api_helpers import EOS, EOS_B, V, fake_engine, tokenizer
 from jaxinfer.dp_router import DataParallelRouter
-from jaxinfer.engine_protocol import Engine, RequestSpec
+from jaxinfer.engine_protocol import Engine, EngineDescription, RequestSpec, SharedGrammar
 from jaxinfer.errors import QueueFullError, RequestError
 from jaxinfer.sampling_params import SamplingParams
 
@@ -94,3 +95,43 @@ def test_arrival_time_is_the_specs_never_later_than_now():
     e.add_requests([RequestSpec("late", [1, 2], SamplingParams(max_tokens=1), max_queue_wait=3.0,
                                 arrival_time=time.monotonic() - 5.0)])
     assert {o.request_id: o.outputs[0].finish_reason for o in e.step()}.get("late") == "rejected"
+
+
+def test_router_describes_its_replicas(router):
+    one = router.engines[0].describe()
+    assert one == EngineDescription(num_blocks=257, kv_cache="", replicas=1)
+    assert router.describe() == EngineDescription(257, "2 replicas x ", 2)
+
+
+def test_router_hands_out_one_grammar_engine_and_constraints_compile_off_the_engine_thread():
+    """Behind the router, the API's worker thread compiles a request's constraint
+    (`jaxinfer.api.serving._compile_grammar`, no ``hasattr``): both replicas find it in their
+    cache, so the engine thread (here: this one, adding and stepping) compiles nothing."""
+    import threading
+
+    from jaxinfer.api.serving import _compile_grammar
+
+    shared = SharedGrammar(tokenizer(), V, frozenset((EOS, EOS_B)))
+    router = DataParallelRouter([fake_engine(grammar=shared), fake_engine(grammar=shared)])
+    try:
+        grammar = router.grammar_engine()
+        assert grammar is router.engines[0].grammar_engine() is router.engines[1].grammar_engine()
+        schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+        params = SamplingParams(max_tokens=2, structured_outputs={"json": schema})
+        worker = threading.Thread(target=_compile_grammar, args=(router, params))
+        worker.start()
+        worker.join()
+        assert grammar.compilations == 1
+        router.add_requests([RequestSpec(f"s{i}", [1, 2, 3], params) for i in range(2)])
+        assert [e.num_waiting for e in router.engines] == [1, 1]  # one on each replica
+        while router.has_unfinished_requests():
+            router.step()
+        assert grammar.compilations == 1
+    finally:
+        router.shutdown()
+
+
+def test_a_grammar_without_a_tokenizer_refuses_structured_outputs():
+    with pytest.raises(RequestError) as exc:
+        SharedGrammar(None, V, frozenset((EOS,))).get()
+    assert exc.value.param == "structured_outputs"

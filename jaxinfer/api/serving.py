@@ -216,7 +216,7 @@ def _compile_grammar(engine, params: SamplingParams) -> None:
     """Compile a structured-output constraint here, in the request's worker thread, so the
     engine thread finds it in the grammar cache (a complex schema takes milliseconds to
     seconds); an invalid one is a 400 before the engine sees the request."""
-    if params.structured_outputs is not None and hasattr(engine, "grammar_engine"):
+    if params.structured_outputs is not None:
         engine.grammar_engine().matcher(params.structured_outputs)
 
 
