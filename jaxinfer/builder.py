@@ -382,22 +382,18 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
       draft: keyword arguments of `jaxinfer.spec_decode.draft_model.build_draft_proposer`
         beyond the engine's own (a draft model for speculative decoding), or None.
       grammar: a `jaxinfer.engine_protocol.SharedGrammar` shared with other replicas, or None.
-    In a multi-process run the runner takes part in the SPMD step protocol
-    (`jaxinfer.distributed.step_runner`: the leader's broadcasts each step).
-
+    Multi-process: the runner is `jaxinfer.distributed.step_runner`'s (the leader's broadcasts).
     Raises:
       ValueError: the KV budget holds fewer than 2 blocks.
     """
-    from jaxinfer import sharding
+    from jaxinfer import distributed, sharding
 
     tp = 1 if mesh is None else mesh.shape["model"]
     weight_bytes = sharding.per_device_bytes(params)
     num_blocks, why = plan_num_blocks(model_config, config.cache, config.dtype, weight_bytes, tp, config.scheduler,
                                       host_devices=tp * config.parallel.data_parallel_size)
     if jax.process_count() > 1:  # one cache shape on every process: the smallest pool any of them planned
-        from jaxinfer.distributed import agree_num_blocks
-
-        agreed = agree_num_blocks(num_blocks)
+        agreed = distributed.agree_num_blocks(num_blocks)
         if agreed != num_blocks:
             num_blocks, why = agreed, f"{agreed} blocks (the smallest pool planned over the processes; here: {why})"
     if mesh is None:
@@ -415,9 +411,7 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
                          config.max_logprobs, config.return_logits, shardings=shardings,
                          kv_cache_dtype=config.cache.kv_cache_dtype)
     if jax.process_count() > 1:
-        from jaxinfer.distributed import step_runner
-
-        runner = step_runner(runner)
+        runner = distributed.step_runner(runner)
     factory = None
     if draft is not None:
         from jaxinfer.spec_decode.draft_model import build_draft_proposer
