@@ -8,7 +8,8 @@ process exits (status 0); the log says how many were in flight and how the drain
 engine step that raises fails every request in flight and ends the process with status 1
 within 5 s (`jaxinfer.api.engine_death`; docs/api.md's fault policy). Start-up logs one line of
 effective settings and the warm-up's progress.
-Flags map one-to-one onto `EngineConfig` / `CacheConfig` / `SchedulerConfig` / `ServerConfig`.
+Flags map one-to-one onto `EngineConfig` / `CacheConfig` / `SchedulerConfig` / `ServerConfig`;
+the engine's are declared once, in `jaxinfer.engine_args` (shared with `LLM` and the planner).
 Binds 127.0.0.1 unless ``--host`` says otherwise. ``--model`` may be repeated: one engine
 (one KV pool) per model, with the KV budget split between them (`jaxinfer.served_models`);
 ``--fallback-model`` and ``--degrade-ttft-slo`` turn on graceful degradation
@@ -23,137 +24,18 @@ import threading
 import types
 
 from jaxinfer.api.lifecycle import listen_socket, serve, uvicorn_config  # noqa: F401 - part of this script's API
-from jaxinfer.engine_args import parse_bytes  # noqa: F401 - part of this script's API
+from jaxinfer.engine_args import (DEFAULT_MODEL, HelpFormatter, add_engine_args, engine_config,  # noqa: F401
+                                  parallel_config, parse_bytes)  # engine_config, parse_bytes: part of this script's API
 
 logger = logging.getLogger("jaxinfer.server")
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
 # Engines are built one at a time: several models' engine threads would otherwise import
 # transformers (not thread-safe on first import), read checkpoints and compile all at once.
 _BUILD_LOCK = threading.Lock()
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows every flag's default once: appended as ``(default: X)`` unless the help text
-    already says ``default:`` itself (for defaults that depend on something else)."""
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        if "default:" in text or action.default is argparse.SUPPRESS:
-            return text
-        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from jaxinfer.config import BLOCK_SIZE, BLOCK_SIZES, DEFAULT_GPU_MEMORY_UTILIZATION, DTYPES
-
+    """``server.py``'s parser: every flag of `jaxinfer.engine_args.FLAGS`, in its groups."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
-    model = p.add_argument_group("model")
-    model.add_argument("--model", action="append", default=None,
-                       help="name under weights/, a converted folder, a HF checkpoint folder or a .gguf file; repeat "
-                       f"it to serve several models, each with its own engine and KV pool (default: {DEFAULT_MODEL})")
-    model.add_argument("--served-model-name", action="append", default=None,
-                       help="name clients send as `model`; repeat it to name each --model in order "
-                       "(default: the --model value)")
-    model.add_argument("--fallback-model", default=None,
-                       help="model that takes requests whose estimated time to first token exceeds "
-                       "--degrade-ttft-slo: a served name, or another model to load and serve under this name "
-                       "(default: none, no degradation)")
-    model.add_argument("--degrade-ttft-slo", type=float, default=None,
-                       help="time-to-first-token target in seconds for --fallback-model (default: none)")
-    model.add_argument("--tokenizer", default=None, help="folder (or name under weights/) to load the tokenizer and "
-                       "chat template from (default: the model's folder)")
-    model.add_argument("--chat-template", action="append", default=None, metavar="FILE",
-                       help="chat template for /v1/chat/completions, replacing the tokenizer's: a Jinja file, a "
-                       "bundled name (gemma3) or the template text; models without one (pretrained base models "
-                       "such as gemma3-270m) answer chat requests with 400 (default: the tokenizer's); repeatable, paired with --model "
-                       "by position")
-    model.add_argument("--dtype", default="auto", choices=DTYPES,
-                       help="weights, activations and KV cache; auto: bfloat16 on GPU/TPU and on CPUs with AVX-512 BF16 or AMX, else float32")
-    model.add_argument("--quantization", default=None, choices=["int8"],
-                       help="int8: weights quantized to int8 with group scales (one per 64 inputs) as they load "
-                       "(docs/quantization.md; default: none)")
-    model.add_argument("--attention-backend", default=None, choices=["xla", "pallas"],
-                       help="default: pallas on GPU, xla elsewhere")
-    model.add_argument("--seed", type=int, default=0, help="seed of requests that give none")
-    model.add_argument("--max-logprobs", type=int, default=20, help="largest top logprobs a request may ask for")
-    cache = p.add_argument_group("KV cache")
-    cache.add_argument("--gpu-memory-utilization", type=float, default=None,
-                       help="fraction of device memory for weights, activations and KV cache together; does not "
-                       f"apply on CPU (default: {DEFAULT_GPU_MEMORY_UTILIZATION}; on CPU the KV budget is 4 GiB, at most a quarter of RAM)")
-    cache.add_argument("--kv-cache-memory", type=parse_bytes, default=None,
-                       help="KV budget per device, e.g. 2GiB (default: from --gpu-memory-utilization)")
-    cache.add_argument("--num-blocks", type=int, default=None,
-                       help="explicit KV pool size, overrides the budgets (default: from the budget)")
-    cache.add_argument("--block-size", type=int, default=BLOCK_SIZE, choices=BLOCK_SIZES, help="tokens per KV block")
-    cache.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8"],
-                       help="auto: the model dtype; int8 / fp8 (e4m3): 8-bit K/V with a scale per token and KV head, "
-                       "about twice the blocks of bfloat16 in the same budget (docs/quantization.md)")
-    cache.add_argument("--watermark", type=float, default=0.15, help="fraction of blocks kept free at admission")
-    cache.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
-                       help="reuse KV blocks of shared prompt prefixes (--no-prefix-caching turns it off)")
-    sched = p.add_argument_group("scheduler")
-    sched.add_argument("--max-model-len", type=int, default=None,
-                       help="prompt + output tokens (default: min(4096, model context))")
-    sched.add_argument("--max-num-seqs", type=int, default=32, help="sequences running at once")
-    sched.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per step (prefill + decode)")
-    sched.add_argument("--prefill-budget-while-decoding", type=int, default=None,
-                       help="cap on prompt tokens in a step that also decodes, so running streams keep their "
-                            "inter-token latency (default: none, only --max-num-batched-tokens; 96 kept ITL p99 "
-                            "within 2x a decode step on a 2-core CPU at 32 streams, for a later first token)")
-    sched.add_argument("--speculative-config", default=None, metavar="JSON",
-                       help="speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
-                            "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' (docs/speculative_decoding.md; "
-                            "default: off)")
-    sched.add_argument("--max-queue-len", type=int, default=256, help="requests waiting beyond the free sequence slots (--max-num-seqs) before 429")
-    sched.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
-                       help="admission order: first come first served, or by the request's `priority` (lower "
-                            "first, then arrival); under memory pressure the worst priority is preempted")
-    sched.add_argument("--priority-aging-s", type=float, default=None,
-                       help="priority policy: every this many seconds of waiting lower a request's effective "
-                            "priority by 1, so low priorities are not starved (default: no aging)")
-    par = p.add_argument_group("parallelism (docs/distributed.md)")
-    par.add_argument("--tensor-parallel-size", type=int, default=1, help="devices per replica (Megatron TP)")
-    par.add_argument("--data-parallel-size", type=int, default=1, help="replicas, each with its own KV pool")
-    par.add_argument("--coordinator-address", default=None,
-                     help="HOST:PORT of process 0 (multi-host; default: single process or from the environment)")
-    par.add_argument("--num-processes", type=int, default=None,
-                     help="processes in a multi-host run (default: from the environment)")
-    par.add_argument("--process-id", type=int, default=None,
-                     help="this process's rank, 0 serves HTTP (default: from the environment)")
-    server = p.add_argument_group("server")
-    server.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    server.add_argument("--port", type=int, default=8000, help="TCP port")
-    server.add_argument("--api-key", default=None,
-                        help="require `Authorization: Bearer <key>` on /v1 (default: none, no authentication)")
-    server.add_argument("--max-queue-wait", type=float, default=30.0, help="seconds unadmitted before 429")
-    server.add_argument("--request-timeout", type=float, default=None,
-                        help="per-request deadline in seconds (default: none)")
-    server.add_argument("--truncate-prompt", default="none", choices=["none", "left"],
-                        help="over-long prompts: 400, or keep the last tokens")
-    server.add_argument("--shutdown-timeout", type=float, default=30.0, help="SIGTERM grace period (s)")
-    server.add_argument("--timeout-keep-alive", type=float, default=75.0,
-                        help="seconds an idle keep-alive connection stays open; keep it above the idle timeout "
-                             "of a load balancer that reuses connections to the server (nginx: 60 s)")
-    server.add_argument("--max-request-bytes", type=parse_bytes, default=16 << 20,
-                        help="larger request bodies get 413 before parsing (default: 16MiB)")
-    server.add_argument("--parse-special-tokens-in-messages", action="store_true",
-                        help="special-token strings typed in chat messages become control tokens "
-                             "(default: plain text, so a message cannot forge a turn)")
-    server.add_argument("--instance-id", default=None,
-                        help="value of the x-jaxinfer-instance header on every response, which shows behind a load "
-                             "balancer where a request went (default: hostname:port)")
-    server.add_argument("--disable-log-requests", action="store_true",
-                        help="no log line per request received and finished")
-    server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
-                        help="log level")
-    adv = p.add_argument_group("advanced (benchmarks and debugging)")
-    adv.add_argument("--scheduler", default="continuous", choices=["continuous", "static"],
-                     help="continuous batching, or the static-batching baseline")
-    adv.add_argument("--batch-timeout", type=float, default=0.1,
-                     help="static scheduler: seconds the oldest request waits for a full batch")
-    adv.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
-                     help="dummy: random weights of the model's shapes")
-    adv.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
-                     help="compile every bucket before serving")
+    add_engine_args(p)
     return p
 
 
@@ -193,40 +75,6 @@ def server_config(args):
                         max_request_bytes=args.max_request_bytes,
                         parse_special_tokens_in_messages=args.parse_special_tokens_in_messages,
                         instance_id=instance_id)
-
-
-def engine_config(args, model_config):
-    """The `EngineConfig` of the flags; ``--max-model-len`` defaults to min(4096, the model's context)."""
-    from jaxinfer.config import CacheConfig, EngineConfig, SchedulerConfig
-    from jaxinfer.spec_decode import SpeculativeConfig
-
-    max_model_len = args.max_model_len
-    if max_model_len is None:
-        max_model_len = min(4096, model_config.max_position_embeddings)
-    model_path = args.model[0] if isinstance(args.model, list) else (args.model or DEFAULT_MODEL)
-    chat_template = args.chat_template[0] if isinstance(args.chat_template, list) else args.chat_template
-    return EngineConfig(
-        model_path=model_path, dtype=args.dtype, tokenizer=args.tokenizer, chat_template=chat_template,
-        cache=CacheConfig(num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory, watermark=args.watermark,
-                          enable_prefix_caching=args.prefix_caching, block_size=args.block_size,
-                          gpu_memory_utilization=args.gpu_memory_utilization,
-                          kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto")),
-        quantization=getattr(args, "quantization", None),
-        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                                  max_model_len=max_model_len, max_queue_len=args.max_queue_len,
-                                  scheduler=args.scheduler, batch_timeout_s=args.batch_timeout,
-                                  prefill_budget_while_decoding=args.prefill_budget_while_decoding,
-                                  scheduling_policy=args.scheduling_policy, priority_aging_s=args.priority_aging_s),
-        attention_backend=args.attention_backend, max_logprobs=args.max_logprobs, seed=args.seed, warmup=args.warmup,
-        parallel=parallel_config(args), speculative=SpeculativeConfig.from_value(args.speculative_config))
-
-
-def parallel_config(args):
-    from jaxinfer.config import ParallelConfig
-
-    return ParallelConfig(tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
-                          coordinator_address=args.coordinator_address, num_processes=args.num_processes,
-                          process_id=args.process_id)
 
 
 def engine_builder(args):

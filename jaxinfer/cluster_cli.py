@@ -1,7 +1,7 @@
 """The command line of `jaxinfer.cluster`: ``python -m jaxinfer.cluster --instances N [server flags]``.
 
-Owns the flags (the launcher's own; every other one is checked with ``server.py``'s parser
-and passed to each instance), the foreground loop that watches the children and runs a
+Owns the flags (the launcher's own; every other one is checked with ``server.py``'s parser,
+built from `jaxinfer.engine_args.FLAGS`, and passed to each instance), the foreground loop that watches the children and runs a
 rolling restart on SIGHUP, and ``--rolling-restart``, which signals a running launcher (found
 through its ``state.json``) and waits until it reports the restart done. The processes
 themselves are `jaxinfer.cluster.Cluster`'s.
@@ -20,25 +20,19 @@ from pathlib import Path
 
 from jaxinfer import haproxy_runtime as hx
 from jaxinfer.cluster import SERVER_SCRIPT, Cluster, ClusterError, default_run_dir
+from jaxinfer.engine_args import HelpFormatter, flag
 from jaxinfer.haproxy_config import BALANCES
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Each default once: help texts that say ``default:`` themselves are left alone."""
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        return text if "default:" in text else super()._get_help_string(action)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m jaxinfer.cluster", formatter_class=_HelpFormatter,
+    p = argparse.ArgumentParser(prog="python -m jaxinfer.cluster", formatter_class=HelpFormatter,
                                 description="N jaxinfer servers on loopback ports behind HAProxy (consistent "
                                             "hashing, health checks on /health); docs/deploy.md.",
                                 epilog="Every other flag is passed to each server.py (see python server.py --help).")
     p.add_argument("--instances", type=int, default=3, help="servers to start")
-    p.add_argument("--host", default="127.0.0.1", help="address HAProxy listens on")
-    p.add_argument("--port", type=int, default=8000, help="port HAProxy listens on")
+    # the balancer takes server.py's --host / --port defaults (jaxinfer.engine_args); the instances get loopback ports
+    p.add_argument("--host", default=flag("host").default, help="address HAProxy listens on")
+    p.add_argument("--port", type=flag("port").type, default=flag("port").default, help="port HAProxy listens on")
     p.add_argument("--base-port", type=int, default=None, help="first instance's port (default: --port + 1)")
     p.add_argument("--balance", default="hash", choices=BALANCES,
                    help="hash: consistent hashing on X-Session-Id / user / client address; roundrobin: baseline")

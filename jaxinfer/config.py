@@ -20,6 +20,9 @@ from jaxinfer.spec_decode.config import SpeculativeConfig
 BLOCK_SIZE = 16  # tokens per KV block (PagedAttention, Kwon et al. 2023)
 BLOCK_SIZES = (8, 16, 32, 64, 128)  # accepted block sizes (each tested end to end on CPU)
 DTYPES = ("auto", "float32", "bfloat16")
+QUANTIZATIONS = ("int8",)  # weight quantizations (--quantization; None: the dtype's float weights)
+KV_CACHE_DTYPES = ("auto", "int8", "fp8")  # --kv-cache-dtype ("auto": the model dtype)
+ATTENTION_BACKENDS = ("xla", "pallas")  # --attention-backend (None: by platform)
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
 
 
@@ -83,8 +86,8 @@ class CacheConfig:
     kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.kv_cache_dtype not in ("auto", "int8", "fp8"):
-            raise ValueError(f"kv_cache_dtype must be one of auto, int8, fp8, got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
         if self.num_blocks is not None and self.num_blocks < 2:  # block 0 is the null block
@@ -234,11 +237,12 @@ class EngineConfig:
         _check_int("seed", self.seed)
         if not 0 <= self.seed < 2**63:  # numpy's default_rng takes no negative seed
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
-        if self.quantization not in (None, "int8"):
-            raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be None or {' or '.join(map(repr, QUANTIZATIONS))}, "
+                             f"got {self.quantization!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.attention_backend not in (None, "xla", "pallas"):
+        if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be 'xla' or 'pallas', got {self.attention_backend!r}")
         if self.speculative is not None and self.scheduler.scheduler == "static":  # it reserves whole requests
             raise ValueError("speculative decoding needs the continuous scheduler (not --scheduler static)")

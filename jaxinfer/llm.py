@@ -15,18 +15,24 @@ from tqdm.auto import tqdm
 
 from jaxinfer import chat
 from jaxinfer.builder import build_engine
-from jaxinfer.config import BLOCK_SIZE, CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
+from jaxinfer.config import EngineConfig, ParallelConfig
+from jaxinfer.engine_args import DEFAULT_MODEL, engine_config, llm_defaults, llm_namespace
 from jaxinfer.engine_protocol import RequestSpec
 from jaxinfer.errors import RequestError
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams, choice_seed, is_integer
 from jaxinfer.spec_decode import SpeculativeConfig
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
+_D = llm_defaults()  # the keywords' defaults are server.py's flags' (jaxinfer.engine_args.FLAGS)
+OFFLINE_MAX_QUEUE_LEN = 1 << 30  # offline, every prompt of a call is queued at once (server.py: --max-queue-len)
 
 
 class LLM:
     """Offline generation.
+
+    Every keyword that is also a ``server.py`` flag takes that flag's default and meaning
+    (`jaxinfer.engine_args.FLAGS`), except ``max_queue_len`` (`OFFLINE_MAX_QUEUE_LEN`: a
+    call queues all its prompts at once).
 
     Args:
       model: a name under ``weights/`` (prepared on first use) or a path to a converted
@@ -67,24 +73,29 @@ class LLM:
       engine_kwargs: model_config/params/tokenizer to skip loading (tests).
     """
 
-    def __init__(self, model: str = DEFAULT_MODEL, dtype: str = "auto", *, max_model_len: int | None = None,
-                 max_num_seqs: int = 32, max_num_batched_tokens: int = 512, kv_cache_memory: int | None = None,
-                 num_blocks: int | None = None, watermark: float = 0.15, attention_backend: str | None = None,
-                 seed: int = 0, warmup: bool = True, return_logits: bool = False, load_format: str = "auto",
-                 weights_dir: str | None = None, max_queue_len: int = 1 << 30, enable_prefix_caching: bool = True,
-                 tensor_parallel_size: int = 1, data_parallel_size: int = 1, tokenizer: str | None = None,
+    def __init__(self, model: str = DEFAULT_MODEL, dtype: str = _D["dtype"], *, max_model_len: int | None = None,
+                 max_num_seqs: int = _D["max_num_seqs"], max_num_batched_tokens: int = _D["max_num_batched_tokens"],
+                 kv_cache_memory: int | None = None, num_blocks: int | None = None,
+                 watermark: float = _D["watermark"], attention_backend: str | None = None, seed: int = _D["seed"],
+                 warmup: bool = _D["warmup"], return_logits: bool = False, load_format: str = _D["load_format"],
+                 weights_dir: str | None = None, max_queue_len: int = OFFLINE_MAX_QUEUE_LEN,
+                 enable_prefix_caching: bool = _D["enable_prefix_caching"],
+                 tensor_parallel_size: int = _D["tensor_parallel_size"],
+                 data_parallel_size: int = _D["data_parallel_size"], tokenizer: str | None = None,
                  chat_template: str | None = None, gpu_memory_utilization: float | None = None,
-                 block_size: int = BLOCK_SIZE, use_tqdm: bool = True, scheduler: str = "continuous", scheduling_policy: str = "fcfs",
-                 priority_aging_s: float | None = None, quantization: str | None = None,
-                 kv_cache_dtype: str = "auto", speculative_config=None,
-                 **engine_kwargs):
+                 block_size: int = _D["block_size"], use_tqdm: bool = True, scheduler: str = _D["scheduler"],
+                 scheduling_policy: str = _D["scheduling_policy"], priority_aging_s: float | None = None,
+                 quantization: str | None = None, kv_cache_dtype: str = _D["kv_cache_dtype"],
+                 speculative_config=None, **engine_kwargs):
         from jaxinfer.builder import load_model, load_tokenizer, resolve_dtype
         from jaxinfer.weights import default_weights_dir
 
         weights_dir = str(weights_dir or default_weights_dir())
+        flags = {k: v for k, v in locals().items() if k in _D}  # the table's keywords, as given
+        flags.update(model=str(model))
         parallel = ParallelConfig(tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size)
         EngineConfig(model_path=str(model), dtype=dtype)  # a bad dtype is refused before JAX is asked
-        speculative = SpeculativeConfig.from_value(speculative_config)  # and a bad speculative config
+        SpeculativeConfig.from_value(speculative_config)  # and a bad speculative config
         if chat_template is not None:
             from jaxinfer.templates import load_chat_template
 
@@ -93,27 +104,14 @@ class LLM:
             engine_kwargs["tokenizer"], tokenizer = tokenizer, None
         elif tokenizer is not None:
             tokenizer = str(tokenizer)
-        dtype = resolve_dtype(dtype)
-        probe = EngineConfig(model_path=str(model), dtype=dtype, parallel=parallel, tokenizer=tokenizer)
+        flags.update(dtype=resolve_dtype(dtype), tokenizer=tokenizer)
+        probe = EngineConfig(model_path=str(model), dtype=flags["dtype"], parallel=parallel, tokenizer=tokenizer)
         if "model_config" not in engine_kwargs:
             mc, params, tok, _ = load_model(probe, load_format, weights_dir)
             engine_kwargs.update(model_config=mc, params=params, tokenizer=tok)
         elif tokenizer is not None:
             engine_kwargs["tokenizer"] = load_tokenizer(tokenizer, weights_dir)
-        mc = engine_kwargs["model_config"]
-        if max_model_len is None:
-            max_model_len = min(4096, mc.max_position_embeddings)
-        config = EngineConfig(
-            model_path=str(model), dtype=dtype,
-            cache=CacheConfig(num_blocks=num_blocks, kv_cache_memory=kv_cache_memory, watermark=watermark,
-                              enable_prefix_caching=enable_prefix_caching, block_size=block_size,
-                              gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype),
-            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                      max_model_len=max_model_len, max_queue_len=max_queue_len,
-                                      scheduler=scheduler, scheduling_policy=scheduling_policy, priority_aging_s=priority_aging_s),
-            attention_backend=attention_backend, seed=seed, warmup=warmup, return_logits=return_logits,
-            parallel=parallel, tokenizer=tokenizer, chat_template=chat_template, quantization=quantization,
-            speculative=speculative)
+        config = engine_config(llm_namespace(flags), engine_kwargs["model_config"], return_logits=return_logits)
         self.engine = build_engine(config, load_format=load_format, weights_dir=weights_dir, use_tqdm=use_tqdm,
                                    **engine_kwargs)
         self._counter = 0

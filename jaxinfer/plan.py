@@ -35,10 +35,13 @@ import math
 import sys
 from pathlib import Path
 
-from jaxinfer.config import BLOCK_SIZE, ModelConfig
-from jaxinfer.engine_args import parse_bytes
+from jaxinfer.config import BLOCK_SIZE, DTYPES, ModelConfig
+from jaxinfer.engine_args import add_engine_args, parse_bytes
 
 DEFAULT_RESERVE = 0.5
+# server.py's flags the planner takes (`jaxinfer.engine_args.FLAGS`: same names, types, choices)
+PLAN_FLAGS = ("dtype", "quantization", "block_size", "kv_cache_dtype", "max_model_len", "tensor_parallel_size",
+              "data_parallel_size")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,14 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", required=True, help="HF config.json path or model folder")
     ap.add_argument("--devices", type=int, required=True, help="devices available")
     ap.add_argument("--device-memory", required=True, help="memory of one device (80GB, 80GiB, bytes)")
-    ap.add_argument("--tensor-parallel-size", type=int, default=1)
-    ap.add_argument("--data-parallel-size", type=int, default=None, help="default: devices // TP")
-    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    ap.add_argument("--quantization", default=None, choices=["int8"], help="int8 weights (default: dtype)")
-    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8"],
-                    help="8-bit KV cache with per-token scales (default: dtype)")
-    ap.add_argument("--max-model-len", type=int, default=None, help="default min(4096, model context)")
-    ap.add_argument("--block-size", type=int, default=BLOCK_SIZE)
+    add_engine_args(ap, ("model", "cache", "scheduler", "parallel"), only=PLAN_FLAGS, titled=False, overrides={
+        "dtype": dict(default="bfloat16", choices=tuple(d for d in DTYPES if d != "auto"),
+                      help="weights, activations and KV cache (default: bfloat16)"),
+        "data_parallel_size": dict(default=None, help="default: devices // TP")})
     ap.add_argument("--kv-reserve-fraction", type=float, default=DEFAULT_RESERVE,
                     help="fraction of device memory kept for activations/runtime (default %(default)s)")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")

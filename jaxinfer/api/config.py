@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxinfer.engine_args import DEFAULT_MODEL
+
 
 @dataclasses.dataclass(frozen=True)
 class ServerConfig:
@@ -43,7 +45,7 @@ class ServerConfig:
 
     host: str = "127.0.0.1"
     port: int = 8000
-    served_model_name: str = "smollm2-135m-instruct"
+    served_model_name: str = DEFAULT_MODEL
     api_key: str | None = None
     max_queue_wait: float | None = 30.0
     request_timeout: float | None = None
