@@ -24,14 +24,16 @@ import threading
 import types
 
 from jaxinfer.api.lifecycle import listen_socket, serve, uvicorn_config  # noqa: F401 - part of this script's API
-from jaxinfer.engine_args import (DEFAULT_MODEL, HelpFormatter, add_engine_args, engine_config,  # noqa: F401
-                                  parallel_config, parse_bytes)  # engine_config, parse_bytes: part of this script's API
+from jaxinfer.engine_args import DEFAULT_MODEL, HelpFormatter, add_engine_args, engine_config, parallel_config
+from jaxinfer.engine_args import parse_bytes  # noqa: F401 - part of this script's API
 
 logger = logging.getLogger("jaxinfer.server")
 
 # Engines are built one at a time: several models' engine threads would otherwise import
 # transformers (not thread-safe on first import), read checkpoints and compile all at once.
 _BUILD_LOCK = threading.Lock()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """``server.py``'s parser: every flag of `jaxinfer.engine_args.FLAGS`, in its groups."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)

@@ -16,7 +16,8 @@ import re
 from typing import Any, Callable, Iterable
 
 from jaxinfer.config import (ATTENTION_BACKENDS, BLOCK_SIZE, BLOCK_SIZES, DEFAULT_GPU_MEMORY_UTILIZATION, DTYPES,
-                             KV_CACHE_DTYPES, QUANTIZATIONS)
+                             KV_CACHE_DTYPES, QUANTIZATIONS, CacheConfig, EngineConfig, ModelConfig, ParallelConfig,
+                             SchedulerConfig)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"  # the model served when none is named (fetched on first use)
 
@@ -262,14 +263,22 @@ def _value(args, f: Flag):
     return value[0] if isinstance(value, list) else value  # a repeatable flag: the first model's
 
 
-def parallel_config(args):
-    """The `ParallelConfig` of the flags (missing ones: their defaults)."""
-    from jaxinfer.config import ParallelConfig
+def _fields(args, section: str) -> dict[str, Any]:
+    """``{field: value}`` of the flags that set ``section``'s fields ("" for `EngineConfig`'s own)."""
+    return {f.field.rpartition(".")[2]: _value(args, f) for f in FLAGS
+            if f.field is not None and f.field.rpartition(".")[0] == section}
 
-    return ParallelConfig(**{f.field.split(".")[1]: _value(args, f) for f in FLAGS if f.group == "parallel"})
+
+def parallel_config(args) -> ParallelConfig:
+    """The `ParallelConfig` of the flags (missing ones: their defaults).
+
+    Raises:
+      ValueError: a value `ParallelConfig` refuses.
+    """
+    return ParallelConfig(**_fields(args, "parallel"))
 
 
-def engine_config(args, model_config, **extra):
+def engine_config(args, model_config: ModelConfig, **extra) -> EngineConfig:
     """The `EngineConfig` of parsed flags (or any object with their ``dest`` attributes;
     missing ones take the table's defaults). ``--max-model-len`` defaults to
     min(4096, ``model_config.max_position_embeddings``); a repeated ``--model`` /
@@ -278,17 +287,13 @@ def engine_config(args, model_config, **extra):
     Raises:
       ValueError: a value the configuration refuses (from `EngineConfig` and its parts).
     """
-    from jaxinfer.config import CacheConfig, EngineConfig, SchedulerConfig
     from jaxinfer.spec_decode import SpeculativeConfig
 
-    parts: dict[str, dict] = {"": {}, "cache": {}, "scheduler": {}, "parallel": {}}
-    for f in FLAGS:
-        if f.field is not None:
-            section, _, name = f.field.rpartition(".")
-            parts[section][name] = _value(args, f)
-    if parts["scheduler"]["max_model_len"] is None:
-        parts["scheduler"]["max_model_len"] = min(4096, model_config.max_position_embeddings)
+    scheduler = _fields(args, "scheduler")
+    if scheduler["max_model_len"] is None:
+        scheduler["max_model_len"] = min(4096, model_config.max_position_embeddings)
     return EngineConfig(
-        model_path=_value(args, flag("model")) or DEFAULT_MODEL, cache=CacheConfig(**parts["cache"]),
-        scheduler=SchedulerConfig(**parts["scheduler"]), parallel=parallel_config(args),
-        speculative=SpeculativeConfig.from_value(_value(args, flag("speculative_config"))), **parts[""], **extra)
+        model_path=_value(args, flag("model")) or DEFAULT_MODEL, cache=CacheConfig(**_fields(args, "cache")),
+        scheduler=SchedulerConfig(**scheduler), parallel=parallel_config(args),
+        speculative=SpeculativeConfig.from_value(_value(args, flag("speculative_config"))), **_fields(args, ""),
+        **extra)

@@ -52,7 +52,12 @@ class RequestSpec:
 class SharedGrammar:
     """One `jaxinfer.grammar.GrammarEngine` for a tokenizer, made on first use (thread-safe).
     Data-parallel replicas hold one (same tokenizer, vocabulary and EOS ids), so a constraint
-    compiled for one is in the cache of all."""
+    compiled for one is in the cache of all.
+
+    Args:
+      tokenizer: a `jaxinfer.tokenizer.Tokenizer`, or None (then `get` raises).
+      vocab_size: the model's logit rows. eos_token_ids: the ids that end generation.
+    """
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids):
         self._args = (tokenizer, vocab_size, eos_token_ids)
