@@ -5,7 +5,9 @@ A step is padded to a `Bucket` = (num_tokens T, num_seqs R, context width W):
     ~2x faster on CPU than padding to 8), then from 8 up to the per-step token budget
     growing by about 1.5x in multiples of 8 (8, 16, 24, 40, 64, 96, 144, ...), so padding
     wastes at most ~1/3; and ``max_num_seqs`` itself, the step of a full batch of decoding
-    sequences (32 rows by default ran in the 40 bucket: 5.6-8.5% slower on a 2-core CPU).
+    sequences (32 rows by default ran in the 40 bucket: 5.6-8.5% slower on a 2-core CPU),
+    and `DECODE_RUNGS` below it (32 clients decoding keep their unpadded 32-row step when
+    ``max_num_seqs`` is larger: 4 more compiles at warm-up, one per context width).
   * R, sequence rows: tied to T as ``min(T, max_num_seqs)`` (a step never has more
     sequences than tokens). Padding rows cost a row of the LM head each where XLA's dot runs
     it; the packed-product kernels (CPU) skip padding rows and padding tokens altogether.
@@ -22,6 +24,9 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+
+
+DECODE_RUNGS = (32,)  # full-batch decode steps of the common load (`--concurrency` 32), kept as rungs
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -71,7 +76,8 @@ class BucketLadders:
     def token_ladder(self) -> list[int]:
         small = [t for t in (1, 2, 4) if t < self.max_num_batched_tokens]
         rungs = small + _ladder(min(8, self.max_num_batched_tokens), self.max_num_batched_tokens, self.token_growth)
-        return sorted(set(rungs) | {self.max_num_seqs})  # a full batch of decoding rows runs unpadded
+        decode = {r for r in DECODE_RUNGS if r < self.max_num_seqs} | {self.max_num_seqs}
+        return sorted(set(rungs) | decode)  # a full batch of decoding rows runs unpadded
 
     @property
     def width_ladder(self) -> list[int]:

@@ -24,6 +24,12 @@ QUANTIZATIONS = ("int8",)  # weight quantizations (--quantization; None: the dty
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")  # --kv-cache-dtype ("auto": the model dtype)
 ATTENTION_BACKENDS = ("xla", "pallas")  # --attention-backend (None: by platform)
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
+# Sequence slots when ``max_num_seqs`` is left unset: the design brief's scene (128 concurrent
+# clients) runs at once instead of in waves of 32, whose fourth wave waited past the queue
+# bound. TGI answers 429 only past 128 concurrent requests (``max_concurrent_requests``);
+# vLLM's CPU server default is 128 too. Slots beyond what the KV pool holds cost nothing:
+# the scheduler's KV watermark holds such requests back (docs/api.md, "Admission").
+DEFAULT_MAX_NUM_SEQS = 128
 
 
 CPU_DTYPE_ENV_VAR = "JAXINFER_CPU_DTYPE"  # overrides what "auto" means on a CPU
@@ -111,7 +117,9 @@ class SchedulerConfig:
     """Continuous-batching limits.
 
     Attributes:
-      max_num_seqs: cap on running sequences per step.
+      max_num_seqs: cap on running sequences per step (the sequence slots); None (the
+        default): `DEFAULT_MAX_NUM_SEQS`, or ``max_num_batched_tokens`` when that is smaller
+        (a step holds one token per sequence). Resolved in ``__post_init__``: an int after.
       max_num_batched_tokens: per-step token budget (prefill chunks + decodes).
       max_model_len: prompt + output limit in tokens.
       max_queue_len: bound on the waiting queue: requests waiting beyond the free sequence
@@ -131,7 +139,7 @@ class SchedulerConfig:
         prompts keep arriving; steps without decodes still prefill up to the full budget.
     """
 
-    max_num_seqs: int = 32
+    max_num_seqs: int | None = None
     max_num_batched_tokens: int = 512
     max_model_len: int = 4096
     max_queue_len: int = 256
@@ -142,6 +150,8 @@ class SchedulerConfig:
     prefill_budget_while_decoding: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_num_seqs is None and is_integer(self.max_num_batched_tokens):
+            object.__setattr__(self, "max_num_seqs", max(1, min(DEFAULT_MAX_NUM_SEQS, self.max_num_batched_tokens)))
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_queue_len"):
             _check_int(name, getattr(self, name))
         if self.prefill_budget_while_decoding is not None:

@@ -31,3 +31,20 @@ def test_ladders_and_round_up():
 def test_seq_cap_must_fit_budget():
     with pytest.raises(ValueError):
         BucketLadders(16, 32, 8)
+
+
+def test_larger_slots_keep_the_32_row_decode_rung():
+    """128 slots (the default) add their own rung and keep 32: 32 decoding clients run unpadded."""
+    lad = BucketLadders(max_num_batched_tokens=512, max_num_seqs=128, max_blocks=256)
+    assert lad.round_up(32, 32, 1) == Bucket(32, 32, 4)
+    assert lad.round_up(128, 128, 1) == Bucket(128, 128, 4)
+    assert len(lad.all_buckets()) == len(BucketLadders(512, 32, 256).all_buckets()) + 4  # one rung x 4 widths
+
+
+def test_default_slots_follow_the_token_budget():
+    from jaxinfer.config import DEFAULT_MAX_NUM_SEQS, SchedulerConfig
+    assert SchedulerConfig().max_num_seqs == DEFAULT_MAX_NUM_SEQS == 128
+    assert SchedulerConfig(max_num_batched_tokens=64).max_num_seqs == 64  # a step holds one token per sequence
+    assert SchedulerConfig(max_num_seqs=8).max_num_seqs == 8
+    with pytest.raises(ValueError):
+        SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=128)
