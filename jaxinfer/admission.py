@@ -2,7 +2,9 @@
 
 Owns `check_ids` (duplicate ids), `check_prompt` (one prompt and its sampling options
 against the model and the KV pool) and `check_room` (the group size, room in the waiting
-queue), in the order `LLMEngine.check_requests` calls them.
+queue), in the order `LLMEngine.check_requests` calls them; and `check_wait`, the HTTP
+layer's queue-wait bound (``--max-queue-wait``) on the estimated wait for a sequence slot,
+asked before a group is handed to the engine.
 Host only, no device work; every refusal is a `jaxinfer.errors.RequestError` (400) or a
 `QueueFullError` (429 with Retry-After), raised before anything is queued, so a group is
 admitted all or none (vLLM's ``_validate_model_inputs`` and the OpenAI API's
@@ -116,3 +118,26 @@ def _max_tokens(prompt_len: int, params: SamplingParams, limit: int, block_manag
                            f"{block_manager.num_usable_blocks}: it can never fit; lower max_tokens or "
                            f"{SHORTEN_HINT}", param="max_tokens", code=CONTEXT_LENGTH_EXCEEDED)
     return max_tokens
+
+
+def check_wait(estimate: float | None, bound: float | None, *, max_retry_after: float = 300.0) -> None:
+    """Refuse a group at once when its estimated wait for a sequence slot exceeds the bound.
+
+    A burst that will drain within ``bound`` is queued; a flood that will not is refused
+    now, not after waiting ``bound`` seconds (docs/api.md, "Admission").
+
+    Args:
+      estimate: seconds until the group's last sequence would get a slot
+        (`jaxinfer.ttft_estimator.TTFTEstimator.queue_wait`), or None when unknown (no
+        full-batch step measured yet): then it is queued, bounded by ``--max-queue-len``.
+      bound: ``--max-queue-wait`` in seconds, or None (no bound).
+      max_retry_after: cap on the suggested wait (seconds).
+    Raises:
+      QueueFullError: the estimate exceeds the bound; ``retry_after`` is the estimate
+        (capped at ``max_retry_after``): when the requests ahead will have their slots.
+    """
+    if estimate is None or bound is None or estimate <= bound:
+        return
+    shown = "more than an hour" if estimate > 3600 else f"{estimate:.0f} s"
+    raise QueueFullError(f"the server is overloaded: the estimated wait for a sequence slot is {shown}, over "
+                         f"the {bound:g} s bound (--max-queue-wait)", retry_after=min(estimate, max_retry_after))

@@ -156,19 +156,37 @@ class TTFTEstimator:
         with self._lock:
             return self._slot_wait()
 
+    def queue_wait(self, group: int = 1, max_tokens: float = math.inf) -> float | None:
+        """Seconds until the last of ``group`` new sequences (of at most ``max_tokens``
+        outputs each) would get a sequence slot, behind every live request: 0 when free
+        slots hold the whole group, None when unknown (no full-batch step measured yet).
+        What the queue-wait bound compares (`jaxinfer.admission.check_wait`)."""
+        with self._lock:
+            steps = self._slot_wait_steps(group, max_tokens)
+            step_s = self.full_step_s
+        if steps == 0:
+            return 0.0
+        return None if step_s is None else steps * step_s
+
     def _slot_wait(self) -> float:
+        steps = self._slot_wait_steps(1)
+        if steps == 0:
+            return 0.0
+        return math.inf if self.full_step_s is None else steps * self.full_step_s
+
+    def _slot_wait_steps(self, group: int, max_tokens: float = math.inf) -> float:
+        """Engine steps until the last of ``group`` new requests gets a slot (0: free slots hold them)."""
         if self.slots is None:
-            return 0.0
+            return 0
         live = list(self._remaining.values())  # in hand-over order: the first `slots` run (FCFS)
-        if len(live) < self.slots:
-            return 0.0
-        if self.full_step_s is None:
-            return math.inf
+        if len(live) + group <= self.slots:
+            return 0
         ends = live[:self.slots]  # steps until each slot frees
+        ends += [0.0] * (self.slots - len(ends))  # free slots: taken at once
         heapq.heapify(ends)
-        for steps in live[self.slots:]:  # each waiting request takes the first slot to free, then runs
+        for steps in live[self.slots:] + [max_tokens] * (group - 1):  # each takes the first slot to free
             heapq.heapreplace(ends, ends[0] + steps)
-        return ends[0] * self.full_step_s
+        return ends[0]
 
     def estimate(self, prompt_tokens: int) -> float | None:
         """Expected seconds from now to the first token of a new request of

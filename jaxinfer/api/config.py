@@ -9,6 +9,11 @@ import dataclasses
 
 from jaxinfer.engine_args import DEFAULT_MODEL
 
+# A queued request expires at this multiple of ``max_queue_wait``: the estimate behind the
+# bound is an upper bound while the measured step time holds (outputs counted at max_tokens),
+# so twice the bound is left only by a wrong or missing estimate (a cold-start flood).
+QUEUE_WAIT_EXPIRY_FACTOR = 2.0
+
 
 @dataclasses.dataclass(frozen=True)
 class ServerConfig:
@@ -19,7 +24,11 @@ class ServerConfig:
       served_model_name: the ``model`` name clients send and ``/v1/models`` lists.
       api_key: when set, ``/v1/*``, ``/tokenize`` and ``/detokenize`` need
         ``Authorization: Bearer <api_key>``.
-      max_queue_wait: seconds a request may wait unadmitted before HTTP 429 (None: no limit).
+      max_queue_wait: the queue-wait bound in seconds (None: no bound). A request whose
+        estimated wait for a sequence slot exceeds it gets HTTP 429 ``queue_full`` at once,
+        with ``Retry-After`` = that estimate (`jaxinfer.admission.check_wait`); one admitted
+        to the queue is refused with 429 ``queue_wait_expired`` only if it is still waiting
+        after `queue_wait_expiry` (the estimate was wrong, or there was none yet).
       request_timeout: default per-request deadline in seconds (None: no deadline);
         a request's ``request_timeout`` field overrides it.
       truncate_prompt: ``"none"`` (over-long prompts are a 400) or ``"left"`` (keep the
@@ -56,6 +65,14 @@ class ServerConfig:
     max_request_bytes: int | None = 16 << 20
     parse_special_tokens_in_messages: bool = False
     instance_id: str | None = None
+
+    @property
+    def queue_wait_expiry(self) -> float | None:
+        """Seconds a queued request may wait unadmitted before 429 ``queue_wait_expired``:
+        `QUEUE_WAIT_EXPIRY_FACTOR` x ``max_queue_wait`` (None: no limit). A backstop: the
+        bound itself is applied to the estimate at arrival, so this fires only when the
+        estimate was too low or unknown, never for a queue draining as estimated."""
+        return None if self.max_queue_wait is None else QUEUE_WAIT_EXPIRY_FACTOR * self.max_queue_wait
 
     def __post_init__(self) -> None:
         if self.truncate_prompt not in ("none", "left"):

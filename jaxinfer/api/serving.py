@@ -24,6 +24,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import math
 import time
 import uuid
 from typing import AsyncIterator, Awaitable, Callable
@@ -31,6 +32,7 @@ from typing import AsyncIterator, Awaitable, Callable
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from jaxinfer import admission
 from jaxinfer.api import degrade
 from jaxinfer.api import params as params_mod
 from jaxinfer.api import prompts as prompts_mod
@@ -196,14 +198,30 @@ async def _admit(job: _Job, job_on: JobOn, ctx: ServingContext, *,
 
 
 async def _add(job: _Job, ctx: ServingContext) -> tuple[_Job, list[RequestSpec], OutputStream]:
-    """Add the job's engine requests to its model (`QueueFullError` passes through)."""
+    """Add the job's engine requests to its model (`QueueFullError` passes through: the
+    model's queue is full, or the estimated wait for a slot exceeds ``--max-queue-wait``)."""
     specs = _specs(job, ctx.config)
+    _check_wait(job.model.async_engine, specs, ctx.config)
     try:
         return job, specs, await job.model.async_engine.add(specs)
     except QueueFullError:
         raise
     except Exception as exc:
         raise from_exception(exc, job.aliases) from exc
+
+
+def _check_wait(ae: AsyncEngine, specs: list[RequestSpec], config: ServerConfig) -> None:
+    """The queue-wait bound, on the estimate before the group is handed over (no await
+    between this and `AsyncEngine.add` counting the group, so a burst sees itself).
+
+    Raises:
+      QueueFullError: the estimated wait for the group's slots exceeds ``max_queue_wait``.
+    """
+    ttft = getattr(ae, "ttft", None)
+    if ttft is None or config.max_queue_wait is None:
+        return
+    longest = max((s.params.max_tokens or math.inf for s in specs), default=math.inf)
+    admission.check_wait(ttft.queue_wait(len(specs), longest), config.max_queue_wait)
 
 
 def _queue_full_error(exc: QueueFullError, job: _Job, ctx: ServingContext) -> APIError:
@@ -252,7 +270,7 @@ def _specs(job: _Job, config: ServerConfig) -> list[RequestSpec]:
         seed = job.params.seed if n == 1 else choice_seed(job.params.seed, j)
         params = dataclasses.replace(job.params, n=1, seed=seed, max_tokens=max_tokens)
         out.append(RequestSpec(f"{base}-{i}", p.token_ids, params, prompt=p.text, deadline=deadline,
-                               max_queue_wait=config.max_queue_wait, arrival_time=job.received))
+                               max_queue_wait=config.queue_wait_expiry, arrival_time=job.received))
     return out
 
 
@@ -342,7 +360,7 @@ def _failure_error(reason: str, ctx: ServingContext, model: ServedModel) -> APIE
         return timeout_error(None)
     if reason == "rejected":
         ctx.metrics.reject("queue_wait_expired", model.name)
-        return queue_wait_error(ctx.config.max_queue_wait, _retry_after(ctx, model))
+        return queue_wait_error(ctx.config.queue_wait_expiry, _retry_after(ctx, model))
     if reason == "failed":  # preparing its step raised on the host; the engine goes on (docs/api.md)
         return APIError(500, "the server failed to prepare the engine step of this request (nothing reached the "
                         "device; other requests go on): retry it", type="server_error", code="step_failed")
