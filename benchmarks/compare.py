@@ -13,6 +13,10 @@ Scenarios (closed loop; prompts are random token ids; ``ignore_eos`` so lengths 
   * ``c128``: 128 clients, 512 / 256; the KV pool holds all 128 (continuous batching should
     serve every one of them; static batching reserves ``max_model_len`` per member, so only
     ``pool / max_model_len`` of them fit and the rest fail with 503).
+  * ``brief128``: the design brief's scene, ``c128``'s load against jaxinfer on ``server.py``'s
+    defaults alone (no ``--max-num-seqs``, queue, KV or ``--jaxinfer-args`` flags), beside
+    static batching (its usual flags, the default KV pool) and llama.cpp; its acceptance lines
+    (issue 50): 0 failed requests, fragmentation <= 2%, output tok/s >= ``fixed``'s.
   * ``overload``: 4x the clients the KV pool holds, ``fixed``'s lengths, short queue.
   * ``priority``: ``sharegpt``'s lengths (varied lengths free slots one at a time; with
     fixed lengths every slot frees in the same step, and a queue policy can only pick the
@@ -49,9 +53,10 @@ Queues: every scenario but overload and degradation lets clients wait (``--timeo
 those keep a short queue (``--overload-queue-len``, ``--max-queue-wait``) so excess clients get 429.
 
 Servers. jaxinfer runs ``server.py`` with its defaults plus what a scenario needs:
-``--max-model-len`` (1024), ``--no-prefix-caching``, queue limits, ``--max-num-seqs`` when the
-scenario has more clients than the default 32 (static batching: always, it is the batch
-size), and, where both jaxinfer modes run, the same ``--num-blocks`` for both: enough for
+``--max-model-len`` (1024), ``--no-prefix-caching``, queue limits, ``--max-num-seqs`` = the
+clients the pool holds when that is more than ``--concurrency`` (c128), for overload and
+degradation (so excess clients queue for a slot, as those scenarios mean) and the priority
+mix (static batching: always, it is the batch size), and, where both jaxinfer modes run, the same ``--num-blocks`` for both: enough for
 the scenario's clients at its longest request (+ the null block). llama.cpp (built by
 `llamacpp_peer`, skipped with a printed reason if it cannot be built) gets ``-np`` = the
 scenario's clients, ``-c`` = clients x ``max_model_len`` and all CPU threads; requests to it
@@ -60,7 +65,8 @@ on 127.0.0.1, so the KV fragmentation gauge covers that scenario only (warm-up i
 
 Writes ``benchmarks/results/<date>-<device>/``: ``compare.json`` (per scenario and system:
 the command line, output_throughput_tok_s, ttft_ms / tpot_ms / itl_ms / e2el_ms with mean,
-p50, p95, p99, kv_fragmentation, request counts by outcome, ``cpu_busy_before``: the share
+p50, p95, p99, kv_fragmentation, request counts by outcome, ``errors_by_kind`` (429
+``queue_full`` / ``queue_wait_expired``, 4xx, 5xx, client time-out, ...), ``cpu_busy_before``: the share
 of the CPU other work used just before the server started, flagged in compare.md above
 ``compare_report.BUSY_CPU``; then ``ratios`` and ``acceptance``, computed by
 `benchmarks/compare_report.py`), ``compare.md`` (README tables), per-run JSON /
@@ -113,18 +119,20 @@ device_label, gpu_info, cpu_busy_fraction = (machine_info.device_label, machine_
 
 from jaxinfer.bench import load, metadata, report  # noqa: E402
 from jaxinfer.bench.serve import run_benchmark  # noqa: E402
-from jaxinfer.config import ModelConfig, SchedulerConfig, auto_dtype  # noqa: E402
+from jaxinfer.config import ModelConfig, auto_dtype  # noqa: E402
 
 ROOT = HERE.parent
 TARGET_NUM_REQUESTS = 128
 SYSTEMS = ("jaxinfer", "jaxinfer-static", "jaxinfer-before", "jaxinfer-fallback", "jaxinfer-spec", "llamacpp", "llamacpp-q8_0",
            "hf-transformers")
 DEFAULT_SYSTEMS = ("jaxinfer", "jaxinfer-static", "jaxinfer-fallback", "llamacpp")  # transformers: ~15 min more per scenario
-SERVER_DEFAULT_MAX_NUM_SEQS = SchedulerConfig().max_num_seqs
 
 
 def jaxinfer_command(system: str, port: int, a, scen: Scenario) -> list[str]:
     """``server.py`` for one scenario: server defaults plus what the scenario needs (module docstring)."""
+    if scen.server_defaults and system == "jaxinfer":
+        return [sys.executable, str(a.server_script), "--port", str(port), "--model", a.model,
+                "--shutdown-timeout", "5", "--log-level", "warning"]
     queue_len, queue_wait = queue_limits(scen, a)
     before = system == "jaxinfer-before"
     script = (a.before_server_script or a.server_script) if before else a.server_script
@@ -140,8 +148,8 @@ def jaxinfer_command(system: str, port: int, a, scen: Scenario) -> list[str]:
         cmd += ["--speculative-config", a.speculative_config]
     if system == "jaxinfer-static":
         cmd += ["--scheduler", "static", "--max-num-seqs", str(scen.pool_clients)]
-    elif scen.pool_clients > SERVER_DEFAULT_MAX_NUM_SEQS or scen.name in PRIORITY_SCENARIOS:
-        cmd += ["--max-num-seqs", str(scen.pool_clients)]
+    elif scen.pool_clients > a.concurrency or scen.overloaded or scen.name in PRIORITY_SCENARIOS:
+        cmd += ["--max-num-seqs", str(scen.pool_clients)]  # slots = what the pool holds: overload queues for a slot
     if scen.same_kv_budget:
         cmd += ["--num-blocks", str(num_blocks(scen, a))]
     if scen.name == "priority":
@@ -299,7 +307,7 @@ def run_one(system: str, scen: Scenario, a, out: Path) -> tuple[dict, str]:
     rows = [(label, run["summary"])] + [(f"{label} {name}", c["summary"]) for name, c in run.get("classes", {}).items()]
     print(report.markdown_table(rows), flush=True)
     entry = {"concurrency": scen.clients, "command": display_command(cmd), **system_entry(run["summary"]),
-             "cpu_busy_before": busy_cpu}
+             "errors_by_kind": compare_scenarios.errors_by_kind(run["requests"]), "cpu_busy_before": busy_cpu}
     if "classes" in run:
         entry["classes"] = {name: {"priority": c["priority"], "concurrency": c["clients"],
                                    **system_entry(c["summary"])} for name, c in run["classes"].items()}
@@ -361,10 +369,11 @@ def main(argv=None) -> dict:
             result["scenarios"][scen.name] = per_system
             _write_scenario_plot(out, scen.name, labels)
     result["ratios"] = ratios(result["scenarios"])
-    result["acceptance"] = acceptance(result["scenarios"], result["ratios"])
+    result["acceptance"] = (acceptance(result["scenarios"], result["ratios"])
+                            + compare_scenarios.brief_acceptance(result["scenarios"]))
     meta["elapsed_s"] = time.monotonic() - t_start
     report.write_json(out / "compare.json", result)
-    (out / "compare.md").write_text(compare_markdown(result))
+    (out / "compare.md").write_text(compare_markdown(result) + compare_scenarios.errors_markdown(result["scenarios"]))
     print((out / "compare.md").read_text())
     print(f"wrote {out} in {meta['elapsed_s']:.0f} s")
     return result

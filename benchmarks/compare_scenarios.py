@@ -1,6 +1,8 @@
 """The serving comparison's scenario table: `Scenario` and `scenarios` (each scenario's clients,
 workload and systems; ``--quick`` shrinks them), and what a scenario asks of a jaxinfer server's
-sizing: `num_blocks` (one KV budget for every jaxinfer configuration) and `queue_limits`.
+sizing: `num_blocks` (one KV budget for every jaxinfer configuration) and `queue_limits`; and
+`errors_by_kind` / `errors_markdown` / `brief_acceptance`, what compare.json and compare.md
+say about failed requests and the design brief's scene (``brief128``).
 
 What each scenario measures is described in `compare.py`'s module docstring; `compare.py` runs
 them. Plain Python (the load generator's `jaxinfer.bench.workloads`); no JAX import.
@@ -36,10 +38,17 @@ class Scenario:
     extra_body: dict | None = None
 
     @property
+    def server_defaults(self) -> bool:
+        """jaxinfer runs with ``server.py``'s defaults only (no sizing, queue or tuning flags):
+        the design brief's scene as a new user meets it (issue 50)."""
+        return self.name == BRIEF
+
+    @property
     def same_kv_budget(self) -> bool:
         """Two jaxinfer configurations run it, so both get the same explicit ``--num-blocks``
-        (with a fallback model: per model, the fallback's pool comes on top)."""
-        return "jaxinfer-static" in self.systems or "jaxinfer-fallback" in self.systems
+        (with a fallback model: per model, the fallback's pool comes on top). Not with
+        `server_defaults`: both modes keep the default pool."""
+        return not self.server_defaults and ("jaxinfer-static" in self.systems or "jaxinfer-fallback" in self.systems)
 
     @property
     def overloaded(self) -> bool:
@@ -47,7 +56,8 @@ class Scenario:
         return self.name in ("overload", "degradation")
 
 
-SCENARIOS = ("single", "fixed8", "fixed", "sharegpt", "c128", "overload", "priority", "priority-fcfs", "json8",
+BRIEF = "brief128"  # the design brief's scene: 128 clients, 512 / 256, jaxinfer with server defaults
+SCENARIOS = ("single", "fixed8", "fixed", "sharegpt", "c128", BRIEF, "overload", "priority", "priority-fcfs", "json8",
              "grounded1", "degradation", "sampled")
 PRIORITY_SCENARIOS = ("priority", "priority-fcfs")  # the interactive / batch mix (benchmarks/priority_mix.py)
 DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s not in ("grounded1", "degradation", "sampled"))  # run when named
@@ -88,6 +98,8 @@ def scenarios(a) -> dict[str, Scenario]:
                  ("jaxinfer", "jaxinfer-static", "jaxinfer-before", "llamacpp", "hf-transformers")),
         Scenario("c128", c128, c128, wl(num_requests=max(a.num_requests, c128), **fixed),
                  ("jaxinfer", "jaxinfer-static")),
+        Scenario(BRIEF, c128, c128, wl(num_requests=max(a.num_requests, c128), **fixed),
+                 ("jaxinfer", "jaxinfer-static", "llamacpp")),
         Scenario("overload", 4 * a.concurrency, a.concurrency, wl(num_requests=2 * a.num_requests, **fixed),
                  ("jaxinfer", "jaxinfer-static")),
         Scenario("priority", 2 * a.concurrency, a.concurrency,
@@ -119,3 +131,55 @@ def queue_limits(scen: Scenario, a) -> tuple[int, float]:
     if scen.overloaded:
         return a.overload_queue_len, a.max_queue_wait
     return max(a.max_queue_len, scen.clients), a.timeout_s
+
+
+ERROR_KINDS = ("queue_full", "queue_wait_expired", "http_429_other", "http_4xx", "http_5xx", "client_timeout",
+               "client_error", "stream_error")
+
+
+def errors_by_kind(requests: list[dict]) -> dict[str, int]:
+    """Failed requests of one run by kind: the 429's error ``code`` (``queue_full``: refused at
+    arrival, ``queue_wait_expired``: refused after waiting), other 4xx, 5xx, the client's own
+    time-out, connection and stream errors. ``requests``: a run's per-request dicts
+    (`jaxinfer.bench.report.result_dict`; ``error`` holds the start of the error body)."""
+    counts = dict.fromkeys(ERROR_KINDS, 0)
+    for r in requests:
+        outcome = r["outcome"]
+        if outcome == "ok":
+            continue
+        if outcome == "http_429":
+            code = next((c for c in ("queue_wait_expired", "queue_full") if c in (r.get("error") or "")), None)
+            counts[code or "http_429_other"] += 1
+        else:
+            counts["client_timeout" if outcome == "timeout" else outcome] += 1
+    return counts
+
+
+def errors_markdown(result_scenarios: dict) -> str:
+    """compare.md's "Errors by kind" table: every (scenario, system) with a failed request."""
+    rows = [f"| {scen} | {name} | " + " | ".join(str(e["errors_by_kind"][k]) for k in ERROR_KINDS) + " |"
+            for scen, systems in result_scenarios.items() for name, e in systems.items()
+            if any((e.get("errors_by_kind") or {}).values())]
+    if not rows:
+        return "\n### Errors by kind\n\nNo request failed.\n"
+    head = "| scenario | system | " + " | ".join(ERROR_KINDS) + " |"
+    return "\n### Errors by kind\n\n" + "\n".join([head, "|" + "---|" * (len(ERROR_KINDS) + 2)] + rows) + "\n"
+
+
+def brief_acceptance(result_scenarios: dict) -> list[dict]:
+    """Issue 50's lines for the brief's scene (jaxinfer on server defaults): 0 failed requests,
+    KV fragmentation <= 2%, output tok/s >= the 32-client (``fixed``) figure of the same run."""
+    e = result_scenarios.get(BRIEF, {}).get("jaxinfer")
+    fixed = result_scenarios.get("fixed", {}).get("jaxinfer")
+    errors = None if e is None else e["counts"]["total"] - e["counts"]["ok"]
+    frag = None if e is None else e.get("kv_fragmentation")
+    ratio = None if e is None or fixed is None or not fixed["output_throughput_tok_s"] else (
+        e["output_throughput_tok_s"] / fixed["output_throughput_tok_s"])
+    lines = [("brief's scene, server defaults: 0 failed requests", "jaxinfer errors", "<= 0", errors, 0, "max"),
+             ("brief's scene, server defaults: KV fragmentation <= 2%", "jaxinfer kv_fragmentation", "<= 0.02",
+              frag, 0.02, "max"),
+             ("brief's scene, server defaults: output tok/s >= 32 clients'", "brief128/fixed output_throughput",
+              ">= 1", ratio, 1.0, "min")]
+    return [{"line": text, "scenario": BRIEF, "quantity": qty, "target": target, "value": v,
+             "pass": None if v is None else (v >= t if kind == "min" else v <= t)}
+            for text, qty, target, v, t, kind in lines]

@@ -164,8 +164,9 @@ def test_priority_mix_smoke_against_the_api():
 def test_compare_plan_selects_systems_per_scenario():
     compare = load_benchmark("compare")
     runs = {s.name: systems for s, systems in compare.plan(compare.parse_args([]))}
-    assert list(runs) == ["single", "fixed8", "fixed", "sharegpt", "c128", "overload", "priority", "priority-fcfs",
-                          "json8"]
+    assert list(runs) == ["single", "fixed8", "fixed", "sharegpt", "c128", "brief128", "overload", "priority",
+                          "priority-fcfs", "json8"]
+    assert runs["brief128"] == ["jaxinfer", "jaxinfer-static", "llamacpp"]
     assert runs["json8"] == ["jaxinfer"]
     assert all("llamacpp" in runs[s] for s in ("single", "fixed8", "fixed"))
     assert all("jaxinfer-static" in runs[s] for s in ("fixed", "sharegpt", "c128"))
@@ -379,3 +380,39 @@ def test_priority_mix_warms_both_classes_then_starts_batch_before_interactive(mo
     assert [e[0] for e in events] == ["warm", "warm", "measured", "measured"]
     measured = {prio: t for kind, prio, t in events if kind == "measured"}
     assert measured[5] < measured[0] and measured[0] - measured[5] >= 0.04
+
+
+def test_brief_scene_runs_jaxinfer_on_server_defaults_beside_static():
+    """brief128 (issue 50): jaxinfer gets no sizing, queue or tuning flag; static batching keeps
+    its own flags and, like jaxinfer, the default KV pool."""
+    import server
+
+    compare = load_benchmark("compare")
+    a = compare.parse_args(["--jaxinfer-args", "--watermark 0.05", "--max-num-batched-tokens", "256"])
+    scen = compare.scenarios(a)["brief128"]
+    assert (scen.clients, scen.workload.input_len, scen.workload.output_len) == (128, 512, 256)
+    cmd = compare.server_command("jaxinfer", 8000, a, scen)
+    assert cmd[2:] == ["--port", "8000", "--model", a.model, "--shutdown-timeout", "5", "--log-level", "warning"]
+    args = server.build_parser().parse_args(compare.server_command("jaxinfer-static", 8000, a, scen)[2:])
+    assert (args.scheduler, args.max_num_seqs, args.num_blocks, args.watermark) == ("static", 128, None, 0.05)
+    overload = compare.server_command("jaxinfer", 8000, a, compare.scenarios(a)["overload"])
+    assert overload[overload.index("--max-num-seqs") + 1] == str(a.concurrency)  # excess clients queue for a slot
+
+
+def test_errors_by_kind_and_brief_acceptance():
+    sc = load_benchmark("compare_scenarios")
+    reqs = [{"outcome": "ok"}, {"outcome": "http_429", "error": '{"error": {"code": "queue_full"}}'},
+            {"outcome": "http_429", "error": '{"error": {"code": "queue_wait_expired"}}'},
+            {"outcome": "http_429", "error": ""}, {"outcome": "http_5xx"}, {"outcome": "timeout"}]
+    kinds = sc.errors_by_kind(reqs)
+    assert {k: v for k, v in kinds.items() if v} == {"queue_full": 1, "queue_wait_expired": 1, "http_429_other": 1,
+                                                     "http_5xx": 1, "client_timeout": 1}
+    brief = {"counts": {"total": 128, "ok": 128}, "kv_fragmentation": 0.01, "output_throughput_tok_s": 700.0,
+             "errors_by_kind": dict.fromkeys(sc.ERROR_KINDS, 0)}
+    fixed = {"counts": {"total": 128, "ok": 128}, "output_throughput_tok_s": 627.0}
+    lines = sc.brief_acceptance({"brief128": {"jaxinfer": brief}, "fixed": {"jaxinfer": fixed}})
+    assert [ln["pass"] for ln in lines] == [True, True, True]
+    assert [ln["pass"] for ln in sc.brief_acceptance({})] == [None, None, None]
+    assert "No request failed" in sc.errors_markdown({"brief128": {"jaxinfer": brief}})
+    md = sc.errors_markdown({"overload": {"jaxinfer": {"errors_by_kind": kinds}}})
+    assert "| overload | jaxinfer | 1 | 1 | 1 | 0 | 1 | 1 | 0 | 0 |" in md
