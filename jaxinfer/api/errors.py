@@ -7,7 +7,8 @@ Owns `APIError` and the exception handlers that map the rest onto it:
 | malformed body (FastAPI 422), `RequestError` | 400    | invalid_request_error |             |
 | missing / wrong API key                      | 401    | invalid_request_error | WWW-Authenticate |
 | unknown model, unknown route                 | 404    | invalid_request_error |             |
-| queue full, queue wait expired               | 429    | rate_limit_error      | Retry-After |
+| queue full / wait estimate over the bound    | 429    | rate_limit_error      | Retry-After |
+| queued past twice the bound (`queue_wait_expired`) | 429 | rate_limit_error | Retry-After |
 | warming up, draining, engine dead (new work) | 503    | service_unavailable   | Retry-After |
 | engine failed with the request in flight     | 500    | server_error          |             |
 | request deadline passed                      | 504    | timeout               |             |
@@ -118,7 +119,9 @@ def client_closed_error() -> APIError:
 
 
 def queue_wait_error(seconds: float | None, retry_after: float) -> APIError:
-    """HTTP 429 for a request that waited past the maximum queue wait without being admitted."""
+    """HTTP 429 ``queue_wait_expired`` for a queued request still unadmitted after ``seconds``
+    (`jaxinfer.api.config.ServerConfig.queue_wait_expiry`; None: not said); ``retry_after``
+    in seconds for the header."""
     waited = f" within {seconds:g} s" if seconds is not None else ""
     return APIError(429, f"the server is overloaded: the request was not admitted{waited}; retry later",
                     code="queue_wait_expired", retry_after=retry_after)
