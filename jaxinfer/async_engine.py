@@ -306,6 +306,7 @@ class AsyncEngine:
         try:
             engine = self._builder()
             self.ttft.slots = engine.config.scheduler.max_num_seqs * engine.config.parallel.data_parallel_size
+            self.ttft.full_tokens = engine.config.scheduler.max_num_batched_tokens
             with self._lock:
                 self.engine = engine
                 callbacks, self._ready_callbacks = self._ready_callbacks, None

@@ -22,7 +22,10 @@ estimate is
   slots, each waiting one takes the first slot to free and holds it for its own tokens,
   and the new request gets the next slot to free. Steps are converted to seconds with
   the measured wall time of a step that ran a full batch (every slot busy; a moving
-  average like the rate's). Before any full-batch step was measured that wait is
+  average like the rate's). A step that prefilled the whole token budget (``full_tokens``)
+  seeds that time before the first full-batch step (it costs at least as much as a decode
+  step of every slot, so the seed errs long): a cold-start flood, whose slots fill one
+  prompt per step, gets an estimate after one step. Before either that wait is
   unknown, ``inf``: a request beyond the slots then moves to a fallback that has room.
   Slots held back by KV memory are not modelled here (see running load).
 * **Measured prefill rate** (tokens/s): an exponentially weighted moving average, with
@@ -80,6 +83,10 @@ class TTFTEstimator:
         self._handed_tokens = 0  # sum of _handed
         self.rate: float | None = None  # prefill tokens / s; None before any prefill was measured
         self.full_step_s: float | None = None  # wall time of a step with every slot busy; None before one
+        # the per-step token budget: before a full-batch step, a step that prefilled this many
+        # tokens seeds full_step_s (its time bounds a decode step of all slots from above), so a
+        # cold-start flood has an estimate after its first step, not after every slot prefilled
+        self.full_tokens: int | None = None
         self._saturated_seen = False  # the moving average has started
 
     def on_handed(self, request_id: str, prompt_tokens: int, max_tokens: int | None = None) -> None:
@@ -138,6 +145,8 @@ class TTFTEstimator:
             if self.slots is not None and running is not None and running >= self.slots:
                 self.full_step_s = seconds if self.full_step_s is None else (
                     self.full_step_s + alpha * (seconds - self.full_step_s))
+            elif self.full_step_s is None and self.full_tokens and prefill_tokens >= self.full_tokens:
+                self.full_step_s = seconds  # the seed (see full_tokens); full-batch steps move it from here
             observed = prefill_tokens / seconds
             if self.pending_tokens - self._handed_tokens <= 0:  # unsaturated: a lower bound on the capacity
                 if prefill_tokens > 0 and observed > (self.rate or 0.0):

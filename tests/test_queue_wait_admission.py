@@ -93,3 +93,18 @@ def test_burst_that_drains_is_queued_and_flood_gets_fast_429():
                 assert int(r.headers["retry-after"]) >= 2 and seconds < 1.0  # refused at once, told the drain
         assert wait_until(lambda: parse_metrics(httpx.get(live.url + "/metrics").text)["jaxinfer_kv_blocks_free"]
                           == 256, 5)
+
+
+def test_a_full_budget_prefill_step_seeds_the_step_time():
+    """A cold-start flood fills the slots one prompt per step: the first step that prefilled
+    the whole budget gives the estimate its step time; full-batch steps move it from there."""
+    est = _busy(2, [10, 40, 5], step_s=None)
+    est.full_tokens = 512
+    est.on_step(0.4, 100, running=1)  # a partial prefill says nothing
+    assert est.queue_wait(1) is None
+    est.on_step(0.4, 512, running=1)
+    assert est.queue_wait(1) == pytest.approx(15 * 0.4)
+    est.on_step(0.8, 512, running=1)  # only the seed: later budget steps do not move it
+    assert est.full_step_s == pytest.approx(0.4)
+    est.on_step(0.2, 0, running=2)  # a full-batch step does
+    assert 0.2 < est.full_step_s < 0.4
