@@ -17,6 +17,9 @@ Scenarios (closed loop; prompts are random token ids; ``ignore_eos`` so lengths 
     defaults alone (no ``--max-num-seqs``, queue, KV or ``--jaxinfer-args`` flags), beside
     static batching (its usual flags, the default KV pool) and llama.cpp; its acceptance lines
     (issue 50): 0 failed requests, fragmentation <= 2%, output tok/s >= ``fixed``'s.
+  * ``flood1024`` (only when named): 1,024 clients, 512 / 256, jaxinfer on server defaults: far
+    beyond capacity, every request answered or refused at once with 429 + Retry-After (no
+    5xx, no client time-out), the KV pool idle after.
   * ``overload``: 4x the clients the KV pool holds, ``fixed``'s lengths, short queue.
   * ``priority``: ``sharegpt``'s lengths (varied lengths free slots one at a time; with
     fixed lengths every slot frees in the same step, and a queue policy can only pick the
@@ -307,7 +310,8 @@ def run_one(system: str, scen: Scenario, a, out: Path) -> tuple[dict, str]:
     rows = [(label, run["summary"])] + [(f"{label} {name}", c["summary"]) for name, c in run.get("classes", {}).items()]
     print(report.markdown_table(rows), flush=True)
     entry = {"concurrency": scen.clients, "command": display_command(cmd), **system_entry(run["summary"]),
-             "errors_by_kind": compare_scenarios.errors_by_kind(run["requests"]), "cpu_busy_before": busy_cpu}
+             "errors_by_kind": compare_scenarios.errors_by_kind(run["requests"]), "cpu_busy_before": busy_cpu,
+             **compare_scenarios.flood_fields(run["requests"], run["metadata"]["server_after"]["metrics"])}
     if "classes" in run:
         entry["classes"] = {name: {"priority": c["priority"], "concurrency": c["clients"],
                                    **system_entry(c["summary"])} for name, c in run["classes"].items()}

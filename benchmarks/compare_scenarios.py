@@ -41,7 +41,7 @@ class Scenario:
     def server_defaults(self) -> bool:
         """jaxinfer runs with ``server.py``'s defaults only (no sizing, queue or tuning flags):
         the design brief's scene as a new user meets it (issue 50)."""
-        return self.name == BRIEF
+        return self.name in (BRIEF, FLOOD)
 
     @property
     def same_kv_budget(self) -> bool:
@@ -57,10 +57,11 @@ class Scenario:
 
 
 BRIEF = "brief128"  # the design brief's scene: 128 clients, 512 / 256, jaxinfer with server defaults
-SCENARIOS = ("single", "fixed8", "fixed", "sharegpt", "c128", BRIEF, "overload", "priority", "priority-fcfs", "json8",
+FLOOD = "flood1024"  # 8x the brief's clients on server defaults: fast 429s, nothing else (run when named)
+SCENARIOS = ("single", "fixed8", "fixed", "sharegpt", "c128", BRIEF, FLOOD, "overload", "priority", "priority-fcfs", "json8",
              "grounded1", "degradation", "sampled")
 PRIORITY_SCENARIOS = ("priority", "priority-fcfs")  # the interactive / batch mix (benchmarks/priority_mix.py)
-DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s not in ("grounded1", "degradation", "sampled"))  # run when named
+DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s not in ("grounded1", "degradation", "sampled", FLOOD))  # run when named
 FALLBACK_NAME = "fallback"  # the served name of the degradation scenario's fallback model
 JSON8_MIN_ITEMS = 64
 JSON8_SCHEMA = {"type": "object", "properties": {"rows": {
@@ -100,6 +101,7 @@ def scenarios(a) -> dict[str, Scenario]:
                  ("jaxinfer", "jaxinfer-static")),
         Scenario(BRIEF, c128, c128, wl(num_requests=max(a.num_requests, c128), **fixed),
                  ("jaxinfer", "jaxinfer-static", "llamacpp")),
+        Scenario(FLOOD, 8 * c128, 8 * c128, wl(num_requests=8 * c128, **fixed), ("jaxinfer",)),
         Scenario("overload", 4 * a.concurrency, a.concurrency, wl(num_requests=2 * a.num_requests, **fixed),
                  ("jaxinfer", "jaxinfer-static")),
         Scenario("priority", 2 * a.concurrency, a.concurrency,
@@ -166,6 +168,17 @@ def errors_markdown(result_scenarios: dict) -> str:
     return "\n### Errors by kind\n\n" + "\n".join([head, "|" + "---|" * (len(ERROR_KINDS) + 2)] + rows) + "\n"
 
 
+def flood_fields(requests: list[dict], metrics_after: dict | None) -> dict:
+    """compare.json fields of a run for the flood's acceptance: 429s that carried no
+    ``Retry-After``, and whether the KV pool was idle when the load ended (every usable block
+    free; None when the server's metrics were not read)."""
+    free = (metrics_after or {}).get("jaxinfer_kv_blocks_free")
+    total = (metrics_after or {}).get("jaxinfer_kv_blocks_total")
+    return {"http_429_without_retry_after": sum(r["outcome"] == "http_429" and r.get("retry_after") is None
+                                                for r in requests),
+            "kv_idle_after": None if free is None or total is None else free == total}
+
+
 def brief_acceptance(result_scenarios: dict) -> list[dict]:
     """Issue 50's lines for the brief's scene (jaxinfer on server defaults): 0 failed requests,
     KV fragmentation <= 2%, output tok/s >= the 32-client (``fixed``) figure of the same run."""
@@ -180,6 +193,22 @@ def brief_acceptance(result_scenarios: dict) -> list[dict]:
               frag, 0.02, "max"),
              ("brief's scene, server defaults: output tok/s >= 32 clients'", "brief128/fixed output_throughput",
               ">= 1", ratio, 1.0, "min")]
-    return [{"line": text, "scenario": BRIEF, "quantity": qty, "target": target, "value": v,
-             "pass": None if v is None else (v >= t if kind == "min" else v <= t)}
-            for text, qty, target, v, t, kind in lines]
+    out = [{"line": text, "scenario": BRIEF, "quantity": qty, "target": target, "value": v,
+            "pass": None if v is None else (v >= t if kind == "min" else v <= t)}
+           for text, qty, target, v, t, kind in lines]
+    return out + _flood_acceptance(result_scenarios.get(FLOOD, {}).get("jaxinfer"))
+
+
+def _flood_acceptance(e: dict | None) -> list[dict]:
+    """Issue 50's flood lines: every request answered or refused with 429 + Retry-After (no
+    5xx, no client time-out or connection error), the KV pool idle after."""
+    kinds = (e or {}).get("errors_by_kind")
+    bad = None if kinds is None else (kinds["http_5xx"] + kinds["client_timeout"] + kinds["client_error"]
+                                      + kinds["stream_error"] + kinds["http_4xx"]
+                                      + e.get("http_429_without_retry_after", 0))
+    idle = None if e is None else e.get("kv_idle_after")
+    return [{"line": "flood (1,024 clients): no 5xx, time-out or 429 without Retry-After", "scenario": FLOOD,
+             "quantity": "jaxinfer other failures", "target": "<= 0", "value": bad,
+             "pass": None if bad is None else bad == 0},
+            {"line": "flood (1,024 clients): KV pool idle after", "scenario": FLOOD, "quantity": "jaxinfer kv_idle_after",
+             "target": "= 1", "value": None if idle is None else int(idle), "pass": idle}]

@@ -166,7 +166,10 @@ def test_compare_plan_selects_systems_per_scenario():
     runs = {s.name: systems for s, systems in compare.plan(compare.parse_args([]))}
     assert list(runs) == ["single", "fixed8", "fixed", "sharegpt", "c128", "brief128", "overload", "priority",
                           "priority-fcfs", "json8"]
-    assert runs["brief128"] == ["jaxinfer", "jaxinfer-static", "llamacpp"]
+    assert runs["brief128"] == ["jaxinfer", "jaxinfer-static", "llamacpp"] and "flood1024" not in runs
+    flood = compare.scenarios(compare.parse_args([]))["flood1024"]
+    assert (flood.clients, flood.workload.num_requests, flood.systems, flood.server_defaults) == (
+        1024, 1024, ("jaxinfer",), True)
     assert runs["json8"] == ["jaxinfer"]
     assert all("llamacpp" in runs[s] for s in ("single", "fixed8", "fixed"))
     assert all("jaxinfer-static" in runs[s] for s in ("fixed", "sharegpt", "c128"))
@@ -411,8 +414,16 @@ def test_errors_by_kind_and_brief_acceptance():
              "errors_by_kind": dict.fromkeys(sc.ERROR_KINDS, 0)}
     fixed = {"counts": {"total": 128, "ok": 128}, "output_throughput_tok_s": 627.0}
     lines = sc.brief_acceptance({"brief128": {"jaxinfer": brief}, "fixed": {"jaxinfer": fixed}})
-    assert [ln["pass"] for ln in lines] == [True, True, True]
-    assert [ln["pass"] for ln in sc.brief_acceptance({})] == [None, None, None]
+    assert [ln["pass"] for ln in lines] == [True, True, True, None, None]  # the flood was not run
+    assert [ln["pass"] for ln in sc.brief_acceptance({})] == [None] * 5
+    refused = [{"outcome": "http_429", "error": "queue_full", "retry_after": 41.0}] * 3
+    flood = {"errors_by_kind": sc.errors_by_kind(refused + reqs[:1]),
+             **sc.flood_fields(refused, {"jaxinfer_kv_blocks_free": 10.0, "jaxinfer_kv_blocks_total": 10.0})}
+    assert [ln["pass"] for ln in sc.brief_acceptance({"flood1024": {"jaxinfer": flood}})][3:] == [True, True]
+    flood = {"errors_by_kind": kinds, **sc.flood_fields(reqs, {"jaxinfer_kv_blocks_free": 9.0,
+                                                               "jaxinfer_kv_blocks_total": 10.0})}
+    lines = sc.brief_acceptance({"flood1024": {"jaxinfer": flood}})[3:]
+    assert [(ln["value"], ln["pass"]) for ln in lines] == [(5, False), (0, False)]  # 5xx, time-out, 3 x no Retry-After
     assert "No request failed" in sc.errors_markdown({"brief128": {"jaxinfer": brief}})
     md = sc.errors_markdown({"overload": {"jaxinfer": {"errors_by_kind": kinds}}})
     assert "| overload | jaxinfer | 1 | 1 | 1 | 0 | 1 | 1 | 0 | 0 |" in md
