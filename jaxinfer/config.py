@@ -30,6 +30,9 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
 # vLLM's CPU server default is 128 too. Slots beyond what the KV pool holds cost nothing:
 # the scheduler's KV watermark holds such requests back (docs/api.md, "Admission").
 DEFAULT_MAX_NUM_SEQS = 128
+# Static batching's default batch size stays 32: it reserves max_model_len of KV per member,
+# so 128 members of 4096 tokens would not fit the 4 GiB CPU pool and the rest would fail.
+DEFAULT_STATIC_BATCH = 32
 
 
 CPU_DTYPE_ENV_VAR = "JAXINFER_CPU_DTYPE"  # overrides what "auto" means on a CPU
@@ -118,7 +121,8 @@ class SchedulerConfig:
 
     Attributes:
       max_num_seqs: cap on running sequences per step (the sequence slots); None (the
-        default): `DEFAULT_MAX_NUM_SEQS`, or ``max_num_batched_tokens`` when that is smaller
+        default): `DEFAULT_MAX_NUM_SEQS` (static batching: `DEFAULT_STATIC_BATCH`), or
+        ``max_num_batched_tokens`` when that is smaller
         (a step holds one token per sequence). Resolved in ``__post_init__``: an int after.
       max_num_batched_tokens: per-step token budget (prefill chunks + decodes).
       max_model_len: prompt + output limit in tokens.
@@ -151,7 +155,8 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         if self.max_num_seqs is None and is_integer(self.max_num_batched_tokens):
-            object.__setattr__(self, "max_num_seqs", max(1, min(DEFAULT_MAX_NUM_SEQS, self.max_num_batched_tokens)))
+            default = DEFAULT_STATIC_BATCH if self.scheduler == "static" else DEFAULT_MAX_NUM_SEQS
+            object.__setattr__(self, "max_num_seqs", max(1, min(default, self.max_num_batched_tokens)))
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_queue_len"):
             _check_int(name, getattr(self, name))
         if self.prefill_budget_while_decoding is not None:

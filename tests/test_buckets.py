@@ -46,5 +46,6 @@ def test_default_slots_follow_the_token_budget():
     assert SchedulerConfig().max_num_seqs == DEFAULT_MAX_NUM_SEQS == 128
     assert SchedulerConfig(max_num_batched_tokens=64).max_num_seqs == 64  # a step holds one token per sequence
     assert SchedulerConfig(max_num_seqs=8).max_num_seqs == 8
+    assert SchedulerConfig(scheduler="static").max_num_seqs == 32  # reserves max_model_len per member
     with pytest.raises(ValueError):
         SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=128)
