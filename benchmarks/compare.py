@@ -56,21 +56,21 @@ Queues: every scenario but overload and degradation lets clients wait (``--timeo
 those keep a short queue (``--overload-queue-len``, ``--max-queue-wait``) so excess clients get 429.
 
 Servers. jaxinfer runs ``server.py`` with its defaults plus what a scenario needs:
-``--max-model-len`` (1024), ``--no-prefix-caching``, queue limits, ``--max-num-seqs`` = the
-clients the pool holds when that is more than ``--concurrency`` (c128), for overload and
-degradation (so excess clients queue for a slot, as those scenarios mean) and the priority
-mix (static batching: always, it is the batch size), and, where both jaxinfer modes run, the same ``--num-blocks`` for both: enough for
-the scenario's clients at its longest request (+ the null block). llama.cpp (built by
-`llamacpp_peer`, skipped with a printed reason if it cannot be built) gets ``-np`` = the
-scenario's clients, ``-c`` = clients x ``max_model_len`` and all CPU threads; requests to it
-carry ``cache_prompt: false`` (no prefix reuse). Every (scenario, system) gets a fresh server
-on 127.0.0.1, so the KV fragmentation gauge covers that scenario only (warm-up included).
+``--max-model-len`` (1024), ``--no-prefix-caching``, queue limits, ``--max-num-seqs`` = the clients the
+pool holds when that is more than ``--concurrency`` (c128), for overload and degradation (so
+excess clients queue for a slot, as those scenarios mean) and the priority mix (static batching:
+always, it is the batch size), and, where both jaxinfer modes run, the same ``--num-blocks`` for
+both: enough for the scenario's clients at its longest request (+ the null block). llama.cpp
+(built by `llamacpp_peer`, skipped with a printed reason if it cannot be built) gets ``-np`` =
+the scenario's clients, ``-c`` = clients x ``max_model_len`` and all CPU threads; requests to it
+carry ``cache_prompt: false`` (no prefix reuse). Every (scenario, system) gets a fresh server on
+127.0.0.1, so the KV fragmentation gauge covers that scenario only (warm-up included).
 
 Writes ``benchmarks/results/<date>-<device>/``: ``compare.json`` (per scenario and system:
 the command line, output_throughput_tok_s, ttft_ms / tpot_ms / itl_ms / e2el_ms with mean,
 p50, p95, p99, kv_fragmentation, request counts by outcome, ``errors_by_kind`` (429
-``queue_full`` / ``queue_wait_expired``, 4xx, 5xx, client time-out, ...), ``cpu_busy_before``: the share
-of the CPU other work used just before the server started, flagged in compare.md above
+``queue_full`` / ``queue_wait_expired``, 4xx, 5xx, client time-out, ...), ``cpu_busy_before``:
+the share of the CPU other work used just before the server started, flagged in compare.md above
 ``compare_report.BUSY_CPU``; then ``ratios`` and ``acceptance``, computed by
 `benchmarks/compare_report.py`), ``compare.md`` (README tables), per-run JSON /
 markdown / CDF plots under ``runs/``, one CDF plot per scenario, server logs under ``logs/``.

@@ -58,10 +58,11 @@ class Scenario:
 
 BRIEF = "brief128"  # the design brief's scene: 128 clients, 512 / 256, jaxinfer with server defaults
 FLOOD = "flood1024"  # 8x the brief's clients on server defaults: fast 429s, nothing else (run when named)
-SCENARIOS = ("single", "fixed8", "fixed", "sharegpt", "c128", BRIEF, FLOOD, "overload", "priority", "priority-fcfs", "json8",
-             "grounded1", "degradation", "sampled")
+SCENARIOS = ("single", "fixed8", "fixed", "sharegpt", "c128", BRIEF, FLOOD, "overload", "priority", "priority-fcfs",
+             "json8", "grounded1", "degradation", "sampled")
 PRIORITY_SCENARIOS = ("priority", "priority-fcfs")  # the interactive / batch mix (benchmarks/priority_mix.py)
-DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s not in ("grounded1", "degradation", "sampled", FLOOD))  # run when named
+# the others run when named
+DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s not in ("grounded1", "degradation", "sampled", FLOOD))
 FALLBACK_NAME = "fallback"  # the served name of the degradation scenario's fallback model
 JSON8_MIN_ITEMS = 64
 JSON8_SCHEMA = {"type": "object", "properties": {"rows": {
@@ -210,5 +211,6 @@ def _flood_acceptance(e: dict | None) -> list[dict]:
     return [{"line": "flood (1,024 clients): no 5xx, time-out or 429 without Retry-After", "scenario": FLOOD,
              "quantity": "jaxinfer other failures", "target": "<= 0", "value": bad,
              "pass": None if bad is None else bad == 0},
-            {"line": "flood (1,024 clients): KV pool idle after", "scenario": FLOOD, "quantity": "jaxinfer kv_idle_after",
-             "target": "= 1", "value": None if idle is None else int(idle), "pass": idle}]
+            {"line": "flood (1,024 clients): KV pool idle after", "scenario": FLOOD,
+             "quantity": "jaxinfer kv_idle_after", "target": "= 1", "value": None if idle is None else int(idle),
+             "pass": idle}]
