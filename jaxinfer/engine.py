@@ -406,9 +406,12 @@ class LLMEngine:
 
     def wake_time(self) -> float | None:
         """Earliest monotonic time a step may progress unprompted: a request's deadline or
-        queue-wait limit, or the static batch timeout; None if there is none."""
-        times = [t for r in self.requests.values() for t in (r.deadline, r.max_queue_wait_deadline)
-                 if t is not None]
+        queue-wait limit, or the static batch timeout; None if there is none. A queue-wait
+        limit already past belongs to a request holding a free slot (`Scheduler.expire` spares
+        it): no reason to wake, so not a time here (else the idle wait would spin)."""
+        now = time.monotonic()
+        times = [r.deadline for r in self.requests.values() if r.deadline is not None]
+        times += [t for r in self.requests.values() if (t := r.max_queue_wait_deadline) is not None and t > now]
         if self.scheduler.batch_deadline is not None:
             times.append(self.scheduler.batch_deadline)
         return min(times, default=None)

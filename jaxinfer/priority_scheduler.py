@@ -55,3 +55,7 @@ class PriorityScheduler(ContinuousScheduler):
     def _next_waiting(self) -> Request:
         """The smallest key (a preempted request keeps its priority and arrival)."""
         return min(self.waiting, key=self._key)
+
+    def waiting_in_order(self) -> list[Request]:
+        """Smallest key first: the order `_next_waiting` admits them in."""
+        return sorted(self.waiting, key=self._key)

@@ -145,12 +145,25 @@ class Scheduler(abc.ABC):
         request turned a burst of 64 away at 8 queued while 32 slots stood empty)."""
         return max(0, len(self.waiting) - self.free_slots)
 
+    def waiting_in_order(self) -> list[Request]:
+        """Waiting requests in the order they will be admitted (FIFO here)."""
+        return list(self.waiting)
+
     def expire(self, now: float) -> list[Request]:
-        """Finish requests past their deadline (TIMEOUT) and waiting ones past their
-        queue-wait limit (REJECTED); returns them."""
+        """Finish requests past their deadline (TIMEOUT) and queued ones past their
+        queue-wait limit (REJECTED); returns them.
+
+        Only requests beyond the `free_slots` count as queued: the first ``free_slots``
+        waiting ones have their slots and wait only for their turn at the per-step token
+        budget (a burst of 128 prompts of 512 tokens prefills one prompt per step), which
+        is no reason to turn them away (issue 50: on a busy 2-core CPU the last prompts of
+        such a burst were rejected while the slots stood ready for them)."""
+        holding = {id(r) for r in self.waiting_in_order()[:self.free_slots]}
         out = []
         for req in list(self.running) + list(self.waiting):
             reason = req.expiry_reason(now)
+            if reason == FinishReason.REJECTED and id(req) in holding:
+                continue
             if reason is not None:
                 self.finish(req, reason)
                 out.append(req)

@@ -91,9 +91,12 @@ def test_arrival_time_is_the_specs_never_later_than_now():
     assert now <= e.requests["future"].arrival_time <= taken and now <= e.requests["none"].arrival_time <= taken
     outputs = {o.request_id: o for o in e.step()}
     assert outputs["past"].metrics.first_token_time - outputs["past"].metrics.arrival_time >= 5.0
-    # the queue-wait bound counts from the arrival too: received 5 s ago with 3 s to wait, it is refused
-    e.add_requests([RequestSpec("late", [1, 2], SamplingParams(max_tokens=1), max_queue_wait=3.0,
-                                arrival_time=time.monotonic() - 5.0)])
+    # the queue-wait bound counts from the arrival too: received 5 s ago with 3 s to wait, behind
+    # requests holding every slot (one holding a free slot is never refused), it is refused
+    slots = e.config.scheduler.max_num_seqs
+    e.add_requests([RequestSpec(f"hold{i}", [1, 2], SamplingParams(max_tokens=1)) for i in range(slots)]
+                   + [RequestSpec("late", [1, 2], SamplingParams(max_tokens=1), max_queue_wait=3.0,
+                                  arrival_time=time.monotonic() - 5.0)])
     assert {o.request_id: o.outputs[0].finish_reason for o in e.step()}.get("late") == "rejected"
 
 

@@ -143,6 +143,20 @@ def test_deadline_and_queue_wait():
     assert out.finished == [a] and a.finish_reason == FinishReason.TIMEOUT and bm.num_free_blocks == 4
 
 
+def test_queue_wait_expires_only_beyond_the_free_slots():
+    """Requests that have a free slot but wait for their turn at the token budget (a burst of
+    prompts prefills one budget per step) are not queued: their queue-wait limit does not fire."""
+    s, bm = make(num_blocks=20, budget=16, max_seqs=2)
+    reqs = [req(i, 16, max_queue_wait_deadline=0.0) for i in range(3)]
+    for r in reqs:
+        s.add_request(r)
+    out = s.schedule(now=1.0)  # one 16-token prompt per step; 0 and 1 hold the two slots, 2 is queued
+    assert [r.request_id for r in out.finished] == ["2"] and reqs[2].finish_reason == FinishReason.REJECTED
+    s.update(out, [7] * len(out.scheduled))
+    out = s.schedule(now=2.0)
+    assert out.finished == [] and [r.request_id for r, _ in out.scheduled][-1] == "1"
+
+
 @pytest.mark.parametrize("kwargs", [dict(max_num_seqs=0), dict(max_num_batched_tokens=0), dict(max_model_len=1),
                                     dict(max_queue_len=-1), dict(batch_timeout_s=-1.0), dict(scheduler="fifo")])
 def test_scheduler_config_rejects_limits_that_never_schedule(kwargs):

@@ -117,11 +117,14 @@ def test_abort_and_timeout_keep_reservation_no_preemption():
 
 
 def test_queue_wait_expiry_rejects_waiting_request():
-    s, _ = make(max_seqs=4, timeout=10.0)
-    r = req("r", 3, max_queue_wait_deadline=T0 + 2)
+    """Beyond the batch's slots the queue-wait limit rejects; within them a request only waits
+    for its batch to form (``batch_timeout_s``) and is not turned away (issue 50)."""
+    s, _ = make(max_seqs=1, timeout=10.0)
+    held, r = req("held", 3, max_queue_wait_deadline=T0 + 2), req("r", 3, max_queue_wait_deadline=T0 + 2)
+    s.add_request(held)
     s.add_request(r)
     out = step(s, T0 + 2)
-    assert out.finished == [r] and r.finish_reason == FinishReason.REJECTED and out.scheduled == []
+    assert out.finished == [r] and r.finish_reason == FinishReason.REJECTED and ids(out) == [("held", 3)]
 
 
 def test_unknown_scheduler_name_rejected():
