@@ -108,3 +108,18 @@ def test_a_full_budget_prefill_step_seeds_the_step_time():
     assert est.full_step_s == pytest.approx(0.4)
     est.on_step(0.2, 0, running=2)  # a full-batch step does
     assert 0.2 < est.full_step_s < 0.4
+
+
+def test_a_burst_holding_free_slots_is_served_however_slow_its_prefill():
+    """Issue 50 measured: a burst of long prompts prefills one token budget per step, so with
+    slots free for all of it the last prompts waited past the queue-wait limit and got 429
+    queue_wait_expired. They hold their slots: every one is answered."""
+    engine = fake_engine(num_blocks=257, max_model_len=256, max_num_seqs=8, max_num_batched_tokens=16,
+                         max_queue_len=64, step_delay=0.05)
+    with running_app(engine, max_queue_wait=0.1) as (app, _), LiveServer(app) as live:
+        async def burst():
+            async with httpx.AsyncClient(base_url=live.url, timeout=60) as c:
+                return await asyncio.gather(*(c.post("/v1/completions", json={
+                    "prompt": list(range(400 + 16 * i, 416 + 16 * i)), "max_tokens": 2, "ignore_eos": True})
+                    for i in range(8)))  # 8 steps of prefill (> 2 x 0.1 s), 8 free slots
+        assert [r.status_code for r in asyncio.run(burst())] == [200] * 8
