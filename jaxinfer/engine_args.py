@@ -142,8 +142,9 @@ FLAGS: tuple[Flag, ...] = (
        help="reuse KV blocks of shared prompt prefixes (--no-prefix-caching turns it off)"),
     _F("--max-model-len", "scheduler", type=int, field="scheduler.max_model_len", llm="max_model_len",
        help="prompt + output tokens (default: min(4096, model context))"),
-    _F("--max-num-seqs", "scheduler", type=int, default=32, field="scheduler.max_num_seqs", llm="max_num_seqs",
-       help="sequences running at once"),
+    _F("--max-num-seqs", "scheduler", type=int, field="scheduler.max_num_seqs", llm="max_num_seqs",
+       help="sequences running at once (sequence slots; default: 128, static batching 32, or "
+            "--max-num-batched-tokens if smaller)"),
     _F("--max-num-batched-tokens", "scheduler", type=int, default=512, field="scheduler.max_num_batched_tokens",
        llm="max_num_batched_tokens", help="tokens per step (prefill + decode)"),
     _F("--prefill-budget-while-decoding", "scheduler", type=int, field="scheduler.prefill_budget_while_decoding",
@@ -176,7 +177,10 @@ FLAGS: tuple[Flag, ...] = (
     _F("--port", "server", type=int, default=8000, help="TCP port"),
     _F("--api-key", "server",
        help="require `Authorization: Bearer <key>` on /v1 (default: none, no authentication)"),
-    _F("--max-queue-wait", "server", type=float, default=30.0, help="seconds unadmitted before 429"),
+    _F("--max-queue-wait", "server", type=float, default=30.0, help=(
+        "bound in seconds on a request's estimated wait for a sequence slot: past it, 429 at once with "
+        "Retry-After = the estimate; a request queued beyond the free slots still waiting after twice "
+        "this gets 429 queue_wait_expired")),
     _F("--request-timeout", "server", type=float, help="per-request deadline in seconds (default: none)"),
     _F("--truncate-prompt", "server", default="none", choices=("none", "left"),
        help="over-long prompts: 400, or keep the last tokens"),
