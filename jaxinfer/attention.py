@@ -283,7 +283,12 @@ def _native_paged_attention(qg, k_cache, v_cache, layer, meta, plan, window=None
     live = plan.token_seq >= 0
     tables = meta.block_tables[jnp.clip(plan.token_seq, 0, R - 1)]  # [T, W]: each token's row's table
     ctx = jnp.where(live, meta.positions + 1, 0)
-    _, l, acc = native_attention.paged_context(qg, k_cache, v_cache, layer, tables, ctx, meta.positions, window)
+    if isinstance(k_cache, QuantKV):
+        pages = dict(k_cache=k_cache.values, v_cache=v_cache.values, k_scales=k_cache.scales, v_scales=v_cache.scales)
+    else:
+        pages = dict(k_cache=k_cache, v_cache=v_cache)
+    _, l, acc = native_attention.paged_context(qg, layer=layer, tables=tables, ctx_len=ctx, q_pos=meta.positions,
+                                               window=window, **pages)
     return acc / jnp.where(l > 0, l, 1.0)[..., None]
 
 

@@ -70,8 +70,8 @@ def _load() -> str | None:
             return why
     elif "avx512_bf16" not in flags:
         return "this CPU has neither AMX (amx_tile, amx_bf16) nor AVX-512 BF16 (avx512_bf16)"
-    why = native_build.register(SOURCE, "packed bfloat16 product", ENV_SWITCH,
-                                {TARGET: "JaxinferAmxGemm", GATED_TARGET: "JaxinferAmxGated"}, logger)
+    why = native_build.load_ffi(SOURCE, {TARGET: "JaxinferAmxGemm", GATED_TARGET: "JaxinferAmxGated"},
+                                what="packed bfloat16 product", env_switch=ENV_SWITCH, logger=logger, cpu_flags=flags)
     return why if why is not None else _smoke_test()
 
 

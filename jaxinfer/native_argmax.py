@@ -31,7 +31,8 @@ ENV_SWITCH = "JAXINFER_NATIVE_ARGMAX"  # "0" turns the loop off (jnp.argmax runs
 @functools.cache
 def _load() -> str | None:
     """Build (once per machine), load and register; returns None, or why not."""
-    return native_build.register(SOURCE, "CPU argmax", ENV_SWITCH, {TARGET: "JaxinferArgmax"}, logger)
+    return native_build.load_ffi(SOURCE, {TARGET: "JaxinferArgmax"}, what="CPU argmax", env_switch=ENV_SWITCH,
+                                 logger=logger)
 
 
 def available() -> bool:

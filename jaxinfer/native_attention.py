@@ -29,7 +29,6 @@ import jax
 import jax.numpy as jnp
 
 from jaxinfer import native_build
-from jaxinfer.kv_quant import QuantKV
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +48,8 @@ def supports(num_query_heads: int, head_dim: int, block_size: int) -> bool:
 @functools.cache
 def _load() -> str | None:
     """Build (once per machine), load and register the kernel; returns None, or why not."""
-    return native_build.register(SOURCE, "CPU paged-attention kernel", ENV_SWITCH,
-                                 {TARGET: "JaxinferPagedDecode", TARGET_8BIT: "JaxinferPagedDecode8bit"}, logger)
+    return native_build.load_ffi(SOURCE, {TARGET: "JaxinferPagedDecode", TARGET_8BIT: "JaxinferPagedDecode8bit"},
+                                 what="CPU paged-attention kernel", env_switch=ENV_SWITCH, logger=logger)
 
 
 def unavailable_reason() -> str | None:
@@ -66,18 +65,19 @@ def available() -> bool:
     return unavailable_reason() is None
 
 
-def paged_context(q, k_cache, v_cache, layer, tables, ctx_len, q_pos, window):
+def paged_context(q, k_cache, v_cache, layer, tables, ctx_len, q_pos, window, k_scales=None, v_scales=None):
     """Partial softmax of each query over the first ``ctx_len`` positions of its pages, by the
     C++ kernel (a "row" here is one query: a decode row, or one token of a prefill chunk).
 
     Args:
       q: [R, K, G, H] float32 queries (already scaled), one per row.
-      k_cache, v_cache: [L, NB, bs, K, H] float32, or uint16 bfloat16 bits, or 8-bit
-        `jaxinfer.kv_quant.QuantKV` caches (int8 / float8_e4m3fn values, bfloat16-bit scales
-        per token and KV head, applied to the scores and the probabilities).
+      k_cache, v_cache: [L, NB, bs, K, H] float32, or uint16 bfloat16 bits, or 8-bit values
+        (int8 / float8_e4m3fn) of an 8-bit cache.
       layer: [] int32. tables: [R, W] int32 block tables.
       ctx_len: [R] int32 cached context to read per row (0: none).
       q_pos: [R] int32 query positions. window: [] int32 sliding window, or None (full).
+      k_scales, v_scales: with 8-bit pages, their scales [L, NB, bs, K] uint16 (bfloat16 bits,
+        one per token and KV head, applied to the scores and the probabilities); else None.
 
     Returns:
       (max [R, K, G], sum [R, K, G], acc [R, K, G, H]) float32, the same pieces as
@@ -94,7 +94,6 @@ def paged_context(q, k_cache, v_cache, layer, tables, ctx_len, q_pos, window):
     window = jnp.int32(0) if window is None else jnp.asarray(window, jnp.int32)
     rest = (jnp.asarray(layer, jnp.int32), tables.astype(jnp.int32), ctx_len.astype(jnp.int32),
             q_pos.astype(jnp.int32), window)
-    if isinstance(k_cache, QuantKV):
-        return jax.ffi.ffi_call(TARGET_8BIT, out)(q.astype(jnp.float32), k_cache.values, v_cache.values,
-                                                  k_cache.scales, v_cache.scales, *rest)
+    if k_scales is not None:
+        return jax.ffi.ffi_call(TARGET_8BIT, out)(q.astype(jnp.float32), k_cache, v_cache, k_scales, v_scales, *rest)
     return jax.ffi.ffi_call(TARGET, out)(q.astype(jnp.float32), k_cache, v_cache, *rest)

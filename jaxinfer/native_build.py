@@ -5,8 +5,12 @@ the machine's C++ compiler (``$CXX``, else ``g++``/``c++``/``clang++``) against 
 headers that jaxlib ships (`jax.ffi.include_dir`), ``-O3 -march=native``, into
 ``~/.cache/jaxinfer/native/<stem>-<hash>.so`` (``$JAXINFER_NATIVE_DIR`` overrides the
 folder); the hash covers the source and the folder's headers, the flags, the compiler, JAX's version and the CPU's
-feature flags. Users: `jaxinfer.native_attention` (the paged-attention kernel) and
-`jaxinfer.native_gemv` (one-row bfloat16 products).
+feature flags. `load_ffi` is the one loader every kernel binding uses (`jaxinfer.native_attention`,
+`jaxinfer.native_gemv`, `jaxinfer.native_argmax`, `jaxinfer.native_amx`, `jaxinfer.native_int8`):
+the ``JAXINFER_NATIVE_*`` switch, the compiler, the cached build and the registration of its XLA
+FFI targets for CPU. It imports nothing else of jaxinfer: the CPU's flags come in as an
+argument (`jaxinfer.cpu_features.host_cpu_flags` where the caller has them; else read here, the
+same ``flags`` line, for the cache key only).
 """
 from __future__ import annotations
 
@@ -21,8 +25,6 @@ from pathlib import Path
 
 import jax
 import numpy as np
-
-from jaxinfer.cpu_features import host_cpu_flags
 
 NATIVE_DIR = Path(__file__).parent / "native"
 # -ffast-math's reassociation (what vectorizes the sums), spelled out without -ffast-math itself:
@@ -41,17 +43,32 @@ def compiler() -> str | None:
     return next((p for p in map(shutil.which, ("g++", "c++", "clang++")) if p), None)
 
 
-def _cpu_flags() -> str:
-    flags = host_cpu_flags()
+def _read_cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The first ``flags`` (x86) or ``Features`` (Arm) line of ``/proc/cpuinfo``, for the cache
+    key only (empty where unreadable); callers that have `jaxinfer.cpu_features.host_cpu_flags`
+    pass those instead."""
+    try:
+        text = Path(cpuinfo_path).read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def _cpu_key(cpu_flags: frozenset[str] | None) -> str:
+    flags = _read_cpu_flags() if cpu_flags is None else cpu_flags
     return " ".join(sorted(flags)) if flags else platform.processor()
 
 
-def library_path(source: Path, cxx: str) -> Path:
-    """Where the build of ``source`` by ``cxx`` is cached."""
+def library_path(source: Path, cxx: str, cpu_flags: frozenset[str] | None = None) -> Path:
+    """Where the build of ``source`` by ``cxx`` for a CPU with ``cpu_flags`` (None: this host's) is cached."""
     key = hashlib.sha256()
     headers = [h.read_bytes() for h in sorted(NATIVE_DIR.glob("*.h"))]  # included by the sources
     for part in (source.read_bytes(), *headers, " ".join(FLAGS).encode(), cxx.encode(), jax.__version__.encode(),
-                 _cpu_flags().encode()):
+                 _cpu_key(cpu_flags).encode()):
         key.update(part)
     folder = Path(os.environ.get("JAXINFER_NATIVE_DIR", Path.home() / ".cache" / "jaxinfer" / "native"))
     return folder / f"{source.stem}-{key.hexdigest()[:16]}.so"
@@ -74,36 +91,54 @@ def _build(cxx: str, source: Path, out: Path) -> None:
     os.replace(tmp, out)
 
 
-def load(source: Path, cxx: str, what: str, logger) -> ctypes.CDLL:
+def load(source: Path, cxx: str, what: str, logger, cpu_flags: frozenset[str] | None = None) -> ctypes.CDLL:
     """``source`` built once per machine (logged as building ``what``) and loaded.
 
     Raises:
       OSError: the library could not be loaded.
       RuntimeError: the compiler failed.
     """
-    path = library_path(source, cxx)
+    path = library_path(source, cxx, cpu_flags)
     if not path.exists():
         logger.info("building the %s: %s", what, path)
         _build(cxx, source, path)
     return ctypes.cdll.LoadLibrary(str(path))
 
 
-def register(source: Path, what: str, env_switch: str, targets: dict[str, str], logger) -> str | None:
-    """Build and load ``source`` and register its FFI handlers for CPU (``targets``: XLA target
-    name -> exported symbol); returns None, or why not (``$env_switch`` is "0", no compiler,
-    or the build or load failed), for the caller to fall back to XLA's own ops."""
+def load_ffi(source: str | Path, targets: dict[str, str], *, what: str, env_switch: str, logger,
+             cpu_flags: frozenset[str] | None = None) -> str | None:
+    """Build (once per machine) and load a C++ source and register its FFI handlers for CPU.
+
+    Args:
+      source: a stem of ``jaxinfer/native/`` ("argmax" is ``argmax.cc``), or a path.
+      targets: XLA custom-call target name -> the library's exported handler symbol.
+      what: the kernel's name in log lines and reasons.
+      env_switch: the ``JAXINFER_NATIVE_*`` variable; "0" turns the kernel off (read here only).
+      logger: where the build is logged.
+      cpu_flags: the CPU's feature flags for the cache key (None: read from ``/proc/cpuinfo``).
+
+    Returns:
+      None once every target is registered, else why not (the switch is "0", no compiler, or the
+      build or load failed), for the caller to fall back to XLA's own ops. Nothing is raised.
+    """
+    source = NATIVE_DIR / f"{source}.cc" if isinstance(source, str) else source
     if os.environ.get(env_switch, "1") == "0":
         return f"{env_switch}=0"
     cxx = compiler()
     if cxx is None:
         return "no C++ compiler found ($CXX, g++, c++, clang++)"
     try:
-        lib = load(source, cxx, what, logger)
+        lib = load(source, cxx, what, logger, cpu_flags)
         for target, symbol in targets.items():
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
     except (OSError, RuntimeError, AttributeError) as err:
         return f"the {what} did not build or load: {err}"
     return None
+
+
+def register(source: Path, what: str, env_switch: str, targets: dict[str, str], logger) -> str | None:
+    """`load_ffi` with positional arguments (the tests' and the benchmark probes' form)."""
+    return load_ffi(source, targets, what=what, env_switch=env_switch, logger=logger)
 
 
 def first_call(what: str, call, want: float) -> str | None:

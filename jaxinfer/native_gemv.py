@@ -35,8 +35,8 @@ MAX_ROWS = 2  # kMaxRows in bf16_gemv.cc
 @functools.cache
 def _load() -> str | None:
     """Build (once per machine), load and register both targets; returns None, or why not."""
-    return native_build.register(SOURCE, "CPU bfloat16 one-row product", ENV_SWITCH,
-                                 {TARGET_KN: "JaxinferBf16GemvKn", TARGET_NK: "JaxinferBf16GemvNk"}, logger)
+    return native_build.load_ffi(SOURCE, {TARGET_KN: "JaxinferBf16GemvKn", TARGET_NK: "JaxinferBf16GemvNk"},
+                                 what="CPU bfloat16 one-row product", env_switch=ENV_SWITCH, logger=logger)
 
 
 def available() -> bool:

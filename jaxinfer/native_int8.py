@@ -43,7 +43,8 @@ def _load() -> str | None:
     """Check the CPU, build (once per machine), load, register and try one product; None, or why not."""
     if not {"avx512_vnni", "avx512bw"} <= host_cpu_flags():
         return "this CPU has no AVX-512 VNNI (avx512_vnni, avx512bw)"
-    why = native_build.register(SOURCE, "int8 product", ENV_SWITCH, {TARGET: "JaxinferInt8Gemm"}, logger)
+    why = native_build.load_ffi(SOURCE, {TARGET: "JaxinferInt8Gemm"}, what="int8 product", env_switch=ENV_SWITCH,
+                                 logger=logger, cpu_flags=host_cpu_flags())
     return why if why is not None else _smoke_test()
 
 
