@@ -13,6 +13,7 @@ import math
 import os
 
 from jaxinfer.cpu_features import has_native_bf16
+from jaxinfer.layers.attention.registry import ATTENTION_BACKENDS
 from jaxinfer.model_config import ModelConfig  # noqa: F401 (re-export)
 from jaxinfer.sampling_params import is_integer
 from jaxinfer.spec_decode.config import SpeculativeConfig
@@ -22,7 +23,6 @@ BLOCK_SIZES = (8, 16, 32, 64, 128)  # accepted block sizes (each tested end to e
 DTYPES = ("auto", "float32", "bfloat16")
 QUANTIZATIONS = ("int8",)  # weight quantizations (--quantization; None: the dtype's float weights)
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")  # --kv-cache-dtype ("auto": the model dtype)
-ATTENTION_BACKENDS = ("xla", "pallas")  # --attention-backend (None: by platform)
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
 # Sequence slots when ``max_num_seqs`` is left unset: the design brief's scene (128 concurrent
 # clients) runs at once instead of in waves of 32, whose fourth wave waited past the queue
@@ -236,7 +236,7 @@ class EngineConfig:
     dtype: str = "float32"
     cache: CacheConfig = dataclasses.field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
-    attention_backend: str | None = None  # "xla" | "pallas"; None picks by platform
+    attention_backend: str | None = None  # a key of ATTENTION_BACKENDS ("xla", "pallas"); None picks by platform
     max_logprobs: int = 20
     max_logit_bias: int = 128
     seed: int = 0
@@ -258,7 +258,8 @@ class EngineConfig:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention_backend must be 'xla' or 'pallas', got {self.attention_backend!r}")
+            raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
+                             f"got {self.attention_backend!r}")
         if self.speculative is not None and self.scheduler.scheduler == "static":  # it reserves whole requests
             raise ValueError("speculative decoding needs the continuous scheduler (not --scheduler static)")
 

@@ -116,7 +116,7 @@ FLAGS: tuple[Flag, ...] = (
     _F("--quantization", "model", choices=QUANTIZATIONS, field="quantization", llm="quantization", help=(
         "int8: weights quantized to int8 with group scales (one per 64 inputs) as they load "
         "(docs/quantization.md; default: none)")),
-    _F("--attention-backend", "model", choices=ATTENTION_BACKENDS, field="attention_backend",
+    _F("--attention-backend", "model", choices=tuple(ATTENTION_BACKENDS), field="attention_backend",
        llm="attention_backend", help="default: pallas on GPU, xla elsewhere"),
     _F("--seed", "model", type=int, default=0, field="seed", llm="seed", help="seed of requests that give none"),
     _F("--max-logprobs", "model", type=int, default=20, field="max_logprobs",

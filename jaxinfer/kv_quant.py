@@ -1,9 +1,10 @@
 """The 8-bit KV cache (``--kv-cache-dtype int8|fp8``): its storage, the quantizing write
-and the dequantizing read, shared by both attention backends.
+and the dequantizing read, shared by both attention backends through
+`jaxinfer.layers.attention.kv_storage.KVStorage`.
 
 A quantized cache is a `QuantKV` pytree per K and per V: 8-bit ``values [L, NB, bs, K, H]``
 and one scale per token and KV head, ``scales [L, NB, bs, K]`` (bfloat16, held as its
-uint16 bits like a bfloat16 cache on CPU, see `jaxinfer.attention.kv_storage_dtype`).
+uint16 bits like a bfloat16 cache on CPU, see `jaxinfer.layers.attention.kv_storage.KVStorage`).
 Symmetric absmax quantization per (token, KV head), as in vLLM's per-token KV quantization
 and KIVI (Liu et al., 2024, "KIVI: a tuning-free asymmetric 2bit quantization for KV
 cache", whose key/value-per-token variant this is):
@@ -28,7 +29,7 @@ KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 SCALE_BITS = jnp.uint16  # bfloat16 scales held as their bits (in-place scatter on XLA:CPU)
 SCALE_BYTES = 2
 _QMAX = {"int8": 127.0, "fp8": 448.0}  # largest magnitude of int8 / float8_e4m3fn
-_STORE = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
+STORE_DTYPES = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn}  # the 8-bit values' dtype per kind
 
 
 @struct.dataclass
@@ -82,7 +83,7 @@ def kv_bytes_per_token_head(head_dim: int, kv_cache_dtype: str, itemsize: int) -
 
 def alloc(shape: tuple[int, ...], kind: str) -> QuantKV:
     """A zeroed cache of ``shape`` [L, NB, bs, K, H] (scales zero: reads as 0)."""
-    return QuantKV(jnp.zeros(shape, _STORE[kind]), jnp.zeros(shape[:-1], SCALE_BITS))
+    return QuantKV(jnp.zeros(shape, STORE_DTYPES[kind]), jnp.zeros(shape[:-1], SCALE_BITS))
 
 
 def quantize(x: jax.Array, kind: str) -> tuple[jax.Array, jax.Array]:
@@ -122,7 +123,7 @@ def as_stored(x: jax.Array, kind: str) -> jax.Array:
 
 def write(cache: QuantKV, layer: jax.Array, slot_mapping: jax.Array, new: jax.Array) -> QuantKV:
     """Quantize new K or V ``[T, K, H]`` and scatter values and scales at the slots
-    (one combined-index scatter each, as `jaxinfer.attention.write_kv`)."""
+    (one combined-index scatter each, as `jaxinfer.layers.attention.kv_storage.KVStorage.write`)."""
     bs = cache.values.shape[2]
     q, s = quantize(new, cache.kind)
     idx = (layer, slot_mapping // bs, slot_mapping % bs)
@@ -131,7 +132,8 @@ def write(cache: QuantKV, layer: jax.Array, slot_mapping: jax.Array, new: jax.Ar
 
 def gather_pages(cache: QuantKV, layer: jax.Array, blocks: jax.Array) -> jax.Array:
     """Dequantized pages ``blocks`` (any shape B) of ``layer`` -> float32 [*B, bs, K, H];
-    indexed by (layer, block) on the carried arrays (see `attention.gather_pages`)."""
+    indexed by (layer, block) on the carried arrays
+    (see `jaxinfer.layers.attention.kv_storage.KVStorage.gather_pages`)."""
     v = cache.values.at[layer, blocks].get(mode="promise_in_bounds")
     s = cache.scales.at[layer, blocks].get(mode="promise_in_bounds")
     return dequantize(v, s)

@@ -34,8 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer import kv_quant, native_amx, native_argmax, native_int8
-from jaxinfer.attention import AttentionBackend, AttentionMetadata, kv_storage_dtype
+from jaxinfer import native_amx, native_argmax, native_int8
+from jaxinfer.attention import AttentionMetadata, KVStorage, get_attention_backend, kv_storage_dtype
 from jaxinfer.batch import StepInputs
 from jaxinfer.buckets import Bucket
 from jaxinfer.config import ModelConfig
@@ -230,16 +230,15 @@ class ModelRunner:
         self.backend = backend
         self.max_logprobs = max_logprobs
         self.return_logits = return_logits
-        attention = AttentionBackend(backend, interpret=backend == "pallas" and jax.default_backend() == "cpu",
-                                     mesh=shardings[1].mesh if shardings else None,  # the KV cache's mesh
-                                     native=use_native_attention(backend, shardings, cfg, block_size))
+        attention = get_attention_backend(backend, interpret=jax.default_backend() == "cpu",
+                                          mesh=shardings[1].mesh if shardings else None,  # the KV cache's mesh
+                                          native=use_native_attention(backend, shardings, cfg, block_size))
         self.native_products = use_native_products(self.dtype, shardings, cfg)
         self.model = LlamaForCausalLM(cfg, attention, self.dtype, self.dtype, native_products=self.native_products)
         self.kv_cache_dtype = kv_cache_dtype
-        if shardings is not None and kv_cache_dtype != "auto":  # scales [L, NB, bs, K] split like the values
-            kv = shardings[1]
-            scale = jax.sharding.NamedSharding(kv.mesh, jax.sharding.PartitionSpec(*tuple(kv.spec)[:4]))
-            shardings = (shardings[0], kv_quant.QuantKV(kv, scale), shardings[2])
+        self.kv_storage = KVStorage.select(self.dtype, jax.default_backend(), kv_cache_dtype)  # the cache's format
+        if shardings is not None:  # an 8-bit cache's scales [L, NB, bs, K] split like the values
+            shardings = (shardings[0], self.kv_storage.sharding(shardings[1]), shardings[2])
         self.head = LMHead(cfg, self.dtype, self.dtype)
         self._shardings = shardings
         self._replicated = shardings[2] if shardings else None
@@ -288,10 +287,7 @@ class ModelRunner:
 
     def _alloc_cache(self):
         kv_sharding = self._shardings[1] if self._shardings else None
-        if self.kv_cache_dtype == "auto":
-            make = jax.jit(lambda: jnp.zeros(self.kv_shape, self.kv_dtype), out_shardings=kv_sharding)
-        else:
-            make = jax.jit(lambda: kv_quant.alloc(self.kv_shape, self.kv_cache_dtype), out_shardings=kv_sharding)
+        make = jax.jit(lambda: self.kv_storage.alloc(self.kv_shape), out_shardings=kv_sharding)
         return make(), make()
 
     def _unrolled(self, bucket: Bucket) -> bool:

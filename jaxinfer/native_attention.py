@@ -2,9 +2,10 @@
 registration as an XLA FFI target, and the jnp-side call.
 
 On one CPU device the XLA attention path hands every token to it
-(`jaxinfer.attention._native_paged_attention`): each query reads its row's pages up to its
-own position with an online softmax; a prompt chunk's consecutive queries share each page read. It was written for decode
-rows, whose context XLA:CPU read in several passes (a gather, a transpose, tiny batched dots;
+(`jaxinfer.layers.attention.xla._native_paged_attention`): each query reads its row's pages up
+to its own position with an online softmax; a prompt chunk's consecutive queries share each
+page read. It was written for decode rows, whose context XLA:CPU read in several passes (a
+gather, a transpose, tiny batched dots;
 at 32 rows and a context of ~640 that was ~270 ms of a ~350 ms decode step,
 `benchmarks/results/2026-12-01-cpu2-s3/`). Prefill tokens then still went through the jnp
 path's dense [T, T] scores, which grow with the square of the step's tokens: a 512-token
@@ -81,7 +82,7 @@ def paged_context(q, k_cache, v_cache, layer, tables, ctx_len, q_pos, window, k_
 
     Returns:
       (max [R, K, G], sum [R, K, G], acc [R, K, G, H]) float32, the same pieces as
-      `jaxinfer.attention._partial_softmax` (a row with no key gives (-inf, 0, 0)).
+      `jaxinfer.layers.attention.softmax.partial_softmax` (a row with no key gives (-inf, 0, 0)).
 
     Raises:
       RuntimeError: the kernel is not available (check `available` first).

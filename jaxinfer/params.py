@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer.attention import AttentionBackend, AttentionMetadata
+from jaxinfer.attention import AttentionMetadata, get_attention_backend
 from jaxinfer.config import ModelConfig
 from jaxinfer.models import registry
 
@@ -29,7 +29,7 @@ def _dummy_call_args(cfg: ModelConfig):
 
 
 def _boxed_init(cfg: ModelConfig, dtype: str, seed: int):
-    model = registry.decoder_class(cfg)(cfg, AttentionBackend(), jnp.dtype(dtype), jnp.dtype(dtype))
+    model = registry.decoder_class(cfg)(cfg, get_attention_backend("xla"), jnp.dtype(dtype), jnp.dtype(dtype))
     return model.init(jax.random.PRNGKey(seed), *_dummy_call_args(cfg))["params"]
 
 

@@ -2,16 +2,16 @@
 
 The host sends only the standard ragged step contract (`jaxinfer.step_metadata.AttentionMetadata`:
 ``query_start_loc``, ``kv_lens``, ``num_seqs``, ``block_tables``, ...). This module owns what
-`jaxinfer.attention.xla_paged_attention` additionally walks, the `XlaWorkPlan`, and
+`jaxinfer.layers.attention.xla.xla_paged_attention` additionally walks, the `XlaWorkPlan`, and
 `plan_xla_work`, the jnp function that computes it from the contract. The model computes it
-once per step, before its layer loop (`jaxinfer.models.llama.LlamaForCausalLM`), and every
-layer reads the same plan.
+once per step, before its layer loop (`jaxinfer.layers.attention.xla.XlaAttention.prepare`, called
+by `jaxinfer.models.llama.LlamaForCausalLM`), and every layer reads the same plan.
 
 Also the XLA path's tiling constants (`Q_CHUNK`, `GROUP_BLOCKS`, `GROUPS_PER_ITER`,
-`MIN_GROUPS_PER_ITER`), read by `jaxinfer.attention` at trace time, and the pytree registration
+`MIN_GROUPS_PER_ITER`), read by `jaxinfer.layers.attention.xla` at trace time, and the pytree registration
 of `AttentionMetadata` (the host-side `jaxinfer.step_metadata` imports no JAX).
 
-With the C++ kernel (`jaxinfer.attention.AttentionBackend.native`), attention reads only
+With the C++ kernel (`jaxinfer.layers.attention.xla.XlaAttention.native`), attention reads only
 ``token_seq``; the other lists serve the jnp path (small int32 work lists, built either way).
 
 The plan's array lengths follow the bucket only (T tokens, R rows, W table columns): the static

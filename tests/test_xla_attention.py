@@ -15,7 +15,7 @@ import pytest
 from helpers import register_source_variant
 from jaxinfer import batch as B
 from jaxinfer import native_attention
-from jaxinfer.attention import (AttentionBackend, AttentionMetadata, gather_pages, paged_attention, write_kv,
+from jaxinfer.attention import (AttentionMetadata, gather_pages, get_attention_backend, paged_attention, write_kv,
                                 xla_paged_attention)
 from jaxinfer.buckets import Bucket, BucketLadders
 from jaxinfer.cpu_features import host_cpu_flags
@@ -206,7 +206,7 @@ def test_xla_backend_refuses_a_step_without_its_work_plan():
     q, kv = jnp.zeros((1, K * G, H)), jnp.zeros((1, K, H))
     cache = jnp.zeros((L, nb, BS, K, H))
     with pytest.raises(ValueError, match="XlaWorkPlan"):
-        paged_attention(AttentionBackend("xla"), q, kv, kv, cache, cache, jnp.int32(0), meta, H ** -0.5)
+        paged_attention(get_attention_backend("xla"), q, kv, kv, cache, cache, jnp.int32(0), meta, H ** -0.5)
 
 
 @pytest.mark.skipif(not native_attention.available(), reason=str(native_attention.unavailable_reason()))

@@ -59,12 +59,12 @@ import jax
 import jax.numpy as jnp
 
 from jaxinfer import native_amx
-from jaxinfer.attention import AttentionBackend, AttentionMetadata, paged_attention
+from jaxinfer.attention import AttentionBackend, AttentionMetadata, XlaAttention, paged_attention
 from jaxinfer.config import ModelConfig
 from jaxinfer.models import cpu_bf16
 from jaxinfer.models.quant import QDenseGeneral, QEmbed
 from jaxinfer.models.rope import apply_rope, layer_rope_tables, select_rope
-from jaxinfer.xla_work_plan import XlaWorkPlan, plan_xla_work
+from jaxinfer.xla_work_plan import XlaWorkPlan
 
 _init = nn.initializers.normal(0.02)
 # Matmul operands in the model dtype (bf16 or f32), accumulation and output in float32:
@@ -271,15 +271,15 @@ class LlamaForCausalLM(nn.Module):
       [L, NB, bs, K, H]. logits_indices: [R] int32 rows of T whose logits are needed.
 
     Returns:
-      (logits [R, V] float32, k_cache, v_cache). On the XLA attention backend the step's
-      work lists (`jaxinfer.xla_work_plan.plan_xla_work`) are derived here from ``meta``,
-      once, before the layer loop. Applied with ``mutable=["intermediates"]``
+      (logits [R, V] float32, k_cache, v_cache). The attention backend's per-step
+      preparation (`AttentionBackend.prepare`; the XLA backend's work lists) is derived here
+      from ``meta``, once, before the layer loop. Applied with ``mutable=["intermediates"]``
       it also sows `HIDDEN`: the final-normed hidden states of all T tokens [T, D] float32,
       from which `LMHead` gives the logits of any token (prompt logprobs).
     """
 
     cfg: ModelConfig
-    attention: AttentionBackend = AttentionBackend()
+    attention: AttentionBackend = XlaAttention()
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
     scan_layers: bool = True
@@ -296,7 +296,7 @@ class LlamaForCausalLM(nn.Module):
         if c.scale_embeddings:
             x = x * jnp.float32(c.hidden_size ** 0.5)
         rope = layer_rope_tables(meta.positions, c)
-        plan = plan_xla_work(meta, k_cache.shape[2]) if self.attention.name == "xla" else None  # once per step
+        plan = self.attention.prepare(meta, k_cache.shape[2])  # once per step (the XLA backend's work lists)
         carry = (x, k_cache, v_cache, jnp.int32(0))
         if self.scan_layers:
             # bit-stored bfloat16 stacks (`cpu_bf16.weights_as_bits`) read as bfloat16 per layer
