@@ -18,8 +18,13 @@ GPU: compiled through Pallas's Triton lowering (``compiler_params`` of
 ``jax.experimental.pallas.triton``); every array the kernel touches is a power of
 two and every dot has M, N, K >= 16 as Triton requires. CPU: ``interpret=True``.
 
+The online softmax here is the kernel's own in-kernel form (finite ``MASK_VALUE`` instead of
+-inf, ``[R, 1]`` statistics, HIGHEST-precision dots on 2-D tiles), not the XLA path's
+`jaxinfer.layers.attention.softmax`: the kernel body must stay Triton-lowerable and this
+package imports nothing from jaxinfer; sharing it would change the compiled kernel.
+
 Sources: PagedAttention (Kwon et al., SOSP 2023); FlashAttention online softmax
-(Dao et al., 2022); ragged paged attention as in tpu-inference.
+(Dao et al., 2022; Milakov & Gimelshein 2018); ragged paged attention as in tpu-inference.
 """
 
 from __future__ import annotations
