@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jaxinfer.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, auto_dtype
 from jaxinfer.engine import LLMEngine
 from jaxinfer.model_runner import ModelRunner
+from jaxinfer.platform import resolve_plan
 from jaxinfer.warmup_progress import WarmupProgress
 
 logger = logging.getLogger(__name__)
@@ -179,8 +180,9 @@ def max_concurrency_at_full_length(num_blocks: int, block_size: int, watermark: 
     return max(0, usable) // math.ceil(max_model_len / block_size)
 
 
-def settings_line(config: EngineConfig, backend: str, num_blocks: int) -> str:
-    """The one start-up line of effective settings (``num_blocks`` per replica)."""
+def settings_line(config: EngineConfig, backend: str, num_blocks: int, plan=None) -> str:
+    """The one start-up line of effective settings (``num_blocks`` per replica; ``plan``: the
+    runner's `jaxinfer.platform.ExecutionPlan`, described at the end when given)."""
     sc, cc = config.scheduler, config.cache
     conc = max_concurrency_at_full_length(num_blocks, cc.block_size, cc.watermark, sc.max_model_len)
     par = config.parallel
@@ -192,7 +194,8 @@ def settings_line(config: EngineConfig, backend: str, num_blocks: int) -> str:
             f"backend={backend}{layout} "
             f"max_model_len={sc.max_model_len} max_num_seqs={sc.max_num_seqs} "
             f"max_num_batched_tokens={sc.max_num_batched_tokens} kv_blocks={num_blocks} "
-            f"(block_size {cc.block_size}, the null block included) max_concurrency_at_full_length={conc}")
+            f"(block_size {cc.block_size}, the null block included) max_concurrency_at_full_length={conc}"
+            + (f" plan: {plan.describe()}" if plan is not None else ""))
 
 
 def check_model_fits(config: EngineConfig, model_config: ModelConfig) -> None:
@@ -220,7 +223,10 @@ def enable_compilation_cache(path: str | None = None) -> None:
 
 
 def default_backend() -> str:
-    return "pallas" if jax.default_backend() == "gpu" else "xla"
+    """The attention backend when none is configured (`jaxinfer.platform.default_attention_backend`)."""
+    from jaxinfer.platform import default_attention_backend
+
+    return default_attention_backend(jax.default_backend())
 
 
 def load_model(config: EngineConfig, load_format: str = "auto", weights_dir: str = "weights"):
@@ -300,7 +306,7 @@ def apply_chat_template(tokenizer, spec: str | None):
 def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir: str = "weights",
                  model_config: ModelConfig | None = None, params=None, tokenizer=None,
                  use_tqdm: bool | None = None, draft_model_config: ModelConfig | None = None,
-                 draft_params=None) -> LLMEngine:
+                 draft_params=None, plan=None) -> LLMEngine:
     """Load (or take) weights and tokenizer, size the KV pool, build and warm up the engine.
 
     ``config.chat_template`` (``--chat-template``) replaces the tokenizer's chat template here.
@@ -314,6 +320,8 @@ def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir
       use_tqdm: a tqdm bar for the warm-up (None: only when stderr is a terminal).
       draft_model_config, draft_params: the speculative draft model, to skip loading it
         (tests; params None: random).
+      plan: the one-device runner's `jaxinfer.platform.ExecutionPlan` (tests pick a path with
+        ``dataclasses.replace`` of a resolved one); None: resolved by the runner.
 
     Raises:
       ValueError: a draft model with tensor or data parallelism (one device only).
@@ -338,7 +346,8 @@ def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir
         if draft is not None:
             raise ValueError("speculative decoding with a draft model runs on one device (no TP / DP yet)")
         engine = build_parallel_engine(config, model_config, params, tokenizer)
-        logger.info("%s", settings_line(config, backend, engine.describe().num_blocks))
+        desc = engine.describe()
+        logger.info("%s", settings_line(config, backend, desc.num_blocks, desc.plan))
         return engine
     if params is None:
         from jaxinfer.params import init_params
@@ -346,7 +355,8 @@ def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir
         params = init_params(model_config, config.dtype, seed=config.seed)
     return build_replica(config, model_config, jax.device_put(params), tokenizer,
                          progress=WarmupProgress(use_tqdm),
-                         on_planned=lambda n: logger.info("%s", settings_line(config, backend, n)), draft=draft)
+                         on_planned=lambda n, plan: logger.info("%s", settings_line(config, backend, n, plan)),
+                         draft=draft, plan=plan)
 
 
 def quantize_model(config: EngineConfig, model_config: ModelConfig, params):
@@ -368,7 +378,7 @@ def quantize_model(config: EngineConfig, model_config: ModelConfig, params):
 
 
 def build_replica(config: EngineConfig, model_config: ModelConfig, params, tokenizer, mesh=None, *,
-                  progress=None, on_planned=None, draft: dict | None = None, grammar=None) -> LLMEngine:
+                  progress=None, on_planned=None, draft: dict | None = None, grammar=None, plan=None) -> LLMEngine:
     """One engine (one replica) on one device or on a ``(data=1, model=tp)`` mesh: the KV
     pool sized per device (`plan_num_blocks`), the runner, warm-up if configured.
 
@@ -378,11 +388,13 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
       tokenizer: a `jaxinfer.tokenizer.Tokenizer` or None.
       mesh: the replica's mesh (`jaxinfer.sharding.replica_meshes`), or None for one device.
       progress: ``progress(done, total)`` for the warm-up (`WarmupProgress`), or None.
-      on_planned: called with the pool's block count once planned (the settings line).
+      on_planned: called with the pool's block count and the runner's execution plan once
+        planned (the settings line).
       draft: keyword arguments of `jaxinfer.spec_decode.draft_model.build_draft_proposer`
         beyond the engine's own (a draft model for speculative decoding), or None.
       grammar: a `jaxinfer.engine_protocol.SharedGrammar` shared with other replicas, or None.
     Multi-process: the runner is `jaxinfer.distributed.step_runner`'s (the leader's broadcasts).
+      plan: the runner's `jaxinfer.platform.ExecutionPlan`; None: `resolve_plan` (once, here).
     Raises:
       ValueError: the KV budget holds fewer than 2 blocks.
     """
@@ -404,12 +416,14 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
                     [d.id for d in mesh.devices.flat], weight_bytes / 2**30, why)
         shardings = (jax.tree.map(lambda x: x.sharding, params), sharding.kv_cache_sharding(model_config, mesh),
                      sharding.replicated(mesh))
+    plan = plan or resolve_plan(model_config, config.dtype, config.attention_backend,  # pallas: per TP shard
+                                block_size=config.cache.block_size, sharded=shardings is not None)
     if on_planned is not None:
-        on_planned(num_blocks)
-    backend = config.attention_backend or default_backend()  # pallas runs per TP shard (attention.py)
+        on_planned(num_blocks, plan)
+    backend = plan.attention
     runner = ModelRunner(model_config, params, num_blocks, config.cache.block_size, config.dtype, backend,
                          config.max_logprobs, config.return_logits, shardings=shardings,
-                         kv_cache_dtype=config.cache.kv_cache_dtype)
+                         kv_cache_dtype=config.cache.kv_cache_dtype, plan=plan)
     if jax.process_count() > 1:
         runner = distributed.step_runner(runner)
     factory = None

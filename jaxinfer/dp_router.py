@@ -111,7 +111,7 @@ class DataParallelRouter:
         self.tokenizer = engines[0].tokenizer
         first = engines[0].describe()
         self._description = EngineDescription(first.num_blocks, f"{len(engines)} replicas x {first.kv_cache}",
-                                              len(engines))
+                                              len(engines), first.plan)
         self.kv_cache_description = self._description.kv_cache
         self._owner: dict[str, int] = {}
         self._pool = ThreadPoolExecutor(max_workers=len(engines), thread_name_prefix="dp-replica")

@@ -234,7 +234,8 @@ class LLMEngine:
 
     def describe(self) -> EngineDescription:
         """The KV pool for the start-up log (`jaxinfer.engine_protocol.EngineDescription`)."""
-        return EngineDescription(self.block_manager.num_blocks, self.kv_cache_description)
+        return EngineDescription(self.block_manager.num_blocks, self.kv_cache_description,
+                                 plan=getattr(self.runner, "plan", None))
 
     def abort_request(self, request_id: str) -> None:
         """Finish a request now (client gone); its blocks are freed immediately. Unknown ids are ignored."""

@@ -87,11 +87,14 @@ class EngineDescription:
       kv_cache: one line on how the KV pool was sized (e.g. ``"5800 blocks x 0.70 MiB per
         device = 3.97 GiB (default CPU budget ...)"``), prefixed ``"N replicas x "`` by a router.
       replicas: data-parallel replicas behind the engine (1 for one `LLMEngine`).
+      plan: the runner's `jaxinfer.platform.ExecutionPlan` (every replica's alike), or None
+        when the runner has none (a test double).
     """
 
     num_blocks: int
     kv_cache: str
     replicas: int = 1
+    plan: object | None = None
 
 
 @runtime_checkable

@@ -15,7 +15,11 @@ step. The model step also returns the final hidden states of every packed token 
 call per token count T runs the LM head over them (`jaxinfer.models.llama.LMHead`, then
 `jaxinfer.sampler.prompt_logprobs`), read back with the sampled ids.
 
-Layer layouts (`jaxinfer.models.layer_layout`): on a CPU without packed weights (`use_native_amx`), buckets of
+Which implementation runs each part of the step (attention kernel, linear method, argmax, bit
+storage, unrolling) is the `jaxinfer.platform.ExecutionPlan` the runner is given or resolves
+once from its arguments; the runner reads nothing else to choose.
+
+Layer layouts (`jaxinfer.models.layer_layout`): on a CPU without packed weights (the plan's ``packed``), buckets of
 up to ``unroll_max_tokens`` tokens (a lone stream's decode step) run the layers unrolled over per-layer weight arrays,
 split from the stacked ones once here; every other bucket runs them under ``nn.scan`` over
 the stacked arrays, which compiles several times faster. Both give the same logits. The
@@ -26,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 import threading
 import time
 
@@ -34,51 +37,35 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer import native_amx, native_argmax, native_int8
+from jaxinfer import native_argmax
 from jaxinfer.attention import AttentionMetadata, KVStorage, get_attention_backend, kv_storage_dtype
 from jaxinfer.batch import StepInputs
 from jaxinfer.buckets import Bucket
 from jaxinfer.config import ModelConfig
+from jaxinfer.layers.linear import PACKED_COLLECTION, get_linear_method
 from jaxinfer.models import cpu_bf16
 from jaxinfer.models.layer_layout import unstack_layers
 from jaxinfer.models.llama import HIDDEN, LlamaForCausalLM, LMHead
+from jaxinfer.platform import ExecutionPlan, resolve_plan
 from jaxinfer.sampler import prompt_logprobs, sample
 from jaxinfer.step_metadata import SamplingMetadata
 
 logger = logging.getLogger(__name__)
 
-# Buckets of up to this many tokens run unrolled layers on CPU (module docstring): the
-# one-token step of a lone stream, where the scanned stack cost most there
-# (benchmarks/decode_probe.py). Other platforms scan: not measured there, and the per-layer
-# copy would take accelerator memory the KV planner does not count.
+# Buckets of up to `jaxinfer.platform.execution_plan.UNROLL_MAX_TOKENS` tokens (1) run unrolled
+# layers on CPU (module docstring): the one-token step of a lone stream, where the scanned stack
+# cost most there (benchmarks/decode_probe.py). Other platforms scan: not measured there, and the
+# per-layer copy would take accelerator memory the KV planner does not count.
 # ``JAXINFER_UNROLL_MAX_TOKENS=0`` (environment) scans every bucket: it saves the per-layer
 # copy (the layer weights' bytes once more) and the unrolled buckets' slower compiles
 # (~37 s of a cold warm-up of the default model), at a slower lone-stream decode step.
-# With packed weights (`use_native_amx`: AMX, or AVX-512 BF16) nothing unrolls by default: the
-# scanned step reads them in place for one row too (`jaxinfer.native_amx`). On the 2-core AMD
-# EPYC (AVX-512 BF16, no AMX) its lone-stream step matched the unrolled one over `native_gemv`
-# (11.6 / 13.2 against 11.7 / 13.0 ms, processes alternated; amx_gemm.cc's header). On the 2-core AMX CPU its lone-stream
-# decode step took 22-27 ms against 36-42 ms unrolled over per-layer arrays (SmolLM2-135M,
-# 128-token prompt, medians of 126 steps, 2 processes each, alternated); unrolled over the
-# packed weights it took 23-29 ms against 22-26 ms scanned, no better.
-UNROLL_MAX_TOKENS = 1
-UNROLL_ENV_VAR = "JAXINFER_UNROLL_MAX_TOKENS"
-
-
-def default_unroll_max_tokens(packed: bool = False) -> int:
-    """``unroll_max_tokens`` when the caller gives none: `UNROLL_ENV_VAR` if set, else 0 where
-    the step has AMX-packed weights (``packed``), `UNROLL_MAX_TOKENS` on other CPUs and 0 on
-    other platforms.
-
-    Raises:
-      ValueError: the variable is not a non-negative integer.
-    """
-    env = os.environ.get(UNROLL_ENV_VAR)
-    if env is None:
-        return UNROLL_MAX_TOKENS if jax.default_backend() == "cpu" and not packed else 0
-    if not env.strip().isdigit():
-        raise ValueError(f"{UNROLL_ENV_VAR}={env!r}: expected a non-negative integer")
-    return int(env)
+# With packed weights (the plan's ``packed``: AMX, AVX-512 BF16 or int8 VNNI) nothing unrolls by
+# default: the scanned step reads them in place for one row too (`jaxinfer.native_amx`). On the
+# 2-core AMD EPYC (AVX-512 BF16, no AMX) its lone-stream step matched the unrolled one over
+# `native_gemv` (11.6 / 13.2 against 11.7 / 13.0 ms, processes alternated; amx_gemm.cc's header).
+# On the 2-core AMX CPU its lone-stream decode step took 22-27 ms against 36-42 ms unrolled over
+# per-layer arrays (SmolLM2-135M, 128-token prompt, medians of 126 steps, 2 processes each,
+# alternated); unrolled over the packed weights it took 23-29 ms against 22-26 ms scanned, no better.
 
 # On one device the step's numpy inputs go straight into the compiled executables, whose
 # C++ call path copies them in: ``jax.device_put`` of the same ~18-35 small arrays first
@@ -150,55 +137,6 @@ def kv_cache_shape(cfg: ModelConfig, num_blocks: int, block_size: int) -> tuple[
     return (cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
 
 
-def use_native_attention(backend: str, shardings, cfg: ModelConfig, block_size: int) -> bool:
-    """Whether the XLA path's tokens read their pages through the C++ kernel
-    (`jaxinfer.native_attention`): on CPU, one device (no mesh: the custom call cannot be
-    split by the SPMD partitioner), shapes within the kernel's limits, and the kernel built.
-    Any cache dtype (float32, bfloat16 bits, int8, fp8)."""
-    from jaxinfer import native_attention
-
-    return (backend == "xla" and jax.default_backend() == "cpu" and shardings is None
-            and native_attention.supports(cfg.num_attention_heads, cfg.head_dim, block_size)
-            and native_attention.available())
-
-
-def use_native_products(dtype, shardings, cfg: ModelConfig) -> bool:
-    """Whether products of one or two rows run in the C++ loops of `jaxinfer.native_gemv`
-    (a lone stream's decode step): bfloat16 unquantized weights on CPU, one device (a custom
-    call has no sharding rule), and the loops built."""
-    from jaxinfer import native_gemv
-
-    return _one_cpu_bfloat16(dtype, shardings, cfg) and native_gemv.available()
-
-
-def use_native_amx(dtype, shardings, cfg: ModelConfig) -> bool:
-    """Whether products of every row count run over weights packed once (`jaxinfer.native_amx`):
-    bfloat16 unquantized weights on CPU, one device, a CPU with AMX or AVX-512 BF16 and the
-    kernel built."""
-    return _one_cpu_bfloat16(dtype, shardings, cfg) and native_amx.available()
-
-
-def use_native_int8(shardings, cfg: ModelConfig) -> bool:
-    """Whether an int8 model's products run over its int8 weights packed once
-    (`jaxinfer.native_int8`): ``--quantization int8`` on one CPU device (any compute dtype), a
-    CPU with AVX-512 VNNI and the kernel built."""
-    return (cfg.quantization == "int8" and jax.default_backend() == "cpu" and shardings is None
-            and native_int8.available())
-
-
-def use_native_argmax(shardings) -> bool:
-    """Whether each step's greedy ids come from the C++ argmax loop (`jaxinfer.native_argmax`):
-    on CPU, one device (a custom call has no sharding rule), any dtype, and the loop built."""
-    return jax.default_backend() == "cpu" and shardings is None and native_argmax.available()
-
-
-def _one_cpu_bfloat16(dtype, shardings, cfg: ModelConfig) -> bool:
-    """Unquantized bfloat16 weights on one CPU device: where the C++ products may run (a custom
-    call has no sharding rule)."""
-    return (jnp.dtype(dtype) == jnp.bfloat16 and cfg.quantization is None and jax.default_backend() == "cpu"
-            and shardings is None)
-
-
 class ModelRunner:
     """Runs bucketed steps of one model over its paged KV cache.
 
@@ -207,55 +145,52 @@ class ModelRunner:
       params: the ``params`` tree (arrays, already on device or numpy).
       num_blocks, block_size: KV pool geometry.
       dtype: compute/storage dtype name ("float32" | "bfloat16").
-      backend: "xla" or "pallas" ("xla" on one CPU device runs attention in the C++ kernel,
-        `use_native_attention`; a bfloat16 model on one CPU device runs its one- and two-row
-        products in C++ loops, `use_native_products`).
+      backend: "xla" or "pallas" (which kernels run within it is the plan's).
       max_logprobs: N of the top-N logprobs the step returns.
       return_logits: also return the [R, V] logits (tests/debugging).
       shardings: optional (param shardings, kv sharding, replicated) for a mesh.
       kv_cache_dtype: "auto" (the model dtype) or "int8" / "fp8": an 8-bit cache with
         per-token scales (`jaxinfer.kv_quant.QuantKV`; its scales shard with the values).
       unroll_max_tokens: buckets with at most this many tokens run the unrolled layers
-        over per-layer arrays (module docstring); 0: every bucket scans; None:
-        `default_unroll_max_tokens` (the environment, else `UNROLL_MAX_TOKENS` on a CPU
-        without packed weights).
+        over per-layer arrays (module docstring); 0: every bucket scans; None: the plan's
+        (the environment, else 1 on a CPU without packed weights).
+      plan: the `jaxinfer.platform.ExecutionPlan` (tests pass ``dataclasses.replace`` of a
+        resolved one); None: `jaxinfer.platform.resolve_plan` of these arguments. A given
+        ``unroll_max_tokens`` overrides the plan's.
     """
 
     def __init__(self, cfg: ModelConfig, params, num_blocks: int, block_size: int, dtype: str = "float32",
                  backend: str = "xla", max_logprobs: int = 20, return_logits: bool = False, shardings=None,
-                 kv_cache_dtype: str = "auto", unroll_max_tokens: int | None = None):
+                 kv_cache_dtype: str = "auto", unroll_max_tokens: int | None = None,
+                 plan: ExecutionPlan | None = None):
         CompileCounter.install()
         self.cfg = cfg
         self.dtype = jnp.dtype(dtype)
-        self.backend = backend
+        if plan is None:
+            plan = resolve_plan(cfg, self.dtype, backend, block_size=block_size, sharded=shardings is not None,
+                                unroll_max_tokens=unroll_max_tokens)
+        elif unroll_max_tokens is not None:
+            plan = dataclasses.replace(plan, unroll_max_tokens=unroll_max_tokens)
+        self.plan = plan
+        self.backend = plan.attention
         self.max_logprobs = max_logprobs
         self.return_logits = return_logits
-        attention = get_attention_backend(backend, interpret=jax.default_backend() == "cpu",
+        attention = get_attention_backend(plan.attention, interpret=plan.pallas_interpret,
                                           mesh=shardings[1].mesh if shardings else None,  # the KV cache's mesh
-                                          native=use_native_attention(backend, shardings, cfg, block_size))
-        self.native_products = use_native_products(self.dtype, shardings, cfg)
-        self.model = LlamaForCausalLM(cfg, attention, self.dtype, self.dtype, native_products=self.native_products)
+                                          native=plan.native_attention)
+        self.linear = get_linear_method(plan.linear, plan.linear_fallback)
+        self.model = LlamaForCausalLM(cfg, attention, self.dtype, self.dtype, linear=self.linear)
         self.kv_cache_dtype = kv_cache_dtype
-        self.kv_storage = KVStorage.select(self.dtype, jax.default_backend(), kv_cache_dtype)  # the cache's format
+        self.kv_storage = KVStorage.select(self.dtype, plan.platform, kv_cache_dtype)  # the cache's format
         if shardings is not None:  # an 8-bit cache's scales [L, NB, bs, K] split like the values
             shardings = (shardings[0], self.kv_storage.sharding(shardings[1]), shardings[2])
-        self.head = LMHead(cfg, self.dtype, self.dtype)
+        self.head = LMHead(cfg, self.dtype, self.dtype, linear=get_linear_method(plan.prompt_head))
         self._shardings = shardings
         self._replicated = shardings[2] if shardings else None
-        # packed copies of the weights for the scanned buckets' products (bfloat16 or int8)
-        self.amx = self._packed_variables(params, shardings)
-        self.unroll_max_tokens = (default_unroll_max_tokens(self.amx is not None) if unroll_max_tokens is None
-                                  else unroll_max_tokens)
         self.greedy_fast_path = True  # `greedy_only` steps skip the sampler executable (`execute`)
-        # The unrolled layout shares every leaf but the layers' with the stacked tree.
-        self.layer_params = unstack_layers(params, cfg.num_hidden_layers) if self.unroll_max_tokens > 0 else None
-        if self.amx:  # the scanned step reads the packed copies only: hold those weights once
-            params = native_amx.without_packed(params, self.amx)
-        if cpu_bf16.wants_bits(self.dtype, jax.default_backend()):  # the scanned stack's slices stay 16-bit
-            params = {**params, "layers": cpu_bf16.weights_as_bits(params["layers"])}
-        self.params = params
+        self._place_params(params)
         self.kv_shape = kv_cache_shape(cfg, num_blocks, block_size)
-        self.kv_dtype = kv_storage_dtype(self.dtype, jax.default_backend())
+        self.kv_dtype = kv_storage_dtype(self.dtype, plan.platform)
         self.k_cache, self.v_cache = self._alloc_cache()
         self._executables: dict[Bucket, object] = {}
         self._samplers: dict[int, object] = {}
@@ -265,25 +200,33 @@ class ModelRunner:
         # sharded: KV stays in its sharding across steps; logits gathered for the sampler
         rep = shardings[2] if shardings else None
         out = {} if shardings is None else {"out_shardings": (rep, rep, shardings[1], shardings[1], rep)}
-        self.native_argmax = use_native_argmax(shardings)
-        step = functools.partial(self._model_step, native_ids=self.native_argmax)
+        step = functools.partial(self._model_step, native_ids=plan.native_argmax)
         self._jitted = jax.jit(functools.partial(step, self.model), donate_argnums=(1, 2), **out)
-        unrolled = LlamaForCausalLM(cfg, attention, self.dtype, self.dtype, scan_layers=False,
-                                    native_products=self.native_products)
+        unrolled = LlamaForCausalLM(cfg, attention, self.dtype, self.dtype, scan_layers=False, linear=self.linear)
         self._jitted_unrolled = jax.jit(functools.partial(step, unrolled), donate_argnums=(1, 2), **out)
         self._jitted_head = jax.jit(self._prompt_step, **({} if shardings is None else {"out_shardings": shardings[2]}))
 
-    def _packed_variables(self, params, shardings) -> dict | None:
-        """The packed copies of the weights for the scanned buckets' products: bfloat16
-        (`use_native_amx`) or int8 (`use_native_int8`); None where neither kernel runs."""
-        if use_native_amx(self.dtype, shardings, self.cfg):
-            logger.info("products: bfloat16 weights packed once, jaxinfer/native/amx_gemm.cc (%s)",
-                        native_amx.instruction_set())
-            return native_amx.packed_variables(params, self.cfg)
-        if use_native_int8(shardings, self.cfg):
-            logger.info("products: int8 weights packed once, jaxinfer/native/int8_gemm.cc")
-            return native_int8.packed_variables(params, self.cfg)
-        return None
+    @property
+    def unroll_max_tokens(self) -> int:
+        """Buckets of at most this many tokens run the unrolled layers (the plan's)."""
+        return self.plan.unroll_max_tokens
+
+    @property
+    def native_argmax(self) -> bool:
+        """Whether greedy ids come from the C++ argmax loop (the plan's)."""
+        return self.plan.native_argmax
+
+    def _place_params(self, params) -> None:
+        """The step's weights, once: the linear method's packed copies (``self.amx``, None where it
+        packs nothing) with the stacked kernels they copy dropped, the unrolled layout's per-layer
+        arrays where buckets unroll, and the scanned stack as bits where the plan stores bfloat16
+        so (`cpu_bf16.weights_as_bits`)."""
+        scanned, self.amx = self.linear.process_weights_after_loading(params, self.cfg)
+        # The unrolled layout shares every leaf but the layers' with the stacked tree.
+        self.layer_params = unstack_layers(params, self.cfg.num_hidden_layers) if self.unroll_max_tokens > 0 else None
+        if self.plan.bf16_bits:  # the scanned stack's slices stay 16-bit
+            scanned = {**scanned, "layers": cpu_bf16.weights_as_bits(scanned["layers"])}
+        self.params = scanned
 
     def _alloc_cache(self):
         kv_sharding = self._shardings[1] if self._shardings else None
@@ -295,10 +238,10 @@ class ModelRunner:
 
     def _step_params(self, bucket: Bucket):
         """The variables of ``bucket``'s executable: its layout's ``params`` tree, and for a scanned
-        bucket the AMX-packed weights when there are (`use_native_amx`)."""
+        bucket the packed weights when there are (the plan's ``packed``)."""
         if self._unrolled(bucket):
             return {"params": self.layer_params}
-        return {"params": self.params, **({native_amx.COLLECTION: self.amx} if self.amx else {})}
+        return {"params": self.params, **({PACKED_COLLECTION: self.amx} if self.amx else {})}
 
     @staticmethod
     def _model_step(model, variables, k_cache, v_cache, token_ids, meta: AttentionMetadata, native_ids=False):

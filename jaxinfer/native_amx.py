@@ -1,6 +1,5 @@
 """Products against pre-packed bfloat16 weights on CPUs with Intel AMX or AVX-512 BF16
-(`jaxinfer/native/amx_gemm.cc`): the build, the FFI registration, the one-time packing of a
-model's weights and the jnp-side call. The packed layout is AMX's pair-interleaved B operand,
+(`jaxinfer/native/amx_gemm.cc`): the build, the FFI registration, the packed layout (`pack`) and the jnp-side calls. The packed layout is AMX's pair-interleaved B operand,
 which is also what VDPBF16PS multiplies, so one packing serves both: AMX CPUs (Sapphire Rapids
 on) run the tiles, CPUs with AVX-512 BF16 and no AMX (AMD Zen 4 on) the VDPBF16PS loops. Every
 row count goes through the kernel, one row (a lone decoding stream) too: those products
@@ -10,14 +9,15 @@ row-major loops of `native_gemv` (the kernel's header has the probes).
 XLA:CPU (jax 0.10.2) re-packs a bfloat16 weight for AMX on every call and, under the layer
 scan, copies each layer's slice out of the stacked weights first; the kernel reads weights
 packed once, at load, in place through the layer index (the kernel's header says more).
-`jaxinfer.models.llama` calls it for products of every row count when
-the runner passed the packed weights (an ``amx`` variable collection, `packed_variables`):
-a bfloat16 unquantized model on one CPU device whose CPU has AMX (``amx_bf16``) or AVX-512 BF16
-(``avx512_bf16``). The gated MLP's
+The ``amx_packed`` linear method (`jaxinfer.layers.linear_methods.amx_packed`, which packs a
+model's weights at load) calls it for products of every row count where the execution plan
+chose it: a bfloat16 unquantized model on one CPU device whose CPU has AMX (``amx_bf16``) or
+AVX-512 BF16 (``avx512_bf16``). The gated MLP's
 gate and up products run as one call that writes act(gate) * up in bfloat16 (`gated_matmul`).
 
-Built on first use by `jaxinfer.native_build`; with neither AMX nor AVX-512 BF16, no compiler, or
-``JAXINFER_NATIVE_AMX=0``, `available` says why and XLA's dot runs. The same switch keeps the
+Built on first use by `jaxinfer.native_build`; with neither AMX nor AVX-512 BF16 in the flags
+it is given, or no compiler, `available` says why and XLA's dot runs (the execution plan reads
+``JAXINFER_NATIVE_AMX=0`` and then does not ask). The same switch keeps the
 attention kernel's prefill runs off AMX (`jaxinfer.native_attention`, which reads it per call
 and asks Linux for the tile state itself).
 """
@@ -26,14 +26,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer import native_build, native_int8
-from jaxinfer.cpu_features import host_cpu_flags
+from jaxinfer import native_build
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +40,6 @@ GATED_TARGET = "jaxinfer_amx_gated"  # act(x wg) * (x wu) in one call (`gated_ma
 GATED_ACTS = {"silu": 0, "gelu_pytorch_tanh": 1}  # hidden_act -> the kernel's ``act`` attribute
 SOURCE = native_build.NATIVE_DIR / "amx_gemm.cc"
 ENV_SWITCH = "JAXINFER_NATIVE_AMX"  # "0" turns the kernel off (XLA's dot runs)
-COLLECTION = "amx"  # the variable collection of packed weights (`packed_variables`)
 MAX_K = 16384  # kMaxK in amx_gemm.cc
 AMX_FLAGS = frozenset({"amx_tile", "amx_bf16"})  # /proc/cpuinfo flags of the AMX path
 _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158
@@ -61,9 +58,9 @@ def _request_tiles() -> str | None:
 
 
 @functools.cache
-def _load() -> str | None:
-    """Check the CPU, ask for tile state, build (once per machine), load and register; None, or why not."""
-    flags = host_cpu_flags()
+def _load(flags: frozenset[str]) -> str | None:
+    """Check the CPU's ``flags``, ask for tile state, build (once per machine), load and register;
+    None, or why not."""
     if AMX_FLAGS <= flags:
         why = _request_tiles()
         if why is not None:
@@ -83,15 +80,17 @@ def _smoke_test() -> str | None:
                                                              jnp.int32(0), jnp.int32(1)), 16.0)
 
 
-def instruction_set() -> str:
-    """The products' instructions on this host: AMX tiles where the CPU has them, else
-    AVX-512 BF16's VDPBF16PS (the kernel is built with ``-march=native``, which picks the path)."""
-    return "AMX tiles" if AMX_FLAGS <= host_cpu_flags() else "AVX-512 BF16, VDPBF16PS"
+def instruction_set(flags: frozenset[str]) -> str:
+    """The products' instructions on a CPU with ``flags`` (/proc/cpuinfo's): AMX tiles where it
+    has them, else AVX-512 BF16's VDPBF16PS (the kernel is built with ``-march=native``, which
+    picks the path)."""
+    return "AMX tiles" if AMX_FLAGS <= flags else "AVX-512 BF16, VDPBF16PS"
 
 
-def available() -> bool:
-    """Whether the kernel can run here (checked, built and registered on first call)."""
-    why = _load()
+def available(flags: frozenset[str]) -> bool:
+    """Whether the kernel can run on a CPU with ``flags`` (`jaxinfer.cpu_features.host_cpu_flags`,
+    which the execution plan reads): checked, built and registered on first call."""
+    why = _load(frozenset(flags))
     if why is not None:
         logger.info("AMX bfloat16 products off (%s); XLA's dot is used", why)
     return why is None
@@ -157,11 +156,7 @@ def matmul(x, packed, layer, rows=None):
     ``x`` is cast to bfloat16, ``layer`` is an int32 scalar (traced or not). ``rows`` (int32
     scalar, traced or not; None: M): only x's first ``rows`` rows (clamped to [0, M]) are
     multiplied and the output's later rows are zeros, so that a step's padding tokens cost
-    nothing. Call only where `available` is True. An int8 ``packed`` (a dict,
-    `jaxinfer.native_int8.pack`) goes to `jaxinfer.native_int8.matmul` instead (its own
-    `available`)."""
-    if isinstance(packed, dict):  # int8 weights with group scales (`jaxinfer.native_int8.pack`)
-        return native_int8.matmul(x, packed, layer, rows)
+    nothing. Call only where `available` is True."""
     k, n = packed_shape_kn(packed)
     if x.ndim != 2 or x.shape[1] != k:
         raise ValueError(f"amx matmul: x {x.shape} does not contract with a packed [{k}, {n}] weight")
@@ -191,82 +186,3 @@ def gated_matmul(x, packed, layer, act: str, rows=None):
     out = jax.ShapeDtypeStruct((x.shape[0], n // 2), jnp.bfloat16)
     return jax.ffi.ffi_call(GATED_TARGET, out)(x.astype(jnp.bfloat16), packed, jnp.asarray(layer, jnp.int32),
                                                _rows(x, rows), act=np.int32(GATED_ACTS[act]))
-
-
-# The projections of `jaxinfer.models.llama` that take packed weights: (module path under
-# ``layers``, projection name, number of contracted kernel axes).
-_PROJECTIONS = (("attn", "q_proj", 1), ("attn", "k_proj", 1), ("attn", "v_proj", 1), ("attn", "o_proj", 2),
-                ("mlp", "gate_proj", 1), ("mlp", "up_proj", 1), ("mlp", "down_proj", 1))
-
-
-# Projections packed together as one product, by module: fused name -> its members, in the
-# order of the fused output's columns ("gate_up" interleaves its members' 16-column blocks,
-# `pack_gated`; "qkv" is `pack` of q's, k's and v's kernels side by side, in that order).
-FUSED = {"mlp": {"gate_up": ("gate_proj", "up_proj")}, "attn": {"qkv": ("q_proj", "k_proj", "v_proj")}}
-
-
-def _packed_as(module: str, name: str, have: dict) -> bool:
-    """Whether projection ``name`` of ``module`` has a packed copy in ``have`` (that module's
-    packed variables), alone or inside a fused product (`FUSED`)."""
-    from jaxinfer.models.llama import PACKED
-
-    return name + PACKED in have or any(fused + PACKED in have and name in members
-                                        for fused, members in FUSED.get(module, {}).items())
-
-
-def without_packed(params: dict, packed: dict) -> dict:
-    """``params`` without the layer kernels that ``packed`` (`packed_variables` of it) holds a
-    packed copy of, alone or in a fused product (`FUSED`): the scanned step reads only the packed
-    copy (`jaxinfer.models.llama`), so the stacked kernels were the weights' bytes held twice for
-    nothing. The int8 scales beside a dropped kernel go with it (`jaxinfer.native_int8`). Biases,
-    norms, the embedding and an untied ``lm_head`` (which the prompt-logprobs head reads) stay.
-    The input tree is not modified."""
-    layers = {module: dict(sub) for module, sub in params["layers"].items()}
-    for module, name, _ in _PROJECTIONS:
-        if _packed_as(module, name, packed["layers"].get(module, {})):
-            rest = {k: v for k, v in layers[module][name].items() if k not in ("kernel", "scale")}
-            if rest:
-                layers[module][name] = rest
-            else:
-                del layers[module][name]
-    return {**params, "layers": layers}
-
-
-def _as_kn(kernel, n_in: int) -> np.ndarray:
-    """A stacked projection kernel ``[L, *in, *out]`` as ``[L, K, N]`` (``n_in`` contracted axes)."""
-    kernel = np.asarray(kernel)
-    return kernel.reshape(kernel.shape[0], math.prod(kernel.shape[1:1 + n_in]), -1)
-
-
-def packed_variables(params: dict, cfg) -> dict:
-    """The `COLLECTION` variables of a stacked bfloat16 ``params`` tree (`jaxinfer.models.llama`'s
-    layout, unquantized): each layer projection's kernel ``[L, *in, *out]`` as ``[L, K, N]``
-    packed (`pack`), under ``layers/{attn,mlp}/<name>_packed``, and the LM head's ``[D, V]``
-    (the tied embedding transposed, or ``lm_head``) as ``lm_head_packed``. Projections whose
-    K or N is not a multiple of 32 are left out (XLA's dot runs them). The MLP's gate and up
-    kernels, where `gated_packable` and ``cfg.hidden_act`` is one of `GATED_ACTS`, are packed
-    together instead (`pack_gated`, ``layers/mlp/gate_up_packed``, for `gated_matmul`) and not
-    also one by one; so are q, k and v, as one ``[L, K, Nq + Nk + Nv]`` product where their
-    widths add up to a packable one (``layers/attn/qkv_packed``): a lone stream's step made
-    120 small calls of them (`FUSED`). Packed on the host, once; the runner then drops the stacked kernels that
-    have a packed copy (`without_packed`), so the weights are held once."""
-    from jaxinfer.models.llama import PACKED
-
-    layers = params["layers"]
-    out: dict = {"layers": {}}
-    gate, up = (np.asarray(layers["mlp"][name]["kernel"]) for name in ("gate_proj", "up_proj"))
-    if cfg.hidden_act in GATED_ACTS and gated_packable(*gate.shape[1:]):
-        out["layers"]["mlp"] = {"gate_up" + PACKED: jnp.asarray(pack_gated(gate, up))}
-    qkv = [_as_kn(layers["attn"][name]["kernel"], 1) for name in FUSED["attn"]["qkv"]]
-    if len({w.shape[1] for w in qkv}) == 1 and packable(qkv[0].shape[1], sum(w.shape[2] for w in qkv)):
-        out["layers"]["attn"] = {"qkv" + PACKED: jnp.asarray(pack(np.concatenate(qkv, axis=2)))}
-    for module, name, n_in in _PROJECTIONS:
-        if _packed_as(module, name, out["layers"].get(module, {})):
-            continue
-        w = _as_kn(layers[module][name]["kernel"], n_in)
-        if packable(*w.shape[1:]):
-            out["layers"].setdefault(module, {})[name + PACKED] = jnp.asarray(pack(w))
-    head = np.asarray(params["embed"]["embedding"]).T if cfg.tie_word_embeddings else np.asarray(params["lm_head"]["kernel"])
-    if packable(*head.shape):
-        out["lm_head" + PACKED] = jnp.asarray(pack(head[None]))
-    return out

@@ -1,6 +1,6 @@
 """Products against pre-packed int8 weights with group scales on CPUs with AVX-512 VNNI
 (`jaxinfer/native/int8_gemm.cc`, ``--quantization int8``): the build, the FFI registration, the
-one-time packing of an int8 model's weights and the jnp-side call.
+packed layout (`pack`) and the jnp-side call.
 
 XLA:CPU (jax 0.10.2) does not fuse the int8 -> float convert into its dot, so the int8 model
 (`jaxinfer.models.quant.qdot`) dequantizes every weight inside the step: it read more bytes per
@@ -8,15 +8,15 @@ token than the bfloat16 model. The kernel reads the int8 weights once, in place 
 and applies the group scales to its int32 sums (the kernel's header has the arithmetic).
 
 A packed weight is a dict ``{"w": int8 [L, N/16, K/32, 16, 16, 2], "s": float32 [L, K/64, N]}``
-(`pack`): `jaxinfer.native_amx`'s layout with int8 elements, and the scales as float32. It lives
-in the same variable collection as the bfloat16 packed weights (`native_amx.COLLECTION`), under the
-same names (`packed_variables`), and `native_amx.matmul` hands it here (`matmul`), so
-`jaxinfer.models.llama` needs no second path. Used for an int8 model on one CPU device whose
+(`pack`): `jaxinfer.native_amx`'s layout with int8 elements, and the scales as float32. The
+``int8_packed`` linear method (`jaxinfer.layers.linear_methods.int8_packed`) packs a model's
+weights at load and calls `matmul`. Used for an int8 model on one CPU device whose
 CPU has AVX-512 VNNI and BW (Intel Ice Lake / Sapphire Rapids, AMD Zen 4 on), at any row count
 and compute dtype.
 
-Built on first use by `jaxinfer.native_build`; without AVX-512 VNNI, no compiler, or
-``JAXINFER_NATIVE_INT8=0``, `available` says why and the int8 model runs `qdot` as before.
+Built on first use by `jaxinfer.native_build`; without AVX-512 VNNI in the flags it is given, or
+no compiler, `available` says why and the int8 model runs `qdot` (the execution plan reads
+``JAXINFER_NATIVE_INT8=0`` and then does not ask).
 """
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer import native_build
-from jaxinfer.cpu_features import host_cpu_flags
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +38,10 @@ GROUP = 64  # inputs per scale: kGroup in int8_gemm.cc, and `jaxinfer.models.qua
 
 
 @functools.cache
-def _load() -> str | None:
-    """Check the CPU, build (once per machine), load, register and try one product; None, or why not."""
-    if not {"avx512_vnni", "avx512bw"} <= host_cpu_flags():
+def _load(flags: frozenset[str]) -> str | None:
+    """Check the CPU's ``flags``, build (once per machine), load, register and try one product;
+    None, or why not."""
+    if not {"avx512_vnni", "avx512bw"} <= flags:
         return "this CPU has no AVX-512 VNNI (avx512_vnni, avx512bw)"
     why = native_build.load_ffi(SOURCE, {TARGET: "JaxinferInt8Gemm"}, what="int8 product", env_switch=ENV_SWITCH,
                                  logger=logger, cpu_flags=host_cpu_flags())
@@ -55,9 +55,10 @@ def _smoke_test() -> str | None:
         64.0)
 
 
-def available() -> bool:
-    """Whether the kernel can run here (checked, built and registered on first call)."""
-    why = _load()
+def available(flags: frozenset[str]) -> bool:
+    """Whether the kernel can run on a CPU with ``flags`` (`jaxinfer.cpu_features.host_cpu_flags`,
+    which the execution plan reads): checked, built and registered on first call."""
+    why = _load(frozenset(flags))
     if why is not None:
         logger.info("int8 products in C++ off (%s); XLA's dequantize-then-dot is used", why)
     return why is None
@@ -109,51 +110,3 @@ def matmul(x, packed: dict, layer, rows=None):
     rows = x.shape[0] if rows is None else rows
     return jax.ffi.ffi_call(TARGET, out)(x, packed["w"], packed["s"], jnp.asarray(layer, jnp.int32),
                                          jnp.asarray(rows, jnp.int32))
-
-
-def _as_kn(leaf: dict, n_in: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """A stacked int8 projection ``{"kernel": [L, *in, *out], "scale": ...}`` as ``(q [L, K, N],
-    s [L, K/64, N])``, or None when its groups are not `GROUP` inputs or the shape is not
-    `packable`."""
-    q, s = np.asarray(leaf["kernel"]), np.asarray(leaf["scale"], np.float32)
-    if q.shape[n_in] // s.shape[n_in] != GROUP:
-        return None
-    L = q.shape[0]
-    q, s = q.reshape(L, int(np.prod(q.shape[1:1 + n_in])), -1), s.reshape(L, int(np.prod(s.shape[1:1 + n_in])), -1)
-    return (q, s) if packable(q.shape[1], q.shape[2], GROUP) else None
-
-
-def packed_variables(params: dict, cfg) -> dict:
-    """The `native_amx.COLLECTION` variables of a stacked int8 ``params`` tree
-    (`jaxinfer.models.quant`'s layout): each layer projection as `pack` (q, s) under
-    ``layers/{attn,mlp}/<name>_packed``, q, k and v side by side as one product
-    (``layers/attn/qkv_packed``) where they share K, and the LM head (the tied int8 embedding
-    transposed, or ``lm_head``) as ``lm_head_packed``; the names of `native_amx.packed_variables`,
-    so `jaxinfer.models.llama` reads either. Gate and up stay two products (the gated epilogue is
-    the bfloat16 kernel's). Projections that do not fit (`packable`) are left to `quant.qdot`.
-    Packed on the host, once; `native_amx.without_packed` then drops the stacked int8 kernels and
-    scales that have a packed copy."""
-    from jaxinfer.models.llama import PACKED
-    from jaxinfer.native_amx import FUSED, _PROJECTIONS
-
-    layers = params["layers"]
-    out: dict = {"layers": {}}
-    qkv = [_as_kn(layers["attn"][name], 1) for name in FUSED["attn"]["qkv"]]
-    if all(p is not None for p in qkv) and len({p[0].shape[1] for p in qkv}) == 1:
-        out["layers"]["attn"] = {"qkv" + PACKED: pack(np.concatenate([p[0] for p in qkv], axis=2),
-                                                      np.concatenate([p[1] for p in qkv], axis=2))}
-    for module, name, n_in in _PROJECTIONS:
-        if module == "attn" and name in FUSED["attn"]["qkv"] and "attn" in out["layers"]:
-            continue
-        kn = _as_kn(layers[module][name], n_in)
-        if kn is not None:
-            out["layers"].setdefault(module, {})[name + PACKED] = pack(*kn)
-    if cfg.tie_word_embeddings:
-        emb = params["embed"]
-        head = {"kernel": np.asarray(emb["embedding"]).T[None], "scale": np.asarray(emb["scale"]).T[None]}
-    else:
-        head = {k: np.asarray(v)[None] for k, v in params["lm_head"].items()}
-    kn = _as_kn(head, 1)
-    if kn is not None:
-        out["lm_head" + PACKED] = pack(*kn)
-    return out

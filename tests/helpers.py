@@ -154,17 +154,36 @@ def post_completions_at_once(url: str, clients: int, max_tokens: int, join_s: fl
     return results, threads
 
 
-def tiny_bf16_llm(hidden_act: str = "silu"):
+def resolved_plan(cfg, dtype: str, plan=None, **changes):
+    """``plan`` (a function of the resolved `jaxinfer.platform.ExecutionPlan`, or None) applied
+    to the plan the engine would resolve for ``cfg`` and ``dtype`` on one device, then
+    ``dataclasses.replace``'d with ``changes``: how a test picks a path."""
+    from jaxinfer.config import BLOCK_SIZE
+    from jaxinfer.platform import resolve_plan
+
+    resolved = resolve_plan(cfg, dtype, "xla", block_size=BLOCK_SIZE)
+    return dataclasses.replace(plan(resolved) if plan else resolved, **changes)
+
+
+def unpacked(plan):
+    """``plan`` without its packed linear method: the method it falls back to runs everything
+    (as on a CPU without AMX, AVX-512 BF16 or VNNI)."""
+    return dataclasses.replace(plan, linear=plan.linear_fallback or plan.linear, linear_fallback=None,
+                               instruction_set=None)
+
+
+def tiny_bf16_llm(hidden_act: str = "silu", plan=None, **changes):
     """A tiny random bfloat16 model (tied head, dims multiples of 32, MLP gate ``hidden_act``) that
-    returns each step's logits: for tests that compare a C++ product path against XLA's (patch the
-    runner's switch first)."""
+    returns each step's logits: for tests that compare a C++ product path against XLA's (``plan``
+    and ``changes`` pick the path, `resolved_plan`)."""
     from jaxinfer import LLM
     from jaxinfer.params import init_params
 
     cfg = dataclasses.replace(tiny_config(vocab=256, hidden=64, layers=2, inter=96, tied=True), hidden_act=hidden_act)
     return LLM("tiny", dtype="bfloat16", max_model_len=128, max_num_seqs=4, max_num_batched_tokens=32,
                num_blocks=64, model_config=cfg, params=init_params(cfg, "bfloat16", seed=1), tokenizer=None,
-               warmup=False, enable_prefix_caching=False, return_logits=True)
+               warmup=False, enable_prefix_caching=False, return_logits=True,
+               plan=resolved_plan(cfg, "bfloat16", plan, **changes))
 
 
 def register_source_variant(source, first_lines: str, name: str, env_switch: str, targets: dict[str, str]):

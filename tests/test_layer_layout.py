@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from helpers import tiny_config
 
-from jaxinfer import LLM, SamplingParams, model_runner, sharding
+from jaxinfer import LLM, SamplingParams, sharding
+from jaxinfer.platform import execution_plan
 from jaxinfer.models.layer_layout import unstack_layers
 from jaxinfer.params import init_params
 
@@ -54,7 +55,7 @@ def test_unstacked_layers_keep_their_tensor_parallel_axes():
 
 
 def _generate(unroll: int, monkeypatch):
-    monkeypatch.setenv(model_runner.UNROLL_ENV_VAR, str(unroll))
+    monkeypatch.setenv(execution_plan.UNROLL_ENV_VAR, str(unroll))
     llm = LLM("tiny", model_config=CFG, params=init_params(CFG, seed=0, scale=8.0), tokenizer=None,
               max_model_len=64, max_num_seqs=4, max_num_batched_tokens=32, num_blocks=24, warmup=False,
               return_logits=True, enable_prefix_caching=False)
@@ -73,15 +74,14 @@ def test_unrolled_decode_step_matches_the_scanned_one(monkeypatch):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
 
 
-def test_unroll_default_comes_from_the_environment(monkeypatch):
-    monkeypatch.delenv(model_runner.UNROLL_ENV_VAR, raising=False)
-    assert model_runner.default_unroll_max_tokens() == model_runner.UNROLL_MAX_TOKENS == 1  # CPU default
-    assert model_runner.default_unroll_max_tokens(packed=True) == 0  # AMX-packed weights serve one row scanned
-    monkeypatch.setenv(model_runner.UNROLL_ENV_VAR, "0")
-    assert model_runner.default_unroll_max_tokens() == 0
-    monkeypatch.setenv(model_runner.UNROLL_ENV_VAR, "1")
-    assert model_runner.default_unroll_max_tokens(packed=True) == 1  # the environment wins
+def test_unroll_default_comes_from_the_environment():
+    """`execution_plan.unroll_from_env` is a function of the environment it is given."""
+    env, unroll = execution_plan.UNROLL_ENV_VAR, execution_plan.unroll_from_env
+    assert unroll({}, "cpu", packed=False) == execution_plan.UNROLL_MAX_TOKENS == 1  # CPU default
+    assert unroll({}, "cpu", packed=True) == 0  # packed weights serve one row scanned
+    assert unroll({}, "gpu", packed=False) == 0
+    assert unroll({env: "0"}, "cpu", packed=False) == 0
+    assert unroll({env: "1"}, "cpu", packed=True) == 1  # the environment wins
     for bad in ("-1", "one", ""):
-        monkeypatch.setenv(model_runner.UNROLL_ENV_VAR, bad)
         with pytest.raises(ValueError, match="non-negative integer"):
-            model_runner.default_unroll_max_tokens()
+            unroll({env: bad}, "cpu", packed=False)

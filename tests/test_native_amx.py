@@ -9,12 +9,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import register_source_variant, tiny_bf16_llm, tiny_config
-from jaxinfer import SamplingParams, model_runner, native_amx
+from helpers import register_source_variant, tiny_bf16_llm, tiny_config, unpacked
+from jaxinfer import SamplingParams, native_amx
 from jaxinfer.cpu_features import host_cpu_flags
+from jaxinfer.layers.linear_methods.amx_packed import packed_variables
+from jaxinfer.layers.linear_methods.packed import without_packed
 from jaxinfer.params import init_params
 
-needs_amx = pytest.mark.skipif(not native_amx.available(), reason=f"packed-product kernel off: {native_amx._load()}")
+needs_amx = pytest.mark.skipif(not native_amx.available(host_cpu_flags()),
+                               reason=f"packed-product kernel off: {native_amx._load(host_cpu_flags())}")
 _DPBF16 = {native_amx.TARGET: "jaxinfer_test_dpbf16_gemm", native_amx.GATED_TARGET: "jaxinfer_test_dpbf16_gated"}
 
 
@@ -195,8 +198,10 @@ def test_kernel_errors_are_clean():
 
 
 def _tiny_llm(native: bool, monkeypatch, hidden_act: str = "silu"):
-    monkeypatch.setattr(model_runner, "use_native_amx", lambda *a: native)
-    return tiny_bf16_llm(hidden_act)
+    """The tiny model with the packed method the plan resolves here (``native``), or without it."""
+    llm = tiny_bf16_llm(hidden_act, plan=None if native else unpacked)
+    assert (llm.engine.runner.plan.linear == "amx_packed") is native
+    return llm
 
 
 @needs_amx
@@ -239,7 +244,7 @@ def test_packed_variables_cover_every_projection_and_the_head(monkeypatch):
     for tied in (True, False):
         cfg = tiny_config(vocab=256, hidden=64, layers=2, inter=96, tied=tied)
         params = init_params(cfg, "bfloat16", seed=0)
-        tree = native_amx.packed_variables(params, cfg)
+        tree = packed_variables(params, cfg)
         assert set(tree["layers"]["attn"]) == {"qkv_packed", "o_proj_packed"}
         attn = params["layers"]["attn"]
         side_by_side = np.concatenate([np.asarray(attn[n]["kernel"]).reshape(2, 64, -1) for n in ("q_proj", "k_proj", "v_proj")], 2)
@@ -251,16 +256,16 @@ def test_packed_variables_cover_every_projection_and_the_head(monkeypatch):
         assert tree["layers"]["mlp"]["down_proj_packed"].shape == (2, 64 // 16, 96 // 32, 16, 16, 2)
         assert tree["lm_head_packed"].shape == (1, 256 // 16, 64 // 32, 16, 16, 2)
     cfg = tiny_config(vocab=256, hidden=64, layers=2, inter=80, tied=True)
-    tree = native_amx.packed_variables(init_params(cfg, "bfloat16", seed=0), cfg)
+    tree = packed_variables(init_params(cfg, "bfloat16", seed=0), cfg)
     assert set(tree["layers"]["mlp"]) == {"gate_up_packed"}
     cfg = tiny_config(vocab=256, hidden=64, layers=2, inter=72, tied=True)
-    assert "mlp" not in native_amx.packed_variables(init_params(cfg, "bfloat16", seed=0), cfg)["layers"]
+    assert "mlp" not in packed_variables(init_params(cfg, "bfloat16", seed=0), cfg)["layers"]
     cfg = tiny_config(vocab=256, hidden=64, layers=2, heads=8, kv_heads=1, inter=96)  # q 64 wide, k and v 8
-    assert set(native_amx.packed_variables(init_params(cfg, "bfloat16", seed=0), cfg)["layers"]["attn"]) == {
+    assert set(packed_variables(init_params(cfg, "bfloat16", seed=0), cfg)["layers"]["attn"]) == {
         "q_proj_packed", "o_proj_packed"}
     monkeypatch.setattr(native_amx, "GATED_ACTS", {"gelu_pytorch_tanh": 1})  # the tiny config's SiLU left out
     cfg = tiny_config(vocab=256, hidden=64, layers=2, inter=96, tied=True)
-    tree = native_amx.packed_variables(init_params(cfg, "bfloat16", seed=0), cfg)
+    tree = packed_variables(init_params(cfg, "bfloat16", seed=0), cfg)
     assert set(tree["layers"]["mlp"]) == {"gate_proj_packed", "up_proj_packed", "down_proj_packed"}
 
 
@@ -272,7 +277,7 @@ def test_without_packed_drops_only_what_has_a_packed_copy():
     cfg = tiny_config(vocab=256, hidden=64, layers=2, inter=80, tied=False)
     params = init_params(cfg, "bfloat16", seed=0)
     before = jax.tree.structure(params)
-    kept = native_amx.without_packed(params, native_amx.packed_variables(params, cfg))
+    kept = without_packed(params, packed_variables(params, cfg))
     assert jax.tree.structure(params) == before
     assert set(kept["layers"]["mlp"]) == {"down_proj"}
     assert not any(k.endswith("_proj") for k in kept["layers"]["attn"])
@@ -281,11 +286,11 @@ def test_without_packed_drops_only_what_has_a_packed_copy():
     assert norms and all(kept["layers"][k]["scale"] is params["layers"][k]["scale"] for k in norms)
     cfg = tiny_config(vocab=256, hidden=64, layers=2, inter=72, tied=True)  # no MLP weight packable
     params = init_params(cfg, "bfloat16", seed=0)
-    kept = native_amx.without_packed(params, native_amx.packed_variables(params, cfg))
+    kept = without_packed(params, packed_variables(params, cfg))
     assert set(kept["layers"]["mlp"]) == {"gate_proj", "up_proj", "down_proj"}
     cfg = tiny_config(vocab=256, hidden=64, layers=2, heads=8, kv_heads=1, inter=96)  # only q and o packable
     params = init_params(cfg, "bfloat16", seed=0)
-    kept = native_amx.without_packed(params, native_amx.packed_variables(params, cfg))
+    kept = without_packed(params, packed_variables(params, cfg))
     assert set(kept["layers"]["attn"]) == {"k_proj", "v_proj"}
 
 
@@ -306,8 +311,8 @@ def test_native_code_says_why_it_is_off(monkeypatch):
     """Without AMX or AVX-512 BF16 the CPU is named as the reason; with either, the switch turns
     the kernel off."""
     monkeypatch.setenv(native_amx.ENV_SWITCH, "0")
-    why = native_amx._load.__wrapped__()
     flags = host_cpu_flags()
+    why = native_amx._load.__wrapped__(flags)
     if {"amx_tile", "amx_bf16"} <= flags or "avx512_bf16" in flags:
         assert why == f"{native_amx.ENV_SWITCH}=0"
     else:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from helpers import tiny_bf16_llm
-from jaxinfer import SamplingParams, model_runner, native_argmax
+from jaxinfer import SamplingParams, native_argmax
 
 pytestmark = pytest.mark.skipif(not native_argmax.available(), reason="no C++ compiler: the loop cannot be built")
 
@@ -58,8 +58,7 @@ def test_engine_steps_call_the_loop_with_jnp_outputs(monkeypatch):
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     ids = {}
     for on in (True, False):
-        monkeypatch.setattr(model_runner, "use_native_argmax", lambda shardings, on=on: on)
-        llm = tiny_bf16_llm()
+        llm = tiny_bf16_llm(native_argmax=on)
         assert llm.engine.runner.native_argmax is on
         ids[on] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         texts = [e.as_text() for e in llm.engine.runner._executables.values()]

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import tiny_bf16_llm
-from jaxinfer import SamplingParams, model_runner, native_attention, native_gemv
+from helpers import tiny_bf16_llm, unpacked
+from jaxinfer import SamplingParams, native_attention, native_gemv
 from jaxinfer.models import cpu_bf16
 
 pytestmark = pytest.mark.skipif(not native_gemv.available(), reason="no C++ compiler: the loops cannot be built")
@@ -65,9 +65,9 @@ def test_three_rows_and_float32_weights_stay_with_xla():
 
 
 def _tiny_llm(native: bool, monkeypatch):
-    monkeypatch.setattr(model_runner, "use_native_products", lambda *a: native)
-    monkeypatch.setattr(model_runner, "use_native_amx", lambda *a: False)  # as on a CPU without AMX
-    return tiny_bf16_llm()
+    """The tiny model without packed weights (as on a CPU without AMX or AVX-512 BF16), its
+    few-row products in the loops (``native``) or XLA's two-row form."""
+    return tiny_bf16_llm(plan=unpacked, **({} if native else {"linear": "dense_cpu", "native_gemv": False}))
 
 
 def test_lone_stream_runs_the_loops_with_xla_logits(monkeypatch):
@@ -77,7 +77,7 @@ def test_lone_stream_runs_the_loops_with_xla_logits(monkeypatch):
     runs = {}
     for native in (True, False):
         llm = _tiny_llm(native, monkeypatch)
-        assert llm.engine.runner.native_products is native
+        assert (llm.engine.runner.plan.linear == "bf16_gemv") is native
         out = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0]
         runs[native] = (out.token_ids, np.array(out.logits))
         texts = [e.as_text() for b, e in llm.engine.runner._executables.items() if b.num_tokens == 1]

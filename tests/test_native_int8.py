@@ -10,13 +10,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import tiny_config
-from jaxinfer import LLM, SamplingParams, model_runner, native_amx, native_int8
+from helpers import resolved_plan, tiny_config, unpacked
+from jaxinfer import LLM, SamplingParams, native_int8
 from jaxinfer.cpu_features import host_cpu_flags
 from jaxinfer.models import quant
+from jaxinfer.layers.linear_methods.int8_packed import packed_variables
+from jaxinfer.layers.linear_methods.packed import without_packed
 from jaxinfer.params import init_params
 
-needs_vnni = pytest.mark.skipif(not native_int8.available(), reason=f"int8 kernel off: {native_int8._load()}")
+needs_vnni = pytest.mark.skipif(not native_int8.available(host_cpu_flags()),
+                                reason=f"int8 kernel off: {native_int8._load(host_cpu_flags())}")
 
 
 def _weights(layers: int, k: int, n: int, seed: int = 0):
@@ -142,10 +145,12 @@ CFG = dataclasses.replace(tiny_config(vocab=256, hidden=128, layers=2, heads=2, 
 
 
 def _int8_llm(native: bool, monkeypatch, cfg=CFG, dtype="float32"):
-    monkeypatch.setattr(model_runner, "use_native_int8", lambda *a: native)
+    """The tiny int8 model with the packed method the plan resolves here (``native``), or without it."""
+    plan = resolved_plan(dataclasses.replace(cfg, quantization="int8"), dtype, None if native else unpacked)
+    assert (plan.linear == "int8_packed") is native
     return LLM("tiny", dtype=dtype, quantization="int8", max_model_len=128, max_num_seqs=4,
                max_num_batched_tokens=32, num_blocks=64, model_config=cfg, params=init_params(cfg, dtype, seed=1),
-               tokenizer=None, warmup=False, enable_prefix_caching=False, return_logits=True)
+               tokenizer=None, warmup=False, enable_prefix_caching=False, return_logits=True, plan=plan)
 
 
 @needs_vnni
@@ -185,10 +190,10 @@ def test_projections_whose_groups_do_not_fit_stay_with_xla():
     those products are not packed (XLA's `qdot` runs them); the rest are."""
     cfg = tiny_config(vocab=256, hidden=128, layers=2, heads=4, kv_heads=2, inter=96, tied=True)
     params = quant.quantize_params(init_params(cfg, "float32", seed=0))
-    tree = native_int8.packed_variables(params, cfg)
+    tree = packed_variables(params, cfg)
     assert set(tree["layers"]["attn"]) == {"qkv_packed"}
     assert set(tree["layers"]["mlp"]) == {"gate_proj_packed", "up_proj_packed"}
-    kept = native_amx.without_packed(params, tree)["layers"]
+    kept = without_packed(params, tree)["layers"]
     assert set(kept["attn"]) == {"o_proj"} and set(kept["mlp"]) == {"down_proj"}
     assert set(kept["mlp"]["down_proj"]) == {"kernel", "scale"}
 
@@ -197,7 +202,8 @@ def test_int8_kernel_says_why_it_is_off(monkeypatch):
     monkeypatch.setenv(native_int8.ENV_SWITCH, "0")
     native_int8._load.cache_clear()
     try:
-        assert not native_int8.available() and "JAXINFER_NATIVE_INT8=0" in native_int8._load()
+        flags = host_cpu_flags()
+        assert not native_int8.available(flags) and "JAXINFER_NATIVE_INT8=0" in native_int8._load(flags)
     finally:
         monkeypatch.delenv(native_int8.ENV_SWITCH)
         native_int8._load.cache_clear()

@@ -14,7 +14,8 @@ import os
 import numpy as np
 import pytest
 
-from jaxinfer import LLM, SamplingParams, model_runner
+from jaxinfer import LLM, SamplingParams
+from jaxinfer.platform import execution_plan
 from helpers import borrowed_runner, run_until_idle
 
 pytestmark = pytest.mark.real_model
@@ -32,9 +33,9 @@ def llm(smollm2_dir):
     """float32 in the engine's default layer layout (unrolled one-token buckets on CPU); the
     rest of the suite scans every bucket (tests/conftest.py)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.delenv(model_runner.UNROLL_ENV_VAR, raising=False)
+        mp.delenv(execution_plan.UNROLL_ENV_VAR, raising=False)
         llm = make_llm(smollm2_dir, "float32")
-    assert llm.engine.runner.unroll_max_tokens == model_runner.UNROLL_MAX_TOKENS > 0
+    assert llm.engine.runner.unroll_max_tokens == execution_plan.UNROLL_MAX_TOKENS > 0
     return llm
 
 

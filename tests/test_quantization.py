@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import tiny_config
-from jaxinfer import LLM, SamplingParams, model_runner
-from jaxinfer.builder import kv_bytes_per_block, plan_num_blocks
+from helpers import resolved_plan, tiny_config, unpacked
+from jaxinfer import LLM, SamplingParams
+from jaxinfer.builder import kv_bytes_per_block, plan_num_blocks, resolve_dtype
 from jaxinfer.config import CacheConfig
 from jaxinfer.kv_quant import dequantize, quantize, scale_values
 from jaxinfer.model_runner import CompileCounter
@@ -218,10 +218,10 @@ def test_tp2_quantized_equals_tp1(params, monkeypatch):
     run XLA's product (`qdot`): one device would otherwise run the int8 kernel, whose int16
     rounding of the activations is another product (tests/test_native_int8.py)."""
     assert len(jax.devices()) >= 2
-    monkeypatch.setattr(model_runner, "use_native_int8", lambda *a: False)
     ps = _prompts([6, 19, 33], seed=5)
     kw = dict(quantization="int8", kv_cache_dtype="int8", warmup=False)
-    one = _llm(params, **kw).generate(ps, GREEDY, use_tqdm=False)
+    plan = resolved_plan(dataclasses.replace(CFG, quantization="int8"), resolve_dtype("auto"), unpacked)
+    one = _llm(params, plan=plan, **kw).generate(ps, GREEDY, use_tqdm=False)
     llm2 = _llm(params, tensor_parallel_size=2, **kw)
     two = llm2.generate(ps, GREEDY, use_tqdm=False)
     runner = getattr(llm2.engine, "engines", [llm2.engine])[0].runner

@@ -1,1 +1,3 @@
-"""Model building blocks shared by the model definitions (attention backends, linear methods)."""
+"""Model building blocks the models compose and the execution plan (`jaxinfer.platform`) picks
+implementations of: attention backends (`jaxinfer.layers.attention`), linear methods
+(`jaxinfer.layers.linear`)."""

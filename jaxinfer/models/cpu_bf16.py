@@ -21,7 +21,7 @@ XLA:CPU's fastest matmul from two rows up (YNNPACK; numbers in
    zeros and keep the first row of the result. (A float32 multiply-and-sum instead was
    split by XLA:CPU into a weight-sized float32 product written out, then its sum.)
    That two-row form still reads the weights at only ~7 GB/s. With ``native=True`` (the
-   runner passes it for a model on one CPU device, `jaxinfer.native_gemv.available`),
+   ``bf16_gemv`` linear method, which the execution plan picks for a model on one CPU device),
    products of one or two rows run the C++ loops of `jaxinfer.native_gemv` instead, which
    read each weight once.
 
@@ -59,10 +59,11 @@ def bits_as_bfloat16(tree):
     return jax.tree.map(kv_values, tree)
 
 
-def take_rows(table, ids):
+def take_rows(table, ids, cpu: bool = True):
     """``table[ids]`` (``[V, D]`` rows at int32 ``ids [T]`` -> ``[T, D]``, ``table``'s dtype),
-    gathered as bits when ``table`` is bfloat16 on CPU (module docstring, item 2)."""
-    if wants_bits(table.dtype, jax.default_backend()):
+    gathered as bits when ``table`` is bfloat16 and ``cpu`` (the step runs on XLA:CPU; module
+    docstring, item 2)."""
+    if wants_bits(table.dtype, "cpu" if cpu else "other"):
         return kv_values(jnp.take(weights_as_bits(table), ids, axis=0))
     return jnp.take(table, ids, axis=0)
 
@@ -71,22 +72,21 @@ def _rows(lhs, n_contract: int) -> int:
     return math.prod(lhs.shape[:lhs.ndim - n_contract])
 
 
-def _one_row_on_cpu(lhs, rhs, n_contract: int) -> bool:
-    return _rows(lhs, n_contract) == 1 and rhs.dtype == jnp.bfloat16 and jax.default_backend() == "cpu"
+def _one_row_on_cpu(lhs, rhs, n_contract: int, cpu: bool) -> bool:
+    return _rows(lhs, n_contract) == 1 and rhs.dtype == jnp.bfloat16 and cpu
 
 
-def _native_rows(lhs, rhs, n_contract: int, native: bool) -> bool:
-    """Whether the C++ loops take this product: asked for, bfloat16 weights, at most
+def _native_rows(lhs, rhs, n_contract: int, native: bool, cpu: bool) -> bool:
+    """Whether the C++ loops take this product: asked for, on CPU, bfloat16 weights, at most
     `jaxinfer.native_gemv.MAX_ROWS` rows."""
-    return (native and rhs.dtype == jnp.bfloat16 and _rows(lhs, n_contract) <= native_gemv.MAX_ROWS
-            and jax.default_backend() == "cpu")
+    return native and cpu and rhs.dtype == jnp.bfloat16 and _rows(lhs, n_contract) <= native_gemv.MAX_ROWS
 
 
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=jnp.float32,
-                native: bool = False):
-    """``lax.dot_general`` with float32 accumulation; on CPU a product of few rows over
-    bfloat16 weights runs in `jaxinfer.native_gemv` when ``native``, else a one-row product
-    runs as two rows (module docstring, item 3).
+                native: bool = False, cpu: bool = True):
+    """``lax.dot_general`` with float32 accumulation; on CPU (``cpu``: the execution plan's
+    platform) a product of few rows over bfloat16 weights runs in `jaxinfer.native_gemv` when
+    ``native``, else a one-row product runs as two rows (module docstring, item 3).
 
     Both forms cover the layout `flax.linen.DenseGeneral` passes: ``lhs [*B, *C]``
     contracting its trailing axes ``C`` with the leading axes of ``rhs [*C, *F]``, no batch
@@ -98,21 +98,21 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     n = len(lhs_c)
     dense_layout = (not lhs_b and tuple(lhs_c) == tuple(range(lhs.ndim - n, lhs.ndim))
                     and tuple(rhs_c) == tuple(range(n)))
-    if dense_layout and _native_rows(lhs, rhs, n, native):
+    if dense_layout and _native_rows(lhs, rhs, n, native, cpu):
         k = math.prod(rhs.shape[:n])
         y = native_gemv.matmul_kn(lhs.reshape(-1, k), rhs.reshape(k, -1))
         return y.reshape(*lhs.shape[:lhs.ndim - n], *rhs.shape[n:]).astype(preferred_element_type or y.dtype)
-    if not (dense_layout and _one_row_on_cpu(lhs, rhs, n)):
+    if not (dense_layout and _one_row_on_cpu(lhs, rhs, n, cpu)):
         return dot(lhs, rhs)
     return dot(jnp.concatenate([lhs, jnp.zeros_like(lhs)]), rhs)[:1]
 
 
-def tied_logits(x, table, native: bool = False):
+def tied_logits(x, table, native: bool = False, cpu: bool = True):
     """Logits ``[R, V]`` float32 of hidden states ``x [R, D]`` against a tied embedding
-    ``table [V, D]`` (``einsum("rd,vd->rv")``); with bfloat16 on CPU, few rows run in
+    ``table [V, D]`` (``einsum("rd,vd->rv")``); with bfloat16 on CPU (``cpu``), few rows run in
     `jaxinfer.native_gemv` when ``native``, else one row as two (module docstring, item 3)."""
-    if _native_rows(x, table, 1, native):
+    if _native_rows(x, table, 1, native, cpu):
         return native_gemv.matmul_nk(x, table)
-    if _one_row_on_cpu(x, table, 1):
-        return tied_logits(jnp.concatenate([x, jnp.zeros_like(x)]), table)[:1]
+    if _one_row_on_cpu(x, table, 1, cpu):
+        return tied_logits(jnp.concatenate([x, jnp.zeros_like(x)]), table, cpu=cpu)[:1]
     return jnp.einsum("rd,vd->rv", x, table, preferred_element_type=jnp.float32)
