@@ -132,12 +132,13 @@ def test_max_concurrency_at_full_length_by_hand():
 
 def test_settings_line_at_start_up(caplog):
     caplog.set_level(logging.INFO, logger="jaxinfer")
-    tiny()
+    plan = tiny().engine.runner.plan
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model=")]
     usable = 47 - math.ceil(0.15 * 47)  # watermark of the 47 blocks past the null block
     assert lines == [f"model=tiny dtype=float32 kv_cache_dtype=auto backend=xla max_model_len=128 max_num_seqs=2 "
                      f"max_num_batched_tokens=32 kv_blocks=48 (block_size 16, the null block included) "
-                     f"max_concurrency_at_full_length={usable // (128 // 16)}"]
+                     f"max_concurrency_at_full_length={usable // (128 // 16)} plan: {plan.describe()}"]
+    assert plan.describe().startswith("platform=cpu attention=xla")
 
 
 # ----- block sizes ---------------------------------------------------------------------------

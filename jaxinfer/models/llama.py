@@ -68,6 +68,7 @@ from jaxinfer.models import cpu_bf16
 from jaxinfer.models.rope import apply_rope, layer_rope_tables, select_rope
 from jaxinfer.xla_work_plan import XlaWorkPlan
 
+
 def _part(init, names):
     return nn.with_logical_partitioning(init, names)
 
