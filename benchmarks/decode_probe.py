@@ -26,7 +26,7 @@ ladders warms up (one per context width): the warm-up cost of unrolling them.
 
 The probe compares layouts of XLA's own products, so it turns the AMX kernel off
 (``JAXINFER_NATIVE_AMX=0`` unless set): with it on, the runner holds the layer kernels only
-in their packed copy (`jaxinfer.native_amx.without_packed`).
+in their packed copy (`jaxinfer.layers.linear_methods.packed.without_packed`).
 
 Usage: python benchmarks/decode_probe.py [--prompt-len 128] [--reps 30] [--out FILE]
 """
@@ -153,7 +153,7 @@ def main() -> None:
     if unrolled is None:  # a runner that scans every bucket
         unrolled = unstack_layers(stacked, cfg.num_hidden_layers)
     make = lambda scan: llama.LlamaForCausalLM(cfg, runner.model.attention, runner.dtype, runner.dtype,  # noqa: E731
-                                               scan_layers=scan)
+                                               scan_layers=scan, linear=runner.linear)
     exes, compile_s = {}, {}
     for name, scan, params in (("step_scan", True, stacked), ("step_unrolled", False, unrolled)):
         exes[name], compile_s[name] = compile_step(runner, make(scan), params, model_a)
@@ -177,7 +177,7 @@ def main() -> None:
         return call
 
     fns = {n: run_step(n) for n in exes}
-    head = llama.LMHead(cfg, runner.dtype, runner.dtype)
+    head = llama.LMHead(cfg, runner.dtype, runner.dtype, linear=runner.head.linear)
     head_params = runner._head_params(stacked)
     hidden = jnp.ones((1, cfg.hidden_size), jnp.float32)
     head_fn = jax.jit(lambda p, h: head.apply({"params": p}, h))

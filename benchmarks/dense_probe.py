@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer import native_amx
+from jaxinfer.cpu_features import host_cpu_flags
 from jaxinfer.bench.metadata import git_commit
 from jaxinfer.models import cpu_bf16
 
@@ -142,7 +143,7 @@ def main() -> None:
 
     cfg = ModelConfig.from_dict(json.loads(Path(args.config).read_text()))
     dtype = jnp.dtype(args.dtype)
-    layouts = [lay for lay in args.layouts if lay != "scan_amx" or (native_amx.available() and dtype == jnp.bfloat16)]
+    layouts = [lay for lay in args.layouts if lay != "scan_amx" or (native_amx.available(host_cpu_flags()) and dtype == jnp.bfloat16)]
     res = {lay: {str(m): probe_ms(cfg, lay, m, dtype, args.reps) for m in args.rows} for lay in layouts}
     out = {"benchmark": "dense_probe", "date": datetime.datetime.now().isoformat(timespec="seconds"),
            "device": str(jax.devices()[0]), "jax": jax.__version__, "dtype": args.dtype, "config": args.config,

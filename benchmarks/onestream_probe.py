@@ -181,7 +181,7 @@ def pieces(e, req, args) -> dict:
     inputs = B.prepare_rows([row], e.layout)
     params = runner._step_params(inputs.bucket)
     make = lambda: llama.LlamaForCausalLM(cfg, runner.model.attention, runner.dtype, runner.dtype,  # noqa: E731
-                                          scan_layers=not runner._unrolled(inputs.bucket))
+                                          scan_layers=not runner._unrolled(inputs.bucket), linear=runner.linear)
     model_a = jax.device_put((inputs.token_ids, inputs.attention))
     exes, model_args, compile_s = {}, {}, {}
     exes["step"], compile_s["step"] = compile_step(runner, make(), params, model_a)
@@ -217,7 +217,7 @@ def pieces(e, req, args) -> dict:
     dense = make_forward(cfg, "unrolled", runner.dtype)
     x = jax.device_put(np.ones((1, cfg.hidden_size), np.float32))
     fns["dense_probe_1row"] = lambda: dense(w, x)
-    head = llama.LMHead(cfg, runner.dtype, runner.dtype)
+    head = llama.LMHead(cfg, runner.dtype, runner.dtype, linear=runner.head.linear)
     head_fn = jax.jit(lambda p, h: head.apply({"params": p}, h))
     head_params = runner._head_params(runner.params)
     fns["lm_head"] = lambda: head_fn(head_params, x)
