@@ -44,7 +44,7 @@ def _load(flags: frozenset[str]) -> str | None:
     if not {"avx512_vnni", "avx512bw"} <= flags:
         return "this CPU has no AVX-512 VNNI (avx512_vnni, avx512bw)"
     why = native_build.load_ffi(SOURCE, {TARGET: "JaxinferInt8Gemm"}, what="int8 product", env_switch=ENV_SWITCH,
-                                 logger=logger, cpu_flags=host_cpu_flags())
+                                 logger=logger, cpu_flags=flags)
     return why if why is not None else _smoke_test()
 
 
