@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import pytest
 from helpers import tiny_config
 
-from jaxinfer.attention import AttentionBackend
+from jaxinfer.attention import XlaAttention
 from jaxinfer.layers.linear import get_linear_method
 from jaxinfer.models.llama import LlamaForCausalLM
 from jaxinfer.params import _dummy_call_args
@@ -88,7 +88,7 @@ def test_every_method_makes_the_checkpoint_tree(cfg, names):
     """The same parameter names, shapes, dtypes and logical axes as the model built without a
     plan (the tree `jaxinfer.params` initialises and checkpoints hold)."""
     def tree(linear):
-        model = LlamaForCausalLM(cfg, AttentionBackend(), jnp.bfloat16, jnp.bfloat16, linear=linear)
+        model = LlamaForCausalLM(cfg, XlaAttention(), jnp.bfloat16, jnp.bfloat16, linear=linear)
         return jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *_dummy_call_args(cfg))["params"])
 
     reference = tree(None)
