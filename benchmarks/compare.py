@@ -122,7 +122,8 @@ device_label, gpu_info, cpu_busy_fraction = (machine_info.device_label, machine_
 
 from jaxinfer.bench import load, metadata, report  # noqa: E402
 from jaxinfer.bench.serve import run_benchmark  # noqa: E402
-from jaxinfer.config import ModelConfig, auto_dtype  # noqa: E402
+from jaxinfer.config import ModelConfig  # noqa: E402
+from jaxinfer.platform.dtype import auto_dtype
 
 ROOT = HERE.parent
 TARGET_NUM_REQUESTS = 128

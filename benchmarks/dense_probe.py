@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer import native_amx
-from jaxinfer.cpu_features import host_cpu_flags
+from jaxinfer.platform.cpu_features import host_cpu_flags
 from jaxinfer.bench.metadata import git_commit
 from jaxinfer.models import cpu_bf16
 

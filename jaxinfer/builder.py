@@ -22,10 +22,11 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from jaxinfer.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, auto_dtype
+from jaxinfer.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from jaxinfer.platform.dtype import auto_dtype
 from jaxinfer.engine import LLMEngine
 from jaxinfer.model_runner import ModelRunner
-from jaxinfer.platform import resolve_plan
+from jaxinfer.platform.execution_plan import resolve_plan
 from jaxinfer.warmup_progress import WarmupProgress
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ XLA_WORKSPACE_BYTES = 256 << 20  # compiler scratch, cuBLAS/cuDNN workspaces: a 
 
 
 def resolve_dtype(dtype: str) -> str:
-    """``"auto"`` -> `jaxinfer.config.auto_dtype` of the first device's platform (logged:
+    """``"auto"`` -> `jaxinfer.platform.dtype.auto_dtype` of the first device's platform (logged:
     ``dtype auto -> bfloat16 (cpu)``); ``"float32"`` / ``"bfloat16"`` unchanged.
 
     Call it after ``jax.distributed`` is initialised (it asks JAX for its devices).
@@ -182,7 +183,7 @@ def max_concurrency_at_full_length(num_blocks: int, block_size: int, watermark: 
 
 def settings_line(config: EngineConfig, backend: str, num_blocks: int, plan=None) -> str:
     """The one start-up line of effective settings (``num_blocks`` per replica; ``plan``: the
-    runner's `jaxinfer.platform.ExecutionPlan`, described at the end when given)."""
+    runner's `jaxinfer.platform.execution_plan.ExecutionPlan`, described at the end when given)."""
     sc, cc = config.scheduler, config.cache
     conc = max_concurrency_at_full_length(num_blocks, cc.block_size, cc.watermark, sc.max_model_len)
     par = config.parallel
@@ -223,8 +224,8 @@ def enable_compilation_cache(path: str | None = None) -> None:
 
 
 def default_backend() -> str:
-    """The attention backend when none is configured (`jaxinfer.platform.default_attention_backend`)."""
-    from jaxinfer.platform import default_attention_backend
+    """The attention backend when none is configured (`jaxinfer.platform.execution_plan.default_attention_backend`)."""
+    from jaxinfer.platform.execution_plan import default_attention_backend
 
     return default_attention_backend(jax.default_backend())
 
@@ -320,7 +321,7 @@ def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir
       use_tqdm: a tqdm bar for the warm-up (None: only when stderr is a terminal).
       draft_model_config, draft_params: the speculative draft model, to skip loading it
         (tests; params None: random).
-      plan: the one-device runner's `jaxinfer.platform.ExecutionPlan` (tests pick a path with
+      plan: the one-device runner's `jaxinfer.platform.execution_plan.ExecutionPlan` (tests pick a path with
         ``dataclasses.replace`` of a resolved one); None: resolved by the runner.
 
     Raises:
@@ -394,7 +395,7 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
         beyond the engine's own (a draft model for speculative decoding), or None.
       grammar: a `jaxinfer.engine_protocol.SharedGrammar` shared with other replicas, or None.
     Multi-process: the runner is `jaxinfer.distributed.step_runner`'s (the leader's broadcasts).
-      plan: the runner's `jaxinfer.platform.ExecutionPlan`; None: `resolve_plan` (once, here).
+      plan: the runner's `jaxinfer.platform.execution_plan.ExecutionPlan`; None: `resolve_plan` (once, here).
     Raises:
       ValueError: the KV budget holds fewer than 2 blocks.
     """

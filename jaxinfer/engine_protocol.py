@@ -87,7 +87,7 @@ class EngineDescription:
       kv_cache: one line on how the KV pool was sized (e.g. ``"5800 blocks x 0.70 MiB per
         device = 3.97 GiB (default CPU budget ...)"``), prefixed ``"N replicas x "`` by a router.
       replicas: data-parallel replicas behind the engine (1 for one `LLMEngine`).
-      plan: the runner's `jaxinfer.platform.ExecutionPlan` (every replica's alike), or None
+      plan: the runner's `jaxinfer.platform.execution_plan.ExecutionPlan` (every replica's alike), or None
         when the runner has none (a test double).
     """
 

@@ -37,7 +37,7 @@ class LLM:
     Args:
       model: a name under ``weights/`` (prepared on first use) or a path to a converted
         folder or a Hugging Face checkpoint folder.
-      dtype: "auto" (bfloat16 on GPU/TPU and on CPUs with AVX-512 BF16 or AMX, else float32; `jaxinfer.config.auto_dtype`, logged), "float32" or "bfloat16".
+      dtype: "auto" (bfloat16 on GPU/TPU and on CPUs with AVX-512 BF16 or AMX, else float32; `jaxinfer.platform.dtype.auto_dtype`, logged), "float32" or "bfloat16".
       tokenizer: a folder (or a model name under ``weights/``) to take the tokenizer and
         chat template from instead of the model's folder (or, with ``model_config``, a
         `jaxinfer.tokenizer.Tokenizer` to use as is).

@@ -16,7 +16,7 @@ call per token count T runs the LM head over them (`jaxinfer.models.llama.LMHead
 `jaxinfer.sampler.prompt_logprobs`), read back with the sampled ids.
 
 Which implementation runs each part of the step (attention kernel, linear method, argmax, bit
-storage, unrolling) is the `jaxinfer.platform.ExecutionPlan` the runner is given or resolves
+storage, unrolling) is the `jaxinfer.platform.execution_plan.ExecutionPlan` the runner is given or resolves
 once from its arguments; the runner reads nothing else to choose.
 
 Layer layouts (`jaxinfer.models.layer_layout`): on a CPU without packed weights (the plan's ``packed``), buckets of
@@ -46,7 +46,7 @@ from jaxinfer.layers.linear import PACKED_COLLECTION, get_linear_method
 from jaxinfer.models import cpu_bf16
 from jaxinfer.models.layer_layout import unstack_layers
 from jaxinfer.models.llama import HIDDEN, LlamaForCausalLM, LMHead
-from jaxinfer.platform import ExecutionPlan, resolve_plan
+from jaxinfer.platform.execution_plan import ExecutionPlan, resolve_plan
 from jaxinfer.sampler import prompt_logprobs, sample
 from jaxinfer.step_metadata import SamplingMetadata
 
@@ -154,8 +154,8 @@ class ModelRunner:
       unroll_max_tokens: buckets with at most this many tokens run the unrolled layers
         over per-layer arrays (module docstring); 0: every bucket scans; None: the plan's
         (the environment, else 1 on a CPU without packed weights).
-      plan: the `jaxinfer.platform.ExecutionPlan` (tests pass ``dataclasses.replace`` of a
-        resolved one); None: `jaxinfer.platform.resolve_plan` of these arguments. A given
+      plan: the `jaxinfer.platform.execution_plan.ExecutionPlan` (tests pass ``dataclasses.replace`` of a
+        resolved one); None: `jaxinfer.platform.execution_plan.resolve_plan` of these arguments. A given
         ``unroll_max_tokens`` overrides the plan's.
     """
 

@@ -88,7 +88,7 @@ def instruction_set(flags: frozenset[str]) -> str:
 
 
 def available(flags: frozenset[str]) -> bool:
-    """Whether the kernel can run on a CPU with ``flags`` (`jaxinfer.cpu_features.host_cpu_flags`,
+    """Whether the kernel can run on a CPU with ``flags`` (`jaxinfer.platform.cpu_features.host_cpu_flags`,
     which the execution plan reads): checked, built and registered on first call."""
     why = _load(frozenset(flags))
     if why is not None:

@@ -9,7 +9,7 @@ feature flags. `load_ffi` is the one loader every kernel binding uses (`jaxinfer
 `jaxinfer.native_gemv`, `jaxinfer.native_argmax`, `jaxinfer.native_amx`, `jaxinfer.native_int8`):
 the ``JAXINFER_NATIVE_*`` switch, the compiler, the cached build and the registration of its XLA
 FFI targets for CPU. It imports nothing else of jaxinfer: the CPU's flags come in as an
-argument (`jaxinfer.cpu_features.host_cpu_flags` where the caller has them; else read here, the
+argument (`jaxinfer.platform.cpu_features.host_cpu_flags` where the caller has them; else read here, the
 same ``flags`` line, for the cache key only).
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ def compiler() -> str | None:
 
 def _read_cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> frozenset[str]:
     """The first ``flags`` (x86) or ``Features`` (Arm) line of ``/proc/cpuinfo``, for the cache
-    key only (empty where unreadable); callers that have `jaxinfer.cpu_features.host_cpu_flags`
+    key only (empty where unreadable); callers that have `jaxinfer.platform.cpu_features.host_cpu_flags`
     pass those instead."""
     try:
         text = Path(cpuinfo_path).read_text()

@@ -10,7 +10,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # The default layout (unrolled on CPU) runs where it is the point: tests/test_oracle.py
 # (the greedy oracle) and tests/test_layer_layout.py (unrolled == scanned).
 os.environ.setdefault("JAXINFER_UNROLL_MAX_TOKENS", "0")
-# dtype "auto" means float32 on a CPU here (`jaxinfer.config.auto_dtype`): the suite compares
+# dtype "auto" means float32 on a CPU here (`jaxinfer.platform.dtype.auto_dtype`): the suite compares
 # with float32 references (transformers, the oracle) and checks batch invariance token for
 # token, which bfloat16 breaks at near-ties. On a CPU with AVX-512 BF16 the shipped default is
 # bfloat16; tests/test_startup.py checks that rule with the variable unset, and the bfloat16

@@ -155,11 +155,11 @@ def post_completions_at_once(url: str, clients: int, max_tokens: int, join_s: fl
 
 
 def resolved_plan(cfg, dtype: str, plan=None, **changes):
-    """``plan`` (a function of the resolved `jaxinfer.platform.ExecutionPlan`, or None) applied
+    """``plan`` (a function of the resolved `jaxinfer.platform.execution_plan.ExecutionPlan`, or None) applied
     to the plan the engine would resolve for ``cfg`` and ``dtype`` on one device, then
     ``dataclasses.replace``'d with ``changes``: how a test picks a path."""
     from jaxinfer.config import BLOCK_SIZE
-    from jaxinfer.platform import resolve_plan
+    from jaxinfer.platform.execution_plan import resolve_plan
 
     resolved = resolve_plan(cfg, dtype, "xla", block_size=BLOCK_SIZE)
     return dataclasses.replace(plan(resolved) if plan else resolved, **changes)

@@ -20,7 +20,7 @@ from jaxinfer.attention import XlaAttention
 from jaxinfer.layers.linear import get_linear_method
 from jaxinfer.models.llama import LlamaForCausalLM
 from jaxinfer.params import _dummy_call_args
-from jaxinfer.platform import ExecutionPlan, resolve_plan
+from jaxinfer.platform.execution_plan import ExecutionPlan, resolve_plan
 from jaxinfer.platform.execution_plan import NATIVE_SWITCHES, UNROLL_ENV_VAR
 
 OFF = {switch: "0" for switch in NATIVE_SWITCHES.values()}  # no kernel asked about

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import register_source_variant, tiny_bf16_llm, tiny_config, unpacked
 from jaxinfer import SamplingParams, native_amx
-from jaxinfer.cpu_features import host_cpu_flags
+from jaxinfer.platform.cpu_features import host_cpu_flags
 from jaxinfer.layers.linear_methods.amx_packed import packed_variables
 from jaxinfer.layers.linear_methods.packed import without_packed
 from jaxinfer.params import init_params

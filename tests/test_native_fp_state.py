@@ -12,7 +12,7 @@ import numpy as np
 
 from jaxinfer import native_amx, native_argmax, native_attention, native_gemv, native_int8
 from jaxinfer import native_build
-from jaxinfer.cpu_features import host_cpu_flags
+from jaxinfer.platform.cpu_features import host_cpu_flags
 
 
 def test_fast_math_is_not_on_the_compile_line():

@@ -12,7 +12,7 @@ import pytest
 
 from helpers import resolved_plan, tiny_config, unpacked
 from jaxinfer import LLM, SamplingParams, native_int8
-from jaxinfer.cpu_features import host_cpu_flags
+from jaxinfer.platform.cpu_features import host_cpu_flags
 from jaxinfer.models import quant
 from jaxinfer.layers.linear_methods.int8_packed import packed_variables
 from jaxinfer.layers.linear_methods.packed import without_packed

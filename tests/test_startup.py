@@ -17,8 +17,9 @@ from jaxinfer import LLM, SamplingParams, config
 from jaxinfer import llm as llm_mod
 from jaxinfer.builder import (cpu_default_kv_bytes, kv_pool_budget, load_model, max_concurrency_at_full_length,
                               resolve_dtype)
-from jaxinfer.config import CPU_DTYPE_ENV_VAR, CacheConfig, EngineConfig, auto_dtype
-from jaxinfer.cpu_features import cpu_flags, has_native_bf16
+from jaxinfer.config import CacheConfig, EngineConfig
+from jaxinfer.platform.dtype import CPU_DTYPE_ENV_VAR, auto_dtype
+from jaxinfer.platform.cpu_features import cpu_flags, has_native_bf16
 from jaxinfer.params import init_params
 from jaxinfer.warmup_progress import WarmupProgress
 

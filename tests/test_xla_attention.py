@@ -18,7 +18,7 @@ from jaxinfer import native_attention
 from jaxinfer.attention import (AttentionMetadata, gather_pages, get_attention_backend, paged_attention, write_kv,
                                 xla_paged_attention)
 from jaxinfer.buckets import Bucket, BucketLadders
-from jaxinfer.cpu_features import host_cpu_flags
+from jaxinfer.platform.cpu_features import host_cpu_flags
 from jaxinfer.step_metadata import from_arrays
 from jaxinfer.xla_work_plan import plan_xla_work
 

@@ -120,7 +120,7 @@ def register_linear_method(cls: type[LinearMethod]) -> type[LinearMethod]:
 
 def get_linear_method(name: str, fallback: str | None = None) -> LinearMethod:
     """The method registered as ``name``; a packed method gets the method ``fallback`` for the
-    projections it did not pack (`jaxinfer.platform.ExecutionPlan.linear_fallback`).
+    projections it did not pack (`jaxinfer.platform.execution_plan.ExecutionPlan.linear_fallback`).
 
     Raises:
       ValueError: an unknown name, or a packed method without a fallback.

@@ -1,5 +1,3 @@
-"""Where the hardware choice lives: `ExecutionPlan`, resolved once per engine (`resolve_plan`)."""
-from jaxinfer.platform.execution_plan import (ExecutionPlan, default_attention_backend, resolve_plan,
-                                              unroll_from_env)
-
-__all__ = ["ExecutionPlan", "default_attention_backend", "resolve_plan", "unroll_from_env"]
+"""Where the hardware choice lives: the CPU's feature flags (`cpu_features`), what ``--dtype auto``
+means (`dtype`) and the `ExecutionPlan` resolved once per engine (`execution_plan`). Importing
+the package imports no JAX (`jaxinfer.config` and the host-side tools read `dtype`)."""

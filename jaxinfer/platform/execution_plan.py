@@ -2,7 +2,7 @@
 
 Owns the hardware choice of the model/runner path. `resolve_plan` reads everything that
 choice depends on, once per engine: the JAX platform (``jax.default_backend()``), the CPU's
-flags (`jaxinfer.cpu_features.host_cpu_flags`), the environment switches (every
+flags (`jaxinfer.platform.cpu_features.host_cpu_flags`), the environment switches (every
 ``JAXINFER_NATIVE_*`` kernel switch and ``JAXINFER_UNROLL_MAX_TOKENS``), the compute dtype,
 the quantization, whether the step runs on a mesh, and the model's shapes; it asks each C++
 kernel module only whether its library builds here (``available``). The result is a frozen
@@ -28,7 +28,7 @@ from typing import Mapping
 
 import jax.numpy as jnp
 
-from jaxinfer.cpu_features import host_cpu_flags
+from jaxinfer.platform.cpu_features import host_cpu_flags
 
 # The environment switches of the C++ kernels: "0" turns one off (XLA's own ops run).
 NATIVE_SWITCHES = {"attention": "JAXINFER_NATIVE_DECODE", "gemv": "JAXINFER_NATIVE_GEMV",
