@@ -13,11 +13,12 @@ import pytest
 from api_helpers import fake_engine
 from api_helpers import tokenizer as api_tokenizer
 from helpers import tiny_config
-from jaxinfer import LLM, SamplingParams, config
+from jaxinfer import LLM, SamplingParams
 from jaxinfer import llm as llm_mod
 from jaxinfer.builder import (cpu_default_kv_bytes, kv_pool_budget, load_model, max_concurrency_at_full_length,
                               resolve_dtype)
 from jaxinfer.config import CacheConfig, EngineConfig
+from jaxinfer.platform import dtype as platform_dtype
 from jaxinfer.platform.dtype import CPU_DTYPE_ENV_VAR, auto_dtype
 from jaxinfer.platform.cpu_features import cpu_flags, has_native_bf16
 from jaxinfer.params import init_params
@@ -47,12 +48,12 @@ def test_auto_dtype_per_platform(monkeypatch):
 def test_auto_dtype_on_cpu_follows_the_bf16_dot_instruction(monkeypatch):
     monkeypatch.delenv(CPU_DTYPE_ENV_VAR, raising=False)
     for native, want in ((True, "bfloat16"), (False, "float32")):
-        monkeypatch.setattr(config, "has_native_bf16", lambda native=native: native)
+        monkeypatch.setattr(platform_dtype, "has_native_bf16", lambda native=native: native)
         assert auto_dtype("cpu") == want and auto_dtype("gpu") == "bfloat16"
 
 
 def test_cpu_dtype_variable_overrides_auto_and_is_checked(monkeypatch):
-    monkeypatch.setattr(config, "has_native_bf16", lambda: True)
+    monkeypatch.setattr(platform_dtype, "has_native_bf16", lambda: True)
     monkeypatch.setenv(CPU_DTYPE_ENV_VAR, "float32")
     assert auto_dtype("cpu") == "float32" and auto_dtype("gpu") == "bfloat16"
     monkeypatch.setenv(CPU_DTYPE_ENV_VAR, "float16")
