@@ -9,7 +9,7 @@ engine step that raises fails every request in flight and ends the process with 
 within 5 s (`jaxinfer.api.engine_death`; docs/api.md's fault policy). Start-up logs one line of
 effective settings and the warm-up's progress.
 Flags map one-to-one onto `EngineConfig` / `CacheConfig` / `SchedulerConfig` / `ServerConfig`;
-the engine's are declared once, in `jaxinfer.engine_args` (shared with `LLM` and the planner).
+the engine's are declared once, in `jaxinfer.config.args` (shared with `LLM` and the planner).
 Binds 127.0.0.1 unless ``--host`` says otherwise. ``--model`` may be repeated: one engine
 (one KV pool) per model, with the KV budget split between them (`jaxinfer.served_models`);
 ``--fallback-model`` and ``--degrade-ttft-slo`` turn on graceful degradation
@@ -24,8 +24,8 @@ import threading
 import types
 
 from jaxinfer.api.lifecycle import listen_socket, serve, uvicorn_config  # noqa: F401 - part of this script's API
-from jaxinfer.engine_args import DEFAULT_MODEL, HelpFormatter, add_engine_args, engine_config, parallel_config
-from jaxinfer.engine_args import parse_bytes  # noqa: F401 - part of this script's API
+from jaxinfer.config.args import DEFAULT_MODEL, HelpFormatter, add_engine_args, engine_config, parallel_config
+from jaxinfer.config.args import parse_bytes  # noqa: F401 - part of this script's API
 
 logger = logging.getLogger("jaxinfer.server")
 
@@ -35,7 +35,7 @@ _BUILD_LOCK = threading.Lock()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """``server.py``'s parser: every flag of `jaxinfer.engine_args.FLAGS`, in its groups."""
+    """``server.py``'s parser: every flag of `jaxinfer.config.args.FLAGS`, in its groups."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     add_engine_args(p)
     return p

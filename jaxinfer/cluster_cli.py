@@ -1,7 +1,7 @@
 """The command line of `jaxinfer.cluster`: ``python -m jaxinfer.cluster --instances N [server flags]``.
 
 Owns the flags (the launcher's own; every other one is checked with ``server.py``'s parser,
-built from `jaxinfer.engine_args.FLAGS`, and passed to each instance), the foreground loop that watches the children and runs a
+built from `jaxinfer.config.args.FLAGS`, and passed to each instance), the foreground loop that watches the children and runs a
 rolling restart on SIGHUP, and ``--rolling-restart``, which signals a running launcher (found
 through its ``state.json``) and waits until it reports the restart done. The processes
 themselves are `jaxinfer.cluster.Cluster`'s.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from jaxinfer import haproxy_runtime as hx
 from jaxinfer.cluster import SERVER_SCRIPT, Cluster, ClusterError, default_run_dir
-from jaxinfer.engine_args import HelpFormatter, flag
+from jaxinfer.config.args import HelpFormatter, flag
 from jaxinfer.haproxy_config import BALANCES
 
 
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
                                             "hashing, health checks on /health); docs/deploy.md.",
                                 epilog="Every other flag is passed to each server.py (see python server.py --help).")
     p.add_argument("--instances", type=int, default=3, help="servers to start")
-    # the balancer takes server.py's --host / --port defaults (jaxinfer.engine_args); the instances get loopback ports
+    # the balancer takes server.py's --host / --port defaults (jaxinfer.config.args); the instances get loopback ports
     p.add_argument("--host", default=flag("host").default, help="address HAProxy listens on")
     p.add_argument("--port", type=flag("port").type, default=flag("port").default, help="port HAProxy listens on")
     p.add_argument("--base-port", type=int, default=None, help="first instance's port (default: --port + 1)")

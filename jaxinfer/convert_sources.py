@@ -20,7 +20,7 @@ from typing import Iterator
 import numpy as np
 from tqdm import tqdm
 
-from jaxinfer.model_config import ModelConfig
+from jaxinfer.config.model_config import ModelConfig
 from jaxinfer.models import registry
 from jaxinfer.models.family import ModelFamily
 from jaxinfer.models.llama_family import unpermute_qk  # noqa: F401 (re-export)
@@ -100,8 +100,8 @@ def hf_config(src: Path) -> ModelConfig:
 
     Raises:
       ValueError: a ``model_type`` not in `jaxinfer.models.registry`, an unsupported RoPE
-        scaling type (llama3, linear, dynamic and yarn are supported: `jaxinfer.model_config.RopeScaling`),
-        biases, or family features that are not supported (`jaxinfer.model_config.ModelConfig.from_dict`).
+        scaling type (llama3, linear, dynamic and yarn are supported: `jaxinfer.config.model_config.RopeScaling`),
+        biases, or family features that are not supported (`jaxinfer.config.model_config.ModelConfig.from_dict`).
     """
     d = json.loads((src / "config.json").read_text())
     try:

@@ -16,14 +16,14 @@ from tqdm.auto import tqdm
 from jaxinfer import chat
 from jaxinfer.builder import build_engine
 from jaxinfer.config import EngineConfig, ParallelConfig
-from jaxinfer.engine_args import DEFAULT_MODEL, engine_config, llm_defaults, llm_namespace
+from jaxinfer.config.args import DEFAULT_MODEL, engine_config, llm_defaults, llm_namespace
 from jaxinfer.engine_protocol import RequestSpec
 from jaxinfer.errors import RequestError
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams, choice_seed, is_integer
 from jaxinfer.spec_decode import SpeculativeConfig
 
-_D = llm_defaults()  # the keywords' defaults are server.py's flags' (jaxinfer.engine_args.FLAGS)
+_D = llm_defaults()  # the keywords' defaults are server.py's flags' (jaxinfer.config.args.FLAGS)
 OFFLINE_MAX_QUEUE_LEN = 1 << 30  # offline, every prompt of a call is queued at once (server.py: --max-queue-len)
 
 
@@ -31,7 +31,7 @@ class LLM:
     """Offline generation.
 
     Every keyword that is also a ``server.py`` flag takes that flag's default and meaning
-    (`jaxinfer.engine_args.FLAGS`), except ``max_queue_len`` (`OFFLINE_MAX_QUEUE_LEN`: a
+    (`jaxinfer.config.args.FLAGS`), except ``max_queue_len`` (`OFFLINE_MAX_QUEUE_LEN`: a
     call queues all its prompts at once).
 
     Args:

@@ -17,7 +17,7 @@ same that sizes the KV pool of a running engine:
   (block 0 is the null block). ``--kv-reserve-fraction`` (default 0.5) is the share of
   device memory kept for activations, compiler scratch and the runtime; a conservative
   planning figure (the engine itself uses ``--gpu-memory-utilization`` and an activation estimate).
-Memory sizes as ``server.py`` reads them (`jaxinfer.engine_args.parse_bytes`, powers of 1024):
+Memory sizes as ``server.py`` reads them (`jaxinfer.config.args.parse_bytes`, powers of 1024):
 ``80GB`` = ``80GiB`` = 80 * 2**30 bytes, or a plain byte count.
 
 When a plan does not fit, the CLI tries the other tensor-parallel sizes that split both the
@@ -36,10 +36,10 @@ import sys
 from pathlib import Path
 
 from jaxinfer.config import BLOCK_SIZE, DTYPES, ModelConfig
-from jaxinfer.engine_args import add_engine_args, parse_bytes
+from jaxinfer.config.args import add_engine_args, parse_bytes
 
 DEFAULT_RESERVE = 0.5
-# server.py's flags the planner takes (`jaxinfer.engine_args.FLAGS`: same names, types, choices)
+# server.py's flags the planner takes (`jaxinfer.config.args.FLAGS`: same names, types, choices)
 PLAN_FLAGS = ("dtype", "quantization", "block_size", "kv_cache_dtype", "max_model_len", "tensor_parallel_size",
               "data_parallel_size")
 

@@ -28,7 +28,7 @@ import zipfile
 from pathlib import Path
 
 from jaxinfer import convert as _convert
-from jaxinfer.engine_args import DEFAULT_MODEL  # the one spelling (server.py, LLM, this module)
+from jaxinfer.config.args import DEFAULT_MODEL  # the one spelling (server.py, LLM, this module)
 
 log = logging.getLogger(__name__)
 

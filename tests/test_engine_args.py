@@ -1,4 +1,4 @@
-"""The one flag table (`jaxinfer.engine_args.FLAGS`): server.py's parser, `LLM`'s keyword
+"""The one flag table (`jaxinfer.config.args.FLAGS`): server.py's parser, `LLM`'s keyword
 defaults, the planner's flags and the cluster launcher all take their flags from it."""
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import sys
 import pytest
 
 from api_helpers import REPO, model_config
-from jaxinfer import cluster_cli, engine_args, plan
+from jaxinfer import cluster_cli, plan
+from jaxinfer.config import args as engine_args
 from jaxinfer.config import QUANTIZATIONS, EngineConfig
-from jaxinfer.engine_args import DEFAULT_MODEL, FLAGS, add_engine_args, engine_config, flag, llm_defaults
+from jaxinfer.config.args import DEFAULT_MODEL, FLAGS, add_engine_args, engine_config, flag, llm_defaults
 from jaxinfer.llm import LLM, OFFLINE_MAX_QUEUE_LEN
 
 sys.path.insert(0, str(REPO))

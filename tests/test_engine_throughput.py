@@ -42,7 +42,7 @@ def test_both_schedulers_generate_every_token(tmp_path):
 
 def test_llm_refuses_an_unknown_scheduler():
     from jaxinfer import LLM
-    from jaxinfer.model_config import ModelConfig
+    from jaxinfer.config.model_config import ModelConfig
 
     with pytest.raises(ValueError, match="scheduler must be"):
         LLM("dummy", dtype="float32", scheduler="round-robin", warmup=False,

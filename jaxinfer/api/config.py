@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxinfer.engine_args import DEFAULT_MODEL
+from jaxinfer.config.args import DEFAULT_MODEL
 
 # A queued request expires at this multiple of ``max_queue_wait``: the estimate behind the
 # bound is an upper bound while the measured step time holds (outputs counted at max_tokens),

@@ -4,7 +4,7 @@ One value per architecture (Llama, Gemma 3, ...), defined in the family's own mo
 (`jaxinfer.models.llama_family`, `jaxinfer.models.gemma3_family`) and listed by
 `jaxinfer.models.registry`, which the config reader, the converters and the model builder
 ask instead of branching on family names. Plain Python: no JAX or flax import, so the
-JAX-free `jaxinfer.model_config` can use it.
+JAX-free `jaxinfer.config.model_config` can use it.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 if TYPE_CHECKING:  # annotations only: model_config imports the registry, not the reverse
     import numpy as np
 
-    from jaxinfer.model_config import ModelConfig
+    from jaxinfer.config.model_config import ModelConfig
 
 GgufField = Callable[..., Any]  # field(key, default=None) -> the GGUF metadata value
 
@@ -25,7 +25,7 @@ class ModelFamily:
 
     Attributes:
       model_type: the Hugging Face ``model_type`` (``"llama"``, ``"gemma3_text"``): the
-        registry key, and `jaxinfer.model_config.ModelConfig.model_type`.
+        registry key, and `jaxinfer.config.model_config.ModelConfig.model_type`.
       hf_architectures: the ``config.json`` ``architectures`` names of the family; the first
         is written back into converted folders.
       gguf_architecture: its GGUF ``general.architecture`` (``"llama"``, ``"gemma3"``), or

@@ -19,7 +19,7 @@ from jaxinfer.models.family import GgufField, ModelFamily
 from jaxinfer.models.llama_family import DECODER, GGUF_GLOBAL, GGUF_LAYER, HF_LAYER
 
 if TYPE_CHECKING:
-    from jaxinfer.model_config import ModelConfig
+    from jaxinfer.config.model_config import ModelConfig
 
 SLIDING_PATTERN = 6  # transformers' default for configs without layer_types: every 6th layer is global
 END_OF_TURN = "<end_of_turn>"  # a stop token of Gemma 3 besides EOS (its generation_config lists both)

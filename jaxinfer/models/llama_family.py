@@ -4,7 +4,7 @@ Owns how Llama checkpoints spell things: the Hugging Face and GGUF (llama.cpp gg
 ``TENSOR_NAMES``, llama arch) tensor names, the llama.cpp row permutation of ``attn_q`` /
 ``attn_k`` (`unpermute_qk`), and the ``config.json`` fields written back. The decoder is
 `jaxinfer.models.llama.LlamaForCausalLM`. Plain numpy, no JAX (read by the JAX-free
-`jaxinfer.model_config` through `jaxinfer.models.registry`).
+`jaxinfer.config.model_config` through `jaxinfer.models.registry`).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 from jaxinfer.models.family import GgufField, ModelFamily
 
 if TYPE_CHECKING:
-    from jaxinfer.model_config import ModelConfig
+    from jaxinfer.config.model_config import ModelConfig
 
 DECODER = "jaxinfer.models.llama:LlamaForCausalLM"
 

@@ -8,7 +8,7 @@ branching on family names: `by_model_type` (Hugging Face ``model_type``, also
 entry listed in `FAMILIES`, and its tests.
 
 Plain Python: decoders are named as ``"module:Class"`` strings and imported only by
-`decoder_class`, so the JAX-free `jaxinfer.model_config` can use this module.
+`decoder_class`, so the JAX-free `jaxinfer.config.model_config` can use this module.
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def decoder_class(model_type: Any) -> type:
 
     Args:
       model_type: a ``model_type`` name, or anything with a ``model_type`` attribute
-        (a `jaxinfer.model_config.ModelConfig`).
+        (a `jaxinfer.config.model_config.ModelConfig`).
     Returns:
       The class (e.g. `jaxinfer.models.llama.LlamaForCausalLM`), built as
       ``cls(cfg, backend, dtype, param_dtype, ...)``.

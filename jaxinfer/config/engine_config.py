@@ -1,10 +1,9 @@
 """Configuration tree: frozen dataclasses that flow downward from the entry points.
 
 Owns `CacheConfig`, `SchedulerConfig`, `ParallelConfig` and `EngineConfig`, and the dtypes and
-block sizes they accept. `ModelConfig` (read from a Hugging Face style ``config.json``) with its
-`RopeScaling` lives in `jaxinfer.model_config` and is re-exported here, the path most modules
-import it from. Plain Python: no JAX import, so host-side modules and tests can use it freely.
-CLI flags of ``server.py`` map one-to-one onto these fields.
+block sizes they accept (`ModelConfig` is `jaxinfer.config.model_config`'s). Plain Python: no JAX
+import, so host-side modules and tests can use it freely. The flags of ``server.py`` map onto
+these fields through one table, `jaxinfer.config.args`.
 """
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ import dataclasses
 import math
 
 from jaxinfer.layers.attention.registry import ATTENTION_BACKENDS
-from jaxinfer.model_config import ModelConfig  # noqa: F401 (re-export)
 from jaxinfer.sampling_params import is_integer
 from jaxinfer.spec_decode.config import SpeculativeConfig
 
