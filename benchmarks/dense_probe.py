@@ -16,7 +16,7 @@ fold):
     model's ``scan_layers=False`` layout);
   * ``unrolled_fused``: the same with the fused matmuls;
   * ``scan_amx``: the layout a bfloat16 model runs on a CPU with AMX or AVX-512 BF16
-    (`jaxinfer.native_amx`): the stacked weights packed once, every product (the LM head's
+    (`jaxinfer.kernels.cpu.amx`): the stacked weights packed once, every product (the LM head's
     too) by the packed-product kernel reading layer ``l`` in place. Needs AMX or AVX-512 BF16;
     elsewhere it is left out.
 
@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer import native_amx
+from jaxinfer.kernels.cpu import amx as native_amx
 from jaxinfer.platform.cpu_features import host_cpu_flags
 from jaxinfer.bench.metadata import git_commit
 from jaxinfer.models import cpu_bf16

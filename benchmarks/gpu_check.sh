@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check of pallas_kernels, prepared for two H200 calls (installs nothing):
+# GPU check of jaxinfer.kernels.pallas, prepared for two H200 calls (installs nothing):
 #   STEPS="tests bench engine" (< 10 min), then STEPS="llama throughput oracle" (< 6 min).
 #
 # Assumes the GPU machine's python3 with jax 0.11.x + CUDA (its image has jax, flax, orbax,

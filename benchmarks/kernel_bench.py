@@ -33,11 +33,11 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from pallas_kernels import (  # noqa: E402
+from jaxinfer.kernels.pallas import (  # noqa: E402
     ragged_paged_attention,
     ragged_paged_attention_reference,
 )
-from pallas_kernels.ragged_paged_attention import auto_decode_splits  # noqa: E402
+from jaxinfer.kernels.pallas.ragged_paged_attention import auto_decode_splits  # noqa: E402
 
 LAYOUTS = {"llama3-8b": (32, 8, 128), "smollm2": (9, 3, 64)}
 L2_BYTES = 64 << 20  # H200: 60 MB of L2; rotate inputs over at least 3x this

@@ -186,7 +186,7 @@ def main() -> None:
           "m32_logits": matmul_gflops(args.batch, D, V, dtype, args.reps)}
     bw = bandwidth_gb_s((64 if args.quick else 256) << 20, dtype, args.reps)
     # the probe runs the step's products as the model does: the packed-product kernel where the
-    # runner packed them (`jaxinfer.native_amx`), else XLA's dot; XLA's is kept for the record
+    # runner packed them (`jaxinfer.kernels.cpu.amx`), else XLA's dot; XLA's is kept for the record
     layout = "scan_amx" if llm.engine.runner.amx is not None else "scan"
     probe = probe_ms(cfg, layout, args.batch, dtype, args.reps)
     probe_xla = probe if layout == "scan" else probe_ms(cfg, "scan", args.batch, dtype, args.reps)

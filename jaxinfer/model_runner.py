@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer import native_argmax
+from jaxinfer.kernels.cpu import argmax as native_argmax
 from jaxinfer.attention import AttentionMetadata, KVStorage, get_attention_backend, kv_storage_dtype
 from jaxinfer.batch import StepInputs
 from jaxinfer.buckets import Bucket
@@ -60,7 +60,7 @@ logger = logging.getLogger(__name__)
 # copy (the layer weights' bytes once more) and the unrolled buckets' slower compiles
 # (~37 s of a cold warm-up of the default model), at a slower lone-stream decode step.
 # With packed weights (the plan's ``packed``: AMX, AVX-512 BF16 or int8 VNNI) nothing unrolls by
-# default: the scanned step reads them in place for one row too (`jaxinfer.native_amx`). On the
+# default: the scanned step reads them in place for one row too (`jaxinfer.kernels.cpu.amx`). On the
 # 2-core AMD EPYC (AVX-512 BF16, no AMX) its lone-stream step matched the unrolled one over
 # `native_gemv` (11.6 / 13.2 against 11.7 / 13.0 ms, processes alternated; amx_gemm.cc's header).
 # On the 2-core AMX CPU its lone-stream decode step took 22-27 ms against 36-42 ms unrolled over

@@ -187,14 +187,14 @@ def tiny_bf16_llm(hidden_act: str = "silu", plan=None, **changes):
 
 
 def register_source_variant(source, first_lines: str, name: str, env_switch: str, targets: dict[str, str]):
-    """A native kernel's ``source`` (a Path in jaxinfer/native/) with ``first_lines`` put before it
+    """A native kernel's ``source`` (a Path in jaxinfer/kernels/cpu/csrc/) with ``first_lines`` put before it
     (e.g. ``#define JAXINFER_NO_AMX 1``), built and registered under ``targets`` (test target ->
     exported symbol); None, or why not. The copy sits beside the headers it includes and is
     removed after the build."""
     import logging
     import os
 
-    from jaxinfer import native_build
+    from jaxinfer.kernels.cpu import build as native_build
 
     copy = source.with_name(f"_test_{name}_{os.getpid()}.cc")
     copy.write_text(first_lines + source.read_text())

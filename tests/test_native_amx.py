@@ -1,4 +1,4 @@
-"""The AMX product over pre-packed bfloat16 weights (`jaxinfer.native_amx`): the packed
+"""The AMX product over pre-packed bfloat16 weights (`jaxinfer.kernels.cpu.amx`): the packed
 layout everywhere, the products and the model's use of them where the CPU has AMX."""
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from helpers import register_source_variant, tiny_bf16_llm, tiny_config, unpacked
-from jaxinfer import SamplingParams, native_amx
+from jaxinfer import SamplingParams
+from jaxinfer.kernels.cpu import amx as native_amx
 from jaxinfer.platform.cpu_features import host_cpu_flags
 from jaxinfer.layers.linear_methods.amx_packed import packed_variables
 from jaxinfer.layers.linear_methods.packed import without_packed

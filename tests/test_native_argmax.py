@@ -1,4 +1,4 @@
-"""The C++ row argmax (`jaxinfer.native_argmax`): the same ids as ``jnp.argmax`` on random rows,
+"""The C++ row argmax (`jaxinfer.kernels.cpu.argmax`): the same ids as ``jnp.argmax`` on random rows,
 ties, rows of -inf, +inf and NaN (the first NaN wins, as in jnp), widths that are not a multiple
 of the vector width; and the engine's steps call it on one CPU device with the same greedy
 outputs as ``jnp.argmax``."""
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from helpers import tiny_bf16_llm
-from jaxinfer import SamplingParams, native_argmax
+from jaxinfer import SamplingParams
+from jaxinfer.kernels.cpu import argmax as native_argmax
 
 pytestmark = pytest.mark.skipif(not native_argmax.available(), reason="no C++ compiler: the loop cannot be built")
 

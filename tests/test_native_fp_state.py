@@ -3,15 +3,19 @@
 With ``-ffast-math`` on the link line, GCC adds crtfastmath.o to a shared library, and its
 constructor sets flush-to-zero / denormals-are-zero in MXCSR when the library is loaded:
 every later numpy or JAX computation in the process then lost its subnormals (hypothesis'
-float strategies refused to run). `jaxinfer.native_build.FLAGS` spells out the reassociation
+float strategies refused to run). `jaxinfer.kernels.cpu.build.FLAGS` spells out the reassociation
 flags instead.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from jaxinfer import native_amx, native_argmax, native_attention, native_gemv, native_int8
-from jaxinfer import native_build
+from jaxinfer.kernels.cpu import amx as native_amx
+from jaxinfer.kernels.cpu import argmax as native_argmax
+from jaxinfer.kernels.cpu import attention as native_attention
+from jaxinfer.kernels.cpu import gemv as native_gemv
+from jaxinfer.kernels.cpu import int8 as native_int8
+from jaxinfer.kernels.cpu import build as native_build
 from jaxinfer.platform.cpu_features import host_cpu_flags
 
 

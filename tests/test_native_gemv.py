@@ -1,4 +1,4 @@
-"""The C++ one- and two-row bfloat16 products (`jaxinfer.native_gemv`): equal to
+"""The C++ one- and two-row bfloat16 products (`jaxinfer.kernels.cpu.gemv`): equal to
 ``lax.dot_general`` up to float32 summation order, through `cpu_bf16` in DenseGeneral's
 layouts, and used by the compiled one-token step of a bfloat16 model on one CPU device
 (with the same logits as XLA's product)."""
@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from helpers import tiny_bf16_llm, unpacked
-from jaxinfer import SamplingParams, native_attention, native_gemv
+from jaxinfer import SamplingParams
+from jaxinfer.kernels.cpu import attention as native_attention
+from jaxinfer.kernels.cpu import gemv as native_gemv
 from jaxinfer.models import cpu_bf16
 
 pytestmark = pytest.mark.skipif(not native_gemv.available(), reason="no C++ compiler: the loops cannot be built")

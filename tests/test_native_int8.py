@@ -1,4 +1,4 @@
-"""The int8 product kernel (jaxinfer/native/int8_gemm.cc, `jaxinfer.native_int8`): packing, products
+"""The int8 product kernel (jaxinfer/kernels/cpu/csrc/int8_gemm.cc, `jaxinfer.kernels.cpu.int8`): packing, products
 against a float64 reference of the same arithmetic and against XLA's dequantize-then-dot, errors,
 and an int8 model's steps through it."""
 from __future__ import annotations
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from helpers import resolved_plan, tiny_config, unpacked
-from jaxinfer import LLM, SamplingParams, native_int8
+from jaxinfer import LLM, SamplingParams
+from jaxinfer.kernels.cpu import int8 as native_int8
 from jaxinfer.platform.cpu_features import host_cpu_flags
 from jaxinfer.models import quant
 from jaxinfer.layers.linear_methods.int8_packed import packed_variables

@@ -1,4 +1,4 @@
-"""Tests of pallas_kernels: kernel and jnp reference against a float64 NumPy oracle.
+"""Tests of jaxinfer.kernels.pallas: kernel and jnp reference against a float64 NumPy oracle.
 
 By default the Pallas kernel runs in interpret mode (CPU). With
 ``JAXINFER_PALLAS_COMPILED=1`` the same tests run it compiled (interpret=False), for
@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels import ragged_paged_attention, ragged_paged_attention_reference
-from pallas_kernels.reference import num_work_items, plan_query_blocks
+from jaxinfer.kernels.pallas import ragged_paged_attention, ragged_paged_attention_reference
+from jaxinfer.kernels.pallas.reference import num_work_items, plan_query_blocks
 
 COMPILED = os.environ.get("JAXINFER_PALLAS_COMPILED") == "1"
 INTERPRET = not COMPILED
@@ -195,7 +195,7 @@ def test_sliding_window_matches_numpy(case, window):
 
 
 def test_auto_decode_splits():
-    from pallas_kernels.ragged_paged_attention import auto_decode_splits
+    from jaxinfer.kernels.pallas.ragged_paged_attention import auto_decode_splits
 
     assert auto_decode_splits(64 * 8, 512, 16) == 1  # batch 64 x 8 KV heads fills the GPU
     assert auto_decode_splits(4 * 8, 512, 16) == 8  # 32 programs: 8x to reach 256

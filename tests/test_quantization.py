@@ -19,7 +19,7 @@ from jaxinfer.model_runner import CompileCounter
 from jaxinfer.models.quant import (dequantize as dequantize_weight, qdot, quantize_array, quantize_params, scale_shape,
                                    tied_head_logits)
 from jaxinfer.params import init_params
-from pallas_kernels import ragged_paged_attention
+from jaxinfer.kernels.pallas import ragged_paged_attention
 from test_pallas_kernels import make_batch, numpy_attention
 
 CFG = tiny_config(vocab=256, hidden=64, layers=2, heads=4, kv_heads=2, inter=128)

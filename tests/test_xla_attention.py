@@ -1,5 +1,5 @@
 """The XLA paged-attention path against a float64 numpy reference (full causal and sliding
-windows), by its jnp parts and by the C++ kernel (`jaxinfer.native_attention`, every token
+windows), by its jnp parts and by the C++ kernel (`jaxinfer.kernels.cpu.attention`, every token
 from the pages after the step's K/V are written), on ragged steps packed
 by the real `batch` code: decodes of very different context lengths (block and group
 edges included), a continuing prefill chunk and a fresh prefill in one step, its work
@@ -14,7 +14,7 @@ import pytest
 
 from helpers import register_source_variant
 from jaxinfer import batch as B
-from jaxinfer import native_attention
+from jaxinfer.kernels.cpu import attention as native_attention
 from jaxinfer.attention import (AttentionMetadata, gather_pages, get_attention_backend, paged_attention, write_kv,
                                 xla_paged_attention)
 from jaxinfer.buckets import Bucket, BucketLadders

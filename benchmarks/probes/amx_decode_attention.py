@@ -15,7 +15,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxinfer import native_attention  # noqa: E402
+from jaxinfer.kernels.cpu import attention as native_attention  # noqa: E402
 
 R, K, G, H, bs, NB, L = 32, 3, 3, 64, 16, 1537, 30
 CTX = int(sys.argv[1]) if len(sys.argv) > 1 else 281

@@ -13,7 +13,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
-from jaxinfer import native_amx  # noqa: E402
+from jaxinfer.kernels.cpu import amx as native_amx  # noqa: E402
 
 assert native_amx.available(), native_amx._load()
 rng = np.random.default_rng(0)

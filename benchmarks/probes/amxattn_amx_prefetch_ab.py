@@ -1,5 +1,5 @@
 """The AMX product kernel with its weight prefetch at several distances (kAhead = 0: off), alternated
-in one process: each variant is this checkout's jaxinfer/native/amx_gemm.cc with kAhead replaced,
+in one process: each variant is this checkout's jaxinfer/kernels/cpu/csrc/amx_gemm.cc with kAhead replaced,
 built and registered under its own FFI target. 30 scanned products M x K x N per weight stack,
 8 stacks in rotation (413 MB for 576 x 1536: more than this CPU's L3, so weights come from DRAM,
 as in the model's step). Median of 6 alternated rounds of 8 calls. Usage: amx_prefetch_ab.py [kAhead ...].
@@ -19,7 +19,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
-from jaxinfer import native_amx, native_build  # noqa: E402
+from jaxinfer.kernels.cpu import amx as native_amx
+from jaxinfer.kernels.cpu import build as native_build  # noqa: E402
 
 assert native_amx.available(), "needs AMX"
 L, NC = 30, 8

@@ -1,5 +1,5 @@
 """Greedy ids of R rows of SmolLM2's 49,152 logits: jnp.argmax (XLA's variadic reduce) against the
-C++ loop (`jaxinfer.native_argmax`), alternated in one process; median of 10 rounds of 20 calls,
+C++ loop (`jaxinfer.kernels.cpu.argmax`), alternated in one process; median of 10 rounds of 20 calls,
 4 logit arrays in rotation."""
 import sys
 import time
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from jaxinfer import native_argmax  # noqa: E402
+from jaxinfer.kernels.cpu import argmax as native_argmax  # noqa: E402
 
 assert native_argmax.available()
 fns = {"jnp.argmax": jax.jit(lambda x: jnp.argmax(x, axis=-1).astype(jnp.int32)), "C++ loop": jax.jit(native_argmax.argmax)}

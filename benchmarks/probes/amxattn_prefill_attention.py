@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from jaxinfer import native_attention  # noqa: E402
+from jaxinfer.kernels.cpu import attention as native_attention  # noqa: E402
 
 T, K, G, H, L, NB = 512, 3, 3, 64, 30, 64
 rng = np.random.default_rng(0)

@@ -15,7 +15,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from jaxinfer import LLM, SamplingParams, model_runner, native_amx, native_build  # noqa: E402
+from jaxinfer import LLM, SamplingParams, model_runner
+from jaxinfer.kernels.cpu import amx as native_amx
+from jaxinfer.kernels.cpu import build as native_build  # noqa: E402
 
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 12
 prefill = "prefill" in sys.argv[2:]

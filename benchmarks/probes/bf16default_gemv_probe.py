@@ -2,7 +2,7 @@
 import os, sys, time
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
 import jax, jax.numpy as jnp, numpy as np
-from jaxinfer import native_gemv
+from jaxinfer.kernels.cpu import gemv as native_gemv
 assert native_gemv.available()
 rng = np.random.default_rng(0)
 def bf(a): return jnp.asarray(a, jnp.bfloat16)

@@ -4,7 +4,8 @@ alternated in one process. Shapes: gated MLP 576 -> 2x1536 (gate_up) and down 15
 import logging, os, statistics, sys, time
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
 import jax, jax.numpy as jnp, numpy as np
-from jaxinfer import native_build, native_amx
+from jaxinfer.kernels.cpu import build as native_build
+from jaxinfer.kernels.cpu import amx as native_amx
 from jaxinfer.models import cpu_bf16
 why = native_build.register(native_amx.SOURCE, "probe", "JAXINFER_NATIVE_AMX",
                             {"probe_gemm": "JaxinferAmxGemm", "probe_gated": "JaxinferAmxGated"}, logging.getLogger("p"))

@@ -10,7 +10,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from jaxinfer import LLM, SamplingParams, native_amx  # noqa: E402
+from jaxinfer import LLM, SamplingParams
+from jaxinfer.kernels.cpu import amx as native_amx  # noqa: E402
 
 R, P, ROUNDS = (int(a) for a in (sys.argv[1:] + ["1", "128", "15"][len(sys.argv) - 1:])[:3])
 

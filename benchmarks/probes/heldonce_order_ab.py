@@ -3,7 +3,8 @@ the first product that reads it, so that a load waits only for the product that 
 tile), against this checkout's order; the product sequence of a step at ROWS rows, alternated."""
 import logging, os, time, statistics as st
 import jax, jax.numpy as jnp, numpy as np
-from jaxinfer import native_amx, native_build
+from jaxinfer.kernels.cpu import amx as native_amx
+from jaxinfer.kernels.cpu import build as native_build
 assert native_amx.available()  # also asks the kernel for tile state (else SIGILL)
 src = native_amx.SOURCE.read_text()
 OLD = """    _tile_loadd(4, a + b * 32, lda * 2);

@@ -1,6 +1,7 @@
 """RSS of LLM() with the defaults after warm-up, then the step time of a lone stream; argv[1] 'keep' keeps the stacked kernels."""
 import sys, time, statistics as st, psutil
-from jaxinfer import LLM, native_amx
+from jaxinfer import LLM
+from jaxinfer.kernels.cpu import amx as native_amx
 from jaxinfer.sampling_params import SamplingParams
 if sys.argv[1] == "keep":
     native_amx.without_packed = lambda params, packed: params

@@ -3,7 +3,8 @@ o, gate_up (gated), down over 30 layers, then the tied head; 269 MB of weights, 
 alternated in one process. Usage: seq_variants.py [ROWS env: 1]"""
 import logging, os, sys, time, statistics as st
 import jax, jax.numpy as jnp, numpy as np
-from jaxinfer import native_amx, native_build
+from jaxinfer.kernels.cpu import amx as native_amx
+from jaxinfer.kernels.cpu import build as native_build
 assert native_amx.available()
 src = native_amx.SOURCE.read_text()
 def prologue(s):  # prefetch the first kAhead blocks of both column blocks before the loop

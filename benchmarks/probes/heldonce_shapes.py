@@ -1,7 +1,7 @@
 """1-row AMX product per SmolLM2 shape: 30 dependent calls over the 30 layers (weights from DRAM);
 time per call and weight GB/s."""
 import time, statistics as st, sys, jax, jax.numpy as jnp, numpy as np
-from jaxinfer import native_amx as a
+from jaxinfer.kernels.cpu import amx as a
 assert a.available()
 L = 30
 M = int(sys.argv[1]) if len(sys.argv) > 1 else 1

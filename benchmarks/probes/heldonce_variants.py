@@ -2,7 +2,8 @@
 30 dependent calls over a 30-layer stack (weights from DRAM)."""
 import logging, os, re, sys, time, statistics as st
 import jax, jax.numpy as jnp, numpy as np
-from jaxinfer import native_amx, native_build
+from jaxinfer.kernels.cpu import amx as native_amx
+from jaxinfer.kernels.cpu import build as native_build
 assert native_amx.available()
 src = native_amx.SOURCE.read_text()
 KEEP = '''

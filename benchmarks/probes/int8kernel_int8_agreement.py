@@ -1,4 +1,4 @@
-"""SmolLM2-135M with int8 weights through the int8 kernel (jaxinfer/native/int8_gemm.cc) and through
+"""SmolLM2-135M with int8 weights through the int8 kernel (jaxinfer/kernels/cpu/csrc/int8_gemm.cc) and through
 XLA's dequantize-then-dot (`quant.qdot`, the runner's switch patched off), beside unquantized
 weights, under compute dtypes bfloat16 and float32: greedy agreement with the float32
 transformers reference on the 9 oracle prompts (first 16 tokens), and offline output tok/s of

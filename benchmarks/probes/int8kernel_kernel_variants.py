@@ -1,10 +1,11 @@
-"""Variants of jaxinfer/native/int8_gemm.cc (source edits, each registered under its own target) timed
+"""Variants of jaxinfer/kernels/cpu/csrc/int8_gemm.cc (source edits, each registered under its own target) timed
 against each other on stacks of SmolLM2-shaped int8 products large enough to come from memory,
 alternated in one process; ms per 30 layers. ROWS=M, VARIANTS="base ...". The edits match the
 source at 9c6a52d (some no longer apply after it)."""
 import logging, os, statistics, sys, time; sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
 import numpy as np, jax, jax.numpy as jnp
-from jaxinfer import native_build, native_int8
+from jaxinfer.kernels.cpu import build as native_build
+from jaxinfer.kernels.cpu import int8 as native_int8
 from jaxinfer.models import quant
 SRC = native_int8.SOURCE.read_text()
 V = {

@@ -2,7 +2,8 @@
 stacks large enough to come from DRAM, alternated in one process."""
 import os, statistics, sys, time; sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
 import numpy as np, jax, jax.numpy as jnp
-from jaxinfer import native_int8, native_amx
+from jaxinfer.kernels.cpu import int8 as native_int8
+from jaxinfer.kernels.cpu import amx as native_amx
 from jaxinfer.models import quant
 assert native_int8.available() and native_amx.available()
 rng = np.random.default_rng(0)

@@ -1,4 +1,4 @@
-"""Scratch probe (2026-12-02): A/B of two builds of jaxinfer/native/paged_decode.cc on the decode
+"""Scratch probe (2026-12-02): A/B of two builds of jaxinfer/kernels/cpu/csrc/paged_decode.cc on the decode
 rows' context attention (B1) alone: old = the file at git revision OLD (default 4eb8521, before
 the vectorized exp / AVX-512 loops / prefetch), new = this checkout's. 30 layers in a scanned step
 that writes each layer's K/V into a carried, donated cache (as
@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np, jax, jax.numpy as jnp
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from jaxinfer import native_attention as na
+from jaxinfer.kernels.cpu import attention as na
 OLD = os.environ.get("OLD", "4eb8521")
 tmp = Path(tempfile.mkdtemp())
-(tmp / "old.cc").write_bytes(subprocess.run(["git", "-C", str(REPO), "show", f"{OLD}:jaxinfer/native/paged_decode.cc"],
+(tmp / "old.cc").write_bytes(subprocess.run(["git", "-C", str(REPO), "show", f"{OLD}:jaxinfer/kernels/cpu/csrc/paged_decode.cc"],
                                             check=True, capture_output=True).stdout)
 
 inc = jax.ffi.include_dir()

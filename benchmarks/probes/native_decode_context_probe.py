@@ -13,7 +13,7 @@ sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]
 L, NB, bs, K, G, H = 30, 1600, 16, 3, 3, 64
 R = int(os.environ.get("R", 32)); CTX = int(os.environ.get("CTX", 640))
 W = -(-CTX // bs) + 1
-from jaxinfer import native_attention
+from jaxinfer.kernels.cpu import attention as native_attention
 print("native:", native_attention.unavailable_reason())
 def ffi_attn(x, kc, vc, layer, tables, ctx, qpos, window):
     return native_attention.decode_context(x, kc, vc, layer, tables, ctx, qpos, window)

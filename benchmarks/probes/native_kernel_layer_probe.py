@@ -5,7 +5,7 @@ heads), jitted, median of 20 calls over different layers; also a context of 0 (c
 """
 import sys, time, numpy as np, jax, jax.numpy as jnp
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
-from jaxinfer import native_attention
+from jaxinfer.kernels.cpu import attention as native_attention
 L, NB, bs, K, G, H = 30, 1600, 16, 3, 3, 64
 R, CTX = 32, 640; W = CTX // bs + 1
 rng = np.random.default_rng(0)

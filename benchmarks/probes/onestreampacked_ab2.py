@@ -2,7 +2,7 @@
 as three products (`sep`) or one fused [576, 960] product (`fused`), alternated; `body` is reused
 by onestreampacked_rows.py and onestreampacked_variants.py."""
 import time, statistics as st, jax, jax.numpy as jnp, numpy as np, sys
-from jaxinfer import native_amx as a
+from jaxinfer.kernels.cpu import amx as a
 assert a.available()
 D, F, KV, V, L = 576, 1536, 192, 49152, 30
 M = 1

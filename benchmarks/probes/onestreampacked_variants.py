@@ -3,7 +3,8 @@ against the tile path for every row count, each registered under its own FFI tar
 rotated in one process. The source edits match bf8836d's amx_gemm.cc only."""
 import logging, time, statistics as st, sys
 import jax, jax.numpy as jnp, numpy as np
-from jaxinfer import native_amx as a, native_build
+from jaxinfer.kernels.cpu import amx as a
+from jaxinfer.kernels.cpu import build as native_build
 assert a.available()
 base = open(a.SOURCE).read()
 def tiles_src(s):

@@ -3,7 +3,8 @@ before a pool helper takes its first item, and the share of items the calling th
 products of onestreampacked_ab2.py (q/k/v separate), 30 repetitions. Prints at exit."""
 import logging, time, statistics as st, sys
 import jax, jax.numpy as jnp, numpy as np
-from jaxinfer import native_amx as a, native_build
+from jaxinfer.kernels.cpu import amx as a
+from jaxinfer.kernels.cpu import build as native_build
 assert a.available()
 src = open(a.SOURCE).read()
 inst = r'''

@@ -5,7 +5,9 @@ import statistics, sys, time
 from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from jaxinfer import LLM, SamplingParams, native_amx, native_attention
+from jaxinfer import LLM, SamplingParams
+from jaxinfer.kernels.cpu import amx as native_amx
+from jaxinfer.kernels.cpu import attention as native_attention
 import prefillruns_kernel_variant as kernel_variant  # noqa: E402  (benchmarks/probes)
 assert native_attention.available() and native_amx.available()
 rev = sys.argv[1] if len(sys.argv) > 1 else "6949f94"

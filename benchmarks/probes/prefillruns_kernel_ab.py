@@ -7,7 +7,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 import jax, jax.numpy as jnp, numpy as np
-from jaxinfer import native_attention
+from jaxinfer.kernels.cpu import attention as native_attention
 import prefillruns_kernel_variant as kernel_variant  # noqa: E402  (benchmarks/probes)
 assert native_attention.available()
 name, values = sys.argv[1], sys.argv[2:]

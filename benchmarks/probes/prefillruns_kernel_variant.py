@@ -1,4 +1,4 @@
-"""Other versions of the attention kernel (jaxinfer/native/paged_decode.cc) registered beside this
+"""Other versions of the attention kernel (jaxinfer/kernels/cpu/csrc/paged_decode.cc) registered beside this
 checkout's under their own FFI targets, for the prefillruns_* A/B probes: `register_source` builds
 a given source text, `register_at` the kernel of a git revision. A probe then traces with
 ``native_attention.TARGET`` set to the returned name."""
@@ -6,7 +6,8 @@ import logging
 import subprocess
 from pathlib import Path
 
-from jaxinfer import native_attention, native_build
+from jaxinfer.kernels.cpu import attention as native_attention
+from jaxinfer.kernels.cpu import build as native_build
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,6 +28,6 @@ def register_source(text: str, name: str) -> str:
 
 def register_at(rev: str) -> str:
     """The kernel of git revision ``rev`` of this repository, registered (`register_source`)."""
-    text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:jaxinfer/native/paged_decode.cc"],
+    text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:jaxinfer/kernels/cpu/csrc/paged_decode.cc"],
                           capture_output=True, text=True, check=True).stdout
     return register_source(text, "old")

@@ -1,5 +1,5 @@
 """The C++ paged-attention kernel's decode rows at two commits, alternated in one process: this
-checkout's jaxinfer/native/paged_decode.cc against the same file at REV (built and registered
+checkout's jaxinfer/kernels/cpu/csrc/paged_decode.cc against the same file at REV (built and registered
 under its own FFI target). 32 decode rows over all 30 layers of SmolLM2's shapes (3 KV heads x 3
 query heads, head dim 64, bfloat16 pages of 16 tokens), pages spread over 4 pools of 1,537
 blocks in rotation (cold, as in a served step) or every row on the same pages (hot: the
@@ -21,7 +21,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxinfer import native_attention, native_build  # noqa: E402
+from jaxinfer.kernels.cpu import attention as native_attention
+from jaxinfer.kernels.cpu import build as native_build  # noqa: E402
 
 REV = sys.argv[1]
 CONTEXTS = [int(c) for c in sys.argv[2:]] or [281, 600]
@@ -29,7 +30,7 @@ R, K, G, H, bs, NB, L, NC = 32, 3, 3, 64, 16, 1537, 30, 4
 
 assert native_attention.available()
 variant = native_attention.SOURCE.parent / "_probe_before.cc"
-variant.write_text(subprocess.check_output(["git", "show", f"{REV}:jaxinfer/native/paged_decode.cc"], cwd=ROOT, text=True))
+variant.write_text(subprocess.check_output(["git", "show", f"{REV}:jaxinfer/kernels/cpu/csrc/paged_decode.cc"], cwd=ROOT, text=True))
 try:
     why = native_build.register(variant, f"kernel at {REV}", "JAXINFER_NATIVE_DECODE",
                                 {"probe_before": "JaxinferPagedDecode"}, logging.getLogger("probe"))

@@ -22,7 +22,7 @@ XLA:CPU's fastest matmul from two rows up (YNNPACK; numbers in
    split by XLA:CPU into a weight-sized float32 product written out, then its sum.)
    That two-row form still reads the weights at only ~7 GB/s. With ``native=True`` (the
    ``bf16_gemv`` linear method, which the execution plan picks for a model on one CPU device),
-   products of one or two rows run the C++ loops of `jaxinfer.native_gemv` instead, which
+   products of one or two rows run the C++ loops of `jaxinfer.kernels.cpu.gemv` instead, which
    read each weight once.
 
 None changes what is computed beyond float32 summation order: operands are the same
@@ -37,7 +37,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxinfer import native_gemv
+from jaxinfer.kernels.cpu import gemv as native_gemv
 from jaxinfer.attention import BF16_BITS as BITS  # the storage dtype of bit-stored bfloat16 (as the KV cache)
 from jaxinfer.attention import kv_storage_dtype, kv_values
 
@@ -78,14 +78,14 @@ def _one_row_on_cpu(lhs, rhs, n_contract: int, cpu: bool) -> bool:
 
 def _native_rows(lhs, rhs, n_contract: int, native: bool, cpu: bool) -> bool:
     """Whether the C++ loops take this product: asked for, on CPU, bfloat16 weights, at most
-    `jaxinfer.native_gemv.MAX_ROWS` rows."""
+    `jaxinfer.kernels.cpu.gemv.MAX_ROWS` rows."""
     return native and cpu and rhs.dtype == jnp.bfloat16 and _rows(lhs, n_contract) <= native_gemv.MAX_ROWS
 
 
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=jnp.float32,
                 native: bool = False, cpu: bool = True):
     """``lax.dot_general`` with float32 accumulation; on CPU (``cpu``: the execution plan's
-    platform) a product of few rows over bfloat16 weights runs in `jaxinfer.native_gemv` when
+    platform) a product of few rows over bfloat16 weights runs in `jaxinfer.kernels.cpu.gemv` when
     ``native``, else a one-row product runs as two rows (module docstring, item 3).
 
     Both forms cover the layout `flax.linen.DenseGeneral` passes: ``lhs [*B, *C]``
@@ -110,7 +110,7 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
 def tied_logits(x, table, native: bool = False, cpu: bool = True):
     """Logits ``[R, V]`` float32 of hidden states ``x [R, D]`` against a tied embedding
     ``table [V, D]`` (``einsum("rd,vd->rv")``); with bfloat16 on CPU (``cpu``), few rows run in
-    `jaxinfer.native_gemv` when ``native``, else one row as two (module docstring, item 3)."""
+    `jaxinfer.kernels.cpu.gemv` when ``native``, else one row as two (module docstring, item 3)."""
     if _native_rows(x, table, 1, native, cpu):
         return native_gemv.matmul_nk(x, table)
     if _one_row_on_cpu(x, table, 1, cpu):

@@ -13,10 +13,10 @@ variable again. Tests pick a path with ``dataclasses.replace(plan, linear=...)``
 Linear methods are named here and built by `jaxinfer.layers.linear.get_linear_method`:
   ``dense``: XLA's dot (float32 accumulation), as given;
   ``dense_cpu``: the same on XLA:CPU, a one-row bfloat16 product as two rows (`cpu_bf16`);
-  ``bf16_gemv``: ``dense_cpu`` with products of one or two rows in `jaxinfer.native_gemv`;
-  ``amx_packed``: bfloat16 weights packed once, every row count in `jaxinfer.native_amx`;
+  ``bf16_gemv``: ``dense_cpu`` with products of one or two rows in `jaxinfer.kernels.cpu.gemv`;
+  ``amx_packed``: bfloat16 weights packed once, every row count in `jaxinfer.kernels.cpu.amx`;
   ``int8``: int8 weights with group scales, XLA's dequantize-then-dot (`models.quant.qdot`);
-  ``int8_packed``: int8 weights packed once, every row count in `jaxinfer.native_int8`.
+  ``int8_packed``: int8 weights packed once, every row count in `jaxinfer.kernels.cpu.int8`.
 A packed method falls back to ``linear_fallback`` for the projections it could not pack and
 for the unrolled layers (which get no packed weights).
 """
@@ -47,14 +47,14 @@ class ExecutionPlan:
     Attributes:
       platform: JAX's default backend ("cpu", "gpu", "tpu").
       attention: the paged-attention backend, "xla" or "pallas".
-      native_attention: on the XLA path, attention by the C++ kernel (`jaxinfer.native_attention`).
+      native_attention: on the XLA path, attention by the C++ kernel (`jaxinfer.kernels.cpu.attention`).
       pallas_interpret: run the Pallas kernels in interpret mode (Pallas on CPU).
       linear: the layers' and the LM head's linear method (module docstring's names).
       linear_fallback: with a packed ``linear``, the method of what it left unpacked and of
         the unrolled layers; None otherwise.
       prompt_head: the linear method of the prompt-logprobs LM head (`jaxinfer.models.llama.LMHead`).
-      native_argmax: each step's greedy ids by the C++ loop (`jaxinfer.native_argmax`).
-      native_gemv: products of one or two bfloat16 rows in `jaxinfer.native_gemv`.
+      native_argmax: each step's greedy ids by the C++ loop (`jaxinfer.kernels.cpu.argmax`).
+      native_gemv: products of one or two bfloat16 rows in `jaxinfer.kernels.cpu.gemv`.
       unroll_max_tokens: buckets of at most this many tokens run unrolled layers (0: none).
       bf16_bits: bfloat16 layer stacks, embedding gathers and KV cache stored as uint16 bits.
       instruction_set: the packed products' instructions ("AMX tiles", "AVX-512 BF16,
@@ -125,7 +125,7 @@ def _attention_fields(attention: str, platform: str, one_cpu: bool, cfg, block_s
     """``attention``, ``native_attention`` and ``pallas_interpret``: the C++ kernel on the XLA
     path on one CPU device (the custom call cannot be split by the SPMD partitioner), shapes
     within its limits, switched on and built; any cache dtype."""
-    from jaxinfer import native_attention
+    from jaxinfer.kernels.cpu import attention as native_attention
 
     native = (attention == "xla" and one_cpu and _switched_on(environ, "attention")
               and native_attention.supports(cfg.num_attention_heads, cfg.head_dim, block_size)
@@ -136,9 +136,10 @@ def _attention_fields(attention: str, platform: str, one_cpu: bool, cfg, block_s
 def _packed_method(one_cpu: bool, bf16: bool, int8: bool, flags: frozenset[str],
                    environ: Mapping[str, str]) -> tuple[str | None, str | None]:
     """The packed linear method and its instructions, or (None, None): bfloat16 unquantized
-    weights on one CPU device with AMX or AVX-512 BF16 (`jaxinfer.native_amx`), or int8 weights
-    on one CPU device with AVX-512 VNNI (`jaxinfer.native_int8`); switched on and built."""
-    from jaxinfer import native_amx, native_int8
+    weights on one CPU device with AMX or AVX-512 BF16 (`jaxinfer.kernels.cpu.amx`), or int8 weights
+    on one CPU device with AVX-512 VNNI (`jaxinfer.kernels.cpu.int8`); switched on and built."""
+    from jaxinfer.kernels.cpu import amx as native_amx
+    from jaxinfer.kernels.cpu import int8 as native_int8
 
     if one_cpu and bf16 and _switched_on(environ, "amx") and native_amx.available(flags):
         return "amx_packed", native_amx.instruction_set(flags)
@@ -179,7 +180,8 @@ def resolve_plan(cfg, dtype, attention: str | None = None, *, block_size: int = 
     int8 = cfg.quantization == "int8"
     bf16 = jnp.dtype(dtype) == jnp.bfloat16 and cfg.quantization is None
     fields = _attention_fields(attention, platform, one_cpu, cfg, block_size, environ)
-    from jaxinfer import native_argmax, native_gemv
+    from jaxinfer.kernels.cpu import argmax as native_argmax
+    from jaxinfer.kernels.cpu import gemv as native_gemv
 
     gemv = one_cpu and bf16 and _switched_on(environ, "gemv") and native_gemv.available()
     packed, isa = _packed_method(one_cpu, bf16, int8, flags, environ)

@@ -1,5 +1,5 @@
 """The Pallas attention backend ("pallas", the GPU default): after the KV write,
-`pallas_kernels.ragged_paged_attention` over each row's whole context (``kv_lens``, this step's
+`jaxinfer.kernels.pallas.ragged_paged_attention` over each row's whole context (``kv_lens``, this step's
 tokens included), in interpret mode on CPU, under ``shard_map`` over the heads when
 tensor-parallel. The kernel reads the step's metadata as it is: `PallasAttention.prepare` has
 nothing to derive.
@@ -36,7 +36,7 @@ class PallasAttention(AttentionBackend):
 
 def pallas_paged_attention(q, k_cache, v_cache, layer, meta: AttentionMetadata, sm_scale: float,
                            interpret: bool = False, mesh: Mesh | None = None, window=None):
-    """``pallas_kernels.ragged_paged_attention`` over the whole context, per TP shard.
+    """``jaxinfer.kernels.pallas.ragged_paged_attention`` over the whole context, per TP shard.
 
     The kernel is an opaque custom call that XLA's SPMD partitioner cannot split (it would
     gather its operands, the whole KV cache, onto every device). With a ``model`` mesh
@@ -53,7 +53,7 @@ def pallas_paged_attention(q, k_cache, v_cache, layer, meta: AttentionMetadata, 
     Returns:
       [T, N, H] in q's dtype.
     """
-    from pallas_kernels import ragged_paged_attention
+    from jaxinfer.kernels.pallas import ragged_paged_attention
 
     kv = KVStorage.of(k_cache)
     quant = kv.quantized

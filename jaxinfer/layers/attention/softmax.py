@@ -4,7 +4,7 @@ a ragged work list) and merged across parts by log-sum-exp (`merge`) (Milakov & 
 2018, "Online normalizer calculation for softmax"; FlashAttention, Dao et al. 2022), and the
 sliding window's mask. Masked keys are -inf; an empty query stays (-inf, 0, 0).
 
-Not shared with `pallas_kernels`: the Pallas kernel keeps its own in-kernel form (finite
+Not shared with `jaxinfer.kernels.pallas`: the Pallas kernel keeps its own in-kernel form (finite
 ``MASK_VALUE``, ``[R, 1]`` statistics for Triton's 2-D tiles, HIGHEST-precision dots) and its
 split merge, and that package imports nothing from jaxinfer; its pure-jnp reference is a dense
 softmax, not an online one. Einsum letters: X queries, P work items, K kv heads, G query heads

@@ -1,6 +1,6 @@
 """The XLA attention backend ("xla", the CPU default): ragged paged attention in pure jnp, or,
 on one CPU device with the C++ kernel built (``native``), every token by
-`jaxinfer.native_attention`. Owns the path's jnp parts and its per-step preparation, the work
+`jaxinfer.kernels.cpu.attention`. Owns the path's jnp parts and its per-step preparation, the work
 lists of `jaxinfer.xla_work_plan` (`XlaAttention.prepare`, once per step before the layer loop).
 
 With the kernel, after the write every token's query reads its row's pages up to its own
@@ -32,7 +32,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from jaxinfer import native_attention
+from jaxinfer.kernels.cpu import attention as native_attention
 from jaxinfer.layers.attention.base import AttentionBackend
 from jaxinfer.layers.attention.kv_storage import KVStorage
 from jaxinfer.layers.attention.softmax import fold, fold_segments, in_window, init_state, merge, partial_softmax
@@ -47,7 +47,7 @@ class XlaAttention(AttentionBackend):
     SPMD partitioner splits it).
 
     Attributes:
-      native: every token's attention by the C++ kernel (`jaxinfer.native_attention`) instead
+      native: every token's attention by the C++ kernel (`jaxinfer.kernels.cpu.attention`) instead
         of the jnp parts; one CPU device only (any cache format: float32, bit-stored bfloat16,
         int8 or fp8 with their scales).
     """
@@ -160,7 +160,7 @@ def _chunk_context(qg, k_cache, v_cache, layer, meta, plan, kv: KVStorage, q_chu
 
 def _native_paged_attention(qg, k_cache, v_cache, layer, meta, plan, kv: KVStorage, window=None):
     """Every packed token against its row's pages by the C++ kernel
-    (`jaxinfer.native_attention.paged_context`): each token's query sees the keys at positions
+    (`jaxinfer.kernels.cpu.attention.paged_context`): each token's query sees the keys at positions
     ``<= positions[t]`` of row ``plan.token_seq[t]``. The step's own K/V must already be in the
     pages (`AttentionBackend.__call__` writes them first), so the new tokens need no separate part and
     nothing is merged; padding tokens (row -1) read nothing and give 0.

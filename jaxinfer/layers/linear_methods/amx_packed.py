@@ -1,5 +1,5 @@
 """``amx_packed``: bfloat16 unquantized weights packed once at load for the kernel of
-`jaxinfer.native_amx` (AMX tiles, or AVX-512 BF16's VDPBF16PS), which runs every row count over
+`jaxinfer.kernels.cpu.amx` (AMX tiles, or AVX-512 BF16's VDPBF16PS), which runs every row count over
 them in place by layer index: each projection, q/k/v as one product, the MLP's gate and up as
 one gated call, and the LM head. What is not packable runs the fallback method (and so do the
 unrolled layers, which get no packed weights). Parameters are the fallback's.
@@ -15,7 +15,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer import native_amx
+from jaxinfer.kernels.cpu import amx as native_amx
 from jaxinfer.layers.linear import register_linear_method
 from jaxinfer.layers.linear_methods.packed import (FUSED, PACKED, PROJECTIONS, PackedLinear, as_kn, packed_as,
                                                    read_packed, without_packed)
@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 @register_linear_method
 @dataclasses.dataclass(frozen=True)
 class AmxPackedLinear(PackedLinear):
-    """Packed bfloat16 products (`jaxinfer.native_amx`), ``fallback`` where nothing was packed."""
+    """Packed bfloat16 products (`jaxinfer.kernels.cpu.amx`), ``fallback`` where nothing was packed."""
 
     name: ClassVar[str] = "amx_packed"
 
@@ -43,7 +43,7 @@ class AmxPackedLinear(PackedLinear):
 
     def process_weights_after_loading(self, params: dict, cfg) -> tuple[dict, dict | None]:
         packed = packed_variables(params, cfg)
-        logger.info("products: bfloat16 weights packed once, jaxinfer/native/amx_gemm.cc")
+        logger.info("products: bfloat16 weights packed once, jaxinfer/kernels/cpu/csrc/amx_gemm.cc")
         return without_packed(params, packed), packed
 
 

@@ -32,7 +32,7 @@ class DenseLinear(LinearMethod):
 
     name: ClassVar[str] = "dense"
     cpu: ClassVar[bool] = False  # `cpu_bf16`'s XLA:CPU work-arounds
-    native: ClassVar[bool] = False  # one- and two-row bfloat16 products in `jaxinfer.native_gemv`
+    native: ClassVar[bool] = False  # one- and two-row bfloat16 products in `jaxinfer.kernels.cpu.gemv`
 
     def create_weights(self, module: nn.Module, p: Projection) -> nn.Module:
         """``nn.DenseGeneral`` named ``p.name``, kernel ``[*in, *features]`` with logical axes ``p.names``."""

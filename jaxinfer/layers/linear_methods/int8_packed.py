@@ -1,5 +1,5 @@
 """``int8_packed``: int8 weights with group scales packed once at load for the kernel of
-`jaxinfer.native_int8` (AVX-512 VNNI), which runs every row count over them in place by layer
+`jaxinfer.kernels.cpu.int8` (AVX-512 VNNI), which runs every row count over them in place by layer
 index: each projection, q/k/v as one product, and the LM head; gate and up stay two products
 (the gated epilogue is the bfloat16 kernel's). What does not fit runs the fallback (``int8``,
 whose parameters these are), and so do the unrolled layers.
@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from jaxinfer import native_int8
+from jaxinfer.kernels.cpu import int8 as native_int8
 from jaxinfer.layers.linear import register_linear_method
 from jaxinfer.layers.linear_methods.packed import FUSED, PACKED, PROJECTIONS, PackedLinear, without_packed
 
@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 @register_linear_method
 @dataclasses.dataclass(frozen=True)
 class Int8PackedLinear(PackedLinear):
-    """Packed int8 products (`jaxinfer.native_int8`), ``fallback`` where nothing was packed."""
+    """Packed int8 products (`jaxinfer.kernels.cpu.int8`), ``fallback`` where nothing was packed."""
 
     name: ClassVar[str] = "int8_packed"
 
@@ -32,7 +32,7 @@ class Int8PackedLinear(PackedLinear):
 
     def process_weights_after_loading(self, params: dict, cfg) -> tuple[dict, dict | None]:
         packed = packed_variables(params, cfg)
-        logger.info("products: int8 weights packed once, jaxinfer/native/int8_gemm.cc")
+        logger.info("products: int8 weights packed once, jaxinfer/kernels/cpu/csrc/int8_gemm.cc")
         return without_packed(params, packed), packed
 
 

@@ -23,7 +23,7 @@ PROJECTIONS = (("attn", "q_proj", 1), ("attn", "k_proj", 1), ("attn", "v_proj", 
                ("mlp", "gate_proj", 1), ("mlp", "up_proj", 1), ("mlp", "down_proj", 1))
 # Projections packed together as one product, by module: fused name -> its members, in the
 # order of the fused output's columns ("gate_up" interleaves its members' 16-column blocks,
-# `jaxinfer.native_amx.pack_gated`; "qkv" is q's, k's and v's kernels side by side, in that order).
+# `jaxinfer.kernels.cpu.amx.pack_gated`; "qkv" is q's, k's and v's kernels side by side, in that order).
 FUSED = {"mlp": {"gate_up": ("gate_proj", "up_proj")}, "attn": {"qkv": ("q_proj", "k_proj", "v_proj")}}
 
 

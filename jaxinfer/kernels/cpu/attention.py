@@ -1,4 +1,4 @@
-"""The CPU paged-attention kernel (`jaxinfer/native/paged_decode.cc`): its build, its
+"""The CPU paged-attention kernel (`jaxinfer/kernels/cpu/csrc/paged_decode.cc`): its build, its
 registration as an XLA FFI target, and the jnp-side call.
 
 On one CPU device the XLA attention path hands every token to it
@@ -15,7 +15,7 @@ prompt chunk's queries multiply Q K^T and P V on the AMX tiles (bfloat16 operand
 sums; `JAXINFER_NATIVE_AMX=0` keeps the AVX-512 loop): the kernel alone on a 512-token chunk,
 79 against 200 ms for SmolLM2's 30 layers (`benchmarks/results/2026-12-03-cpu2-amx-attention/`).
 
-The source is compiled on first use by `jaxinfer.native_build` (the machine's C++ compiler,
+The source is compiled on first use by `jaxinfer.kernels.cpu.build` (the machine's C++ compiler,
 cached in ``~/.cache/jaxinfer/native/paged_decode-<hash>.so``).
 The executable keeps only the target's name, so JAX's persistent compilation cache still
 works. With no compiler, or ``JAXINFER_NATIVE_DECODE=0``, `available` says why and the
@@ -29,7 +29,7 @@ import logging
 import jax
 import jax.numpy as jnp
 
-from jaxinfer import native_build
+from jaxinfer.kernels.cpu import build as native_build
 
 logger = logging.getLogger(__name__)
 

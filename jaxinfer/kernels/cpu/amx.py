@@ -1,5 +1,5 @@
 """Products against pre-packed bfloat16 weights on CPUs with Intel AMX or AVX-512 BF16
-(`jaxinfer/native/amx_gemm.cc`): the build, the FFI registration, the packed layout (`pack`) and the jnp-side calls. The packed layout is AMX's pair-interleaved B operand,
+(`jaxinfer/kernels/cpu/csrc/amx_gemm.cc`): the build, the FFI registration, the packed layout (`pack`) and the jnp-side calls. The packed layout is AMX's pair-interleaved B operand,
 which is also what VDPBF16PS multiplies, so one packing serves both: AMX CPUs (Sapphire Rapids
 on) run the tiles, CPUs with AVX-512 BF16 and no AMX (AMD Zen 4 on) the VDPBF16PS loops. Every
 row count goes through the kernel, one row (a lone decoding stream) too: those products
@@ -15,10 +15,10 @@ chose it: a bfloat16 unquantized model on one CPU device whose CPU has AMX (``am
 AVX-512 BF16 (``avx512_bf16``). The gated MLP's
 gate and up products run as one call that writes act(gate) * up in bfloat16 (`gated_matmul`).
 
-Built on first use by `jaxinfer.native_build`; with neither AMX nor AVX-512 BF16 in the flags
+Built on first use by `jaxinfer.kernels.cpu.build`; with neither AMX nor AVX-512 BF16 in the flags
 it is given, or no compiler, `available` says why and XLA's dot runs (the execution plan reads
 ``JAXINFER_NATIVE_AMX=0`` and then does not ask). The same switch keeps the
-attention kernel's prefill runs off AMX (`jaxinfer.native_attention`, which reads it per call
+attention kernel's prefill runs off AMX (`jaxinfer.kernels.cpu.attention`, which reads it per call
 and asks Linux for the tile state itself).
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer import native_build
+from jaxinfer.kernels.cpu import build as native_build
 
 logger = logging.getLogger(__name__)
 

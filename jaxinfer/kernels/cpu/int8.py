@@ -1,5 +1,5 @@
 """Products against pre-packed int8 weights with group scales on CPUs with AVX-512 VNNI
-(`jaxinfer/native/int8_gemm.cc`, ``--quantization int8``): the build, the FFI registration, the
+(`jaxinfer/kernels/cpu/csrc/int8_gemm.cc`, ``--quantization int8``): the build, the FFI registration, the
 packed layout (`pack`) and the jnp-side call.
 
 XLA:CPU (jax 0.10.2) does not fuse the int8 -> float convert into its dot, so the int8 model
@@ -8,13 +8,13 @@ token than the bfloat16 model. The kernel reads the int8 weights once, in place 
 and applies the group scales to its int32 sums (the kernel's header has the arithmetic).
 
 A packed weight is a dict ``{"w": int8 [L, N/16, K/32, 16, 16, 2], "s": float32 [L, K/64, N]}``
-(`pack`): `jaxinfer.native_amx`'s layout with int8 elements, and the scales as float32. The
+(`pack`): `jaxinfer.kernels.cpu.amx`'s layout with int8 elements, and the scales as float32. The
 ``int8_packed`` linear method (`jaxinfer.layers.linear_methods.int8_packed`) packs a model's
 weights at load and calls `matmul`. Used for an int8 model on one CPU device whose
 CPU has AVX-512 VNNI and BW (Intel Ice Lake / Sapphire Rapids, AMD Zen 4 on), at any row count
 and compute dtype.
 
-Built on first use by `jaxinfer.native_build`; without AVX-512 VNNI in the flags it is given, or
+Built on first use by `jaxinfer.kernels.cpu.build`; without AVX-512 VNNI in the flags it is given, or
 no compiler, `available` says why and the int8 model runs `qdot` (the execution plan reads
 ``JAXINFER_NATIVE_INT8=0`` and then does not ask).
 """
@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer import native_build
+from jaxinfer.kernels.cpu import build as native_build
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Row-wise argmax of float32 logits on CPU (`jaxinfer/native/argmax.cc`): the build, the XLA FFI
+"""Row-wise argmax of float32 logits on CPU (`jaxinfer/kernels/cpu/csrc/argmax.cc`): the build, the XLA FFI
 registration and the jnp-side call.
 
 Every step returns the greedy token id of each row (`jaxinfer.model_runner`). XLA:CPU (jax 0.10.2)
@@ -7,7 +7,7 @@ logits at ~1 GB/s, 4.2 ms of an 89 ms 32-row decode step
 (`benchmarks/results/2026-12-03-cpu2-amx-attention/`). The C++ loop gives the same ids (the first
 index of the maximum; the first NaN where a row has one) in two vector passes per row.
 
-Built on first use by `jaxinfer.native_build` (``~/.cache/jaxinfer/native/argmax-<hash>.so``).
+Built on first use by `jaxinfer.kernels.cpu.build` (``~/.cache/jaxinfer/native/argmax-<hash>.so``).
 Used on one CPU device only (a custom call has no sharding rule). With no compiler, or
 ``JAXINFER_NATIVE_ARGMAX=0``, `available` says why and ``jnp.argmax`` runs.
 """
@@ -19,7 +19,7 @@ import logging
 import jax
 import jax.numpy as jnp
 
-from jaxinfer import native_build
+from jaxinfer.kernels.cpu import build as native_build
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ chunks and decode rows mixed) over a paged KV cache; ``ragged_paged_attention_re
 is the pure-jnp version of the same contract. See README.md.
 """
 
-from pallas_kernels.ragged_paged_attention import ragged_paged_attention
-from pallas_kernels.reference import ragged_paged_attention_reference
+from jaxinfer.kernels.pallas.ragged_paged_attention import ragged_paged_attention
+from jaxinfer.kernels.pallas.reference import ragged_paged_attention_reference
 
 __all__ = ["ragged_paged_attention", "ragged_paged_attention_reference"]

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.reference import (
+from jaxinfer.kernels.pallas.reference import (
     MASK_VALUE,
     QueryBlockPlan,
     check_inputs,

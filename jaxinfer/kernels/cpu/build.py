@@ -1,12 +1,12 @@
-"""Building and loading the C++ sources under ``jaxinfer/native/`` as XLA FFI libraries.
+"""Building and loading the C++ sources under ``jaxinfer/kernels/cpu/csrc/`` as XLA FFI libraries.
 
 Owns the compiler choice, the build and its cache. A source is compiled on first use with
 the machine's C++ compiler (``$CXX``, else ``g++``/``c++``/``clang++``) against the XLA FFI
 headers that jaxlib ships (`jax.ffi.include_dir`), ``-O3 -march=native``, into
 ``~/.cache/jaxinfer/native/<stem>-<hash>.so`` (``$JAXINFER_NATIVE_DIR`` overrides the
 folder); the hash covers the source and the folder's headers, the flags, the compiler, JAX's version and the CPU's
-feature flags. `load_ffi` is the one loader every kernel binding uses (`jaxinfer.native_attention`,
-`jaxinfer.native_gemv`, `jaxinfer.native_argmax`, `jaxinfer.native_amx`, `jaxinfer.native_int8`):
+feature flags. `load_ffi` is the one loader every kernel binding uses (`jaxinfer.kernels.cpu.attention`,
+`jaxinfer.kernels.cpu.gemv`, `jaxinfer.kernels.cpu.argmax`, `jaxinfer.kernels.cpu.amx`, `jaxinfer.kernels.cpu.int8`):
 the ``JAXINFER_NATIVE_*`` switch, the compiler, the cached build and the registration of its XLA
 FFI targets for CPU. It imports nothing else of jaxinfer: the CPU's flags come in as an
 argument (`jaxinfer.platform.cpu_features.host_cpu_flags` where the caller has them; else read here, the
@@ -26,7 +26,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-NATIVE_DIR = Path(__file__).parent / "native"
+NATIVE_DIR = Path(__file__).parent / "csrc"
 # -ffast-math's reassociation (what vectorizes the sums), spelled out without -ffast-math itself:
 # with it, the linker adds crtfastmath.o, whose constructor sets flush-to-zero and
 # denormals-are-zero for the whole process on load (numpy's and JAX's subnormals became 0).
@@ -110,7 +110,7 @@ def load_ffi(source: str | Path, targets: dict[str, str], *, what: str, env_swit
     """Build (once per machine) and load a C++ source and register its FFI handlers for CPU.
 
     Args:
-      source: a stem of ``jaxinfer/native/`` ("argmax" is ``argmax.cc``), or a path.
+      source: a stem of ``jaxinfer/kernels/cpu/csrc/`` ("argmax" is ``argmax.cc``), or a path.
       targets: XLA custom-call target name -> the library's exported handler symbol.
       what: the kernel's name in log lines and reasons.
       env_switch: the ``JAXINFER_NATIVE_*`` variable; "0" turns the kernel off (read here only).

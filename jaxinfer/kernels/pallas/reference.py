@@ -251,7 +251,7 @@ def ragged_paged_attention_reference(q, k_pages, v_pages, kv_lens, block_tables,
                                      layer=None, sliding_window=None, q_block_size: int = 16):
     """Causal GQA attention of packed ragged queries over a paged KV cache, in jnp.
 
-    Same contract as ``pallas_kernels.ragged_paged_attention`` (see README.md).
+    Same contract as ``jaxinfer.kernels.pallas.ragged_paged_attention`` (see README.md).
     Decode-only batches (every real sequence has at most one new row) take a path
     with one row per work item; others use ``q_block_size`` rows per item. Memory:
     the K/V pages of each work item's sequence are gathered at the full block-table

@@ -1,4 +1,4 @@
-"""One- and two-row products against bfloat16 weights on CPU (`jaxinfer/native/bf16_gemv.cc`):
+"""One- and two-row products against bfloat16 weights on CPU (`jaxinfer/kernels/cpu/csrc/bf16_gemv.cc`):
 the build, the XLA FFI registration and the jnp-side calls.
 
 A lone decoding stream multiplies one row by every weight matrix, and XLA:CPU (jax 0.10.2)
@@ -8,9 +8,9 @@ registers, over XLA's intra-op threads: bfloat16 operands and float32 sums, as
 ``lax.dot_general(..., preferred_element_type=float32)``. `jaxinfer.models.cpu_bf16` calls
 them for one- and two-row products when the model was built for one CPU device (a custom call has no
 sharding rule) and no packed weights were passed: a CPU with neither AMX nor AVX-512 BF16 (with
-them, `jaxinfer.native_amx` takes every row count).
+them, `jaxinfer.kernels.cpu.amx` takes every row count).
 
-Built on first use by `jaxinfer.native_build` (``~/.cache/jaxinfer/native/bf16_gemv-<hash>.so``).
+Built on first use by `jaxinfer.kernels.cpu.build` (``~/.cache/jaxinfer/native/bf16_gemv-<hash>.so``).
 With no compiler, or ``JAXINFER_NATIVE_GEMV=0``, `available` says why and XLA's dot runs.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import logging
 import jax
 import jax.numpy as jnp
 
-from jaxinfer import native_build
+from jaxinfer.kernels.cpu import build as native_build
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""jaxinfer.kernels: see docs/architecture.md."""

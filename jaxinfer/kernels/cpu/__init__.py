@@ -1,0 +1,1 @@
+"""jaxinfer.kernels.cpu: see docs/architecture.md."""
