@@ -87,7 +87,7 @@ def compile_step(runner, model, params, model_a):
 
 def no_attention(backend, q, k_new, v_new, k_cache, v_cache, layer, meta, sm_scale, window=None, plan=None):
     """`paged_attention` without the attention: the K/V write only, q passed through."""
-    from jaxinfer.attention import write_kv
+    from jaxinfer.layers.attention.kv_storage import write_kv
 
     return q, write_kv(k_cache, layer, meta.slot_mapping, k_new), write_kv(v_cache, layer, meta.slot_mapping, v_new)
 

@@ -37,7 +37,7 @@ import numpy as np
 from jaxinfer.kernels.cpu import amx as native_amx
 from jaxinfer.platform.cpu_features import host_cpu_flags
 from jaxinfer.bench.metadata import git_commit
-from jaxinfer.models import cpu_bf16
+from jaxinfer.layers import cpu_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUTS = ("scan", "scan_fused", "unrolled", "unrolled_fused", "scan_amx")

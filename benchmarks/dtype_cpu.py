@@ -2,7 +2,7 @@
 throughput of `LLM` on the default model and the default KV pool.
 
 Written for the CPU bfloat16 KV-cache fix (the cache held as uint16 bits, see
-``jaxinfer.attention.kv_storage_dtype``): before it, XLA:CPU rewrote the whole pool on every
+``jaxinfer.layers.attention.kv_storage.kv_storage_dtype``): before it, XLA:CPU rewrote the whole pool on every
 KV write, so bfloat16 steps grew with the pool size.
 
 Three runs: float32; bfloat16; and bfloat16 with the cache stored as bfloat16 (the

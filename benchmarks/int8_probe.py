@@ -126,7 +126,7 @@ def interleaved_ms(fns: dict, reps: int) -> dict:
 def head_variants(embed_q: dict, table32) -> dict:
     """name -> jitted ``f(hidden [R, D]) -> logits [R, V]`` float32 (tables bound as jit
     arguments, never constants)."""
-    from jaxinfer.models import quant
+    from jaxinfer.layers.quantization import int8 as quant
 
     q, s = embed_q["embedding"], embed_q["scale"]
     f32 = jax.jit(lambda t, h: jnp.einsum("rd,vd->rv", h, t, preferred_element_type=jnp.float32))
@@ -160,7 +160,7 @@ def main() -> None:
     import jaxinfer
     from jaxinfer import LLM
     from jaxinfer.model_runner import ModelRunner
-    from jaxinfer.models import quant
+    from jaxinfer.layers.quantization import int8 as quant
 
     kw = dict(dtype="float32", max_model_len=1056, max_num_seqs=32, max_num_batched_tokens=512, num_blocks=400,
               warmup=False, use_tqdm=False, enable_prefix_caching=False)

@@ -24,7 +24,7 @@ first use) at a context of about ``--prompt-len`` tokens, then measures:
      direct numpy inputs (the earlier runner); and the model
      step with B1 attention reading at least G context groups per loop iteration for each
      G of ``--groups`` (inputs prepared and the step compiled with
-     `jaxinfer.xla_work_plan.MIN_GROUPS_PER_ITER` = G), with the largest logit difference from the
+     `jaxinfer.layers.attention.xla_work_plan.MIN_GROUPS_PER_ITER` = G), with the largest logit difference from the
      runner's own step;
   4. ``async``: requests of ``--async-tokens`` tokens through `AsyncEngine` (the server's
      engine thread and its asyncio hand-off; no HTTP): per-token interval seen on the event
@@ -129,7 +129,7 @@ def engine_ab(e, steps: int, before_groups: int) -> dict:
     ones before it (B1 reading `before_groups` context groups per loop iteration, no greedy
     fast path), each with its own compiled decode step; per-step milliseconds."""
     from jaxinfer import model_runner as MR
-    from jaxinfer import xla_work_plan as XW
+    from jaxinfer.layers.attention import xla_work_plan as XW
 
     runner = e.runner
     orig = runner._executables
@@ -172,7 +172,7 @@ def last_row(req):
 def pieces(e, req, args) -> dict:
     """Interleaved medians of the compiled pieces of ``req``'s next decode step (module docstring)."""
     from jaxinfer import batch as B
-    from jaxinfer import xla_work_plan as XW
+    from jaxinfer.layers.attention import xla_work_plan as XW
     from jaxinfer.model_runner import _sampler_key
     from jaxinfer.models import llama
 
@@ -269,7 +269,7 @@ def pieces(e, req, args) -> dict:
 
 def num_groups_used(inputs, block_size: int) -> int:
     """B1 context groups the step's XLA work plan uses (derived as the model step does)."""
-    from jaxinfer.xla_work_plan import plan_xla_work
+    from jaxinfer.layers.attention.xla_work_plan import plan_xla_work
 
     return int(plan_xla_work(inputs.attention, block_size).num_groups)
 
@@ -335,7 +335,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from jaxinfer import LLM, SamplingParams
-    from jaxinfer import xla_work_plan as XW
+    from jaxinfer.layers.attention import xla_work_plan as XW
 
     if args.after_groups is not None:
         XW.MIN_GROUPS_PER_ITER = args.after_groups

@@ -1,6 +1,6 @@
 """Sampler step time at 32 rows over Gemma 3's 262,144-token vocabulary (CPU or GPU).
 
-Times the jitted `jaxinfer.sampler.sample` (no model) for: greedy rows; top-k 50 + top-p 0.9
+Times the jitted `jaxinfer.layers.sampler.sample` (no model) for: greedy rows; top-k 50 + top-p 0.9
 (filtered on `sampler.CANDIDATES` candidates from ``lax.top_k``); top-p 0.9 alone on peaked
 logits (the candidates hold the nucleus); top-p 0.9 alone on flat logits (the nucleus is
 wider than the candidates: the fallback, a full sort per row before 2026-12-04, bisection
@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer import batch as B
-from jaxinfer import sampler
+from jaxinfer.layers import sampler
 from jaxinfer.buckets import Bucket, BucketLadders
-from jaxinfer.step_metadata import SamplingMetadata, from_arrays
+from jaxinfer.layers.step_metadata import SamplingMetadata, from_arrays
 
 
 def inputs(rows: int, vocab: int, **fields) -> SamplingMetadata:

@@ -2,7 +2,7 @@
 
 Packs the scheduled requests' new tokens back to back, pads every array to the step's
 `Bucket`, and lays out per-row sampling options, so the jitted step sees only fixed
-shapes: the typed `jaxinfer.step_metadata.AttentionMetadata` (the standard ragged contract;
+shapes: the typed `jaxinfer.layers.step_metadata.AttentionMetadata` (the standard ragged contract;
 no attention work lists, which the XLA path derives inside the step) and `SamplingMetadata`.
 One block-table rule whatever the attention backend: a row's table covers its whole context
 including this step's tokens (`_rows_width`). A request verifying speculative drafts
@@ -21,7 +21,7 @@ import numpy as np
 
 from jaxinfer import prompt_logprobs
 from jaxinfer.buckets import Bucket, BucketLadders
-from jaxinfer.step_metadata import AttentionMetadata, SamplingMetadata, from_arrays, to_arrays
+from jaxinfer.layers.step_metadata import AttentionMetadata, SamplingMetadata, from_arrays, to_arrays
 
 PENALTY_FIELDS = ("hist_ids", "num_prompt", "num_hist")  # sent only when a row uses penalties
 MASK_FIELD = "bitmask"  # sent only when a row has a structured-output constraint
@@ -39,14 +39,14 @@ class StepInputs:
       bucket: the step's static shape.
       token_ids: [T] int32 packed new tokens (padding 0).
       attention: positions, slots, block tables, row offsets and lengths, and the logits rows
-        (`jaxinfer.step_metadata.AttentionMetadata`), the model's only other input.
+        (`jaxinfer.layers.step_metadata.AttentionMetadata`), the model's only other input.
       sampling: per-row options, the penalty history only in steps where some row uses
         penalties (it was ~90% of a decode step's input bytes when always sent; vLLM v1
         likewise sends penalty state only for the requests that need it), the
         structured-output bitmask only in steps where some row has a grammar matcher
         (``req.matcher``; all ones here, the engine fills the constrained rows with
         `jaxinfer.grammar.GrammarEngine.fill_bitmask`)
-        (`jaxinfer.step_metadata.SamplingMetadata`), the sampler's only other input.
+        (`jaxinfer.layers.step_metadata.SamplingMetadata`), the sampler's only other input.
       prompt_targets: [T] int32 the prompt token each packed token's logits score (-1 for
         none), only in steps where a row needs prompt logprobs
         (`jaxinfer.prompt_logprobs.step_targets`); neither model nor sampler sees it.
@@ -120,7 +120,7 @@ def step_rows(sched: SchedulerOutput) -> list[Row]:
 def _rows_width(rows: list[Row], layout: BatchLayout) -> int:
     """Block-table columns the rows need: each row's whole context including its new
     tokens (what the Pallas kernel reads after writing them; the XLA path reads the
-    cached part only, `jaxinfer.step_metadata.AttentionMetadata`)."""
+    cached part only, `jaxinfer.layers.step_metadata.AttentionMetadata`)."""
     return max((math.ceil((row.start + len(row.tokens)) / layout.block_size) for row in rows), default=0)
 
 

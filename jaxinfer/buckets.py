@@ -12,7 +12,7 @@ A step is padded to a `Bucket` = (num_tokens T, num_seqs R, context width W):
     sequences than tokens). Padding rows cost a row of the LM head each where XLA's dot runs
     it; the packed-product kernels (CPU) skip padding rows and padding tokens altogether.
   * W, block-table width in blocks for each row's whole context including this step's
-    tokens (one rule for both attention backends, `jaxinfer.step_metadata.AttentionMetadata`):
+    tokens (one rule for both attention backends, `jaxinfer.layers.step_metadata.AttentionMetadata`):
     ``min_width`` then powers of ``width_growth`` up to ``ceil(max_model_len / block_size)``.
     A step always has a new token, so W is never 0.
 The runner compiles every (T, W) pair at start-up; `round_up` picks the smallest bucket

@@ -70,9 +70,9 @@ def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: str, tensor_par
                        kv_cache_dtype: str = "auto") -> int:
     """Bytes of K and V for one block over all layers on one device: 2 * L * bs * K_dev * b,
     with K_dev = K / TP when TP divides K, else K (replicated; `jaxinfer.sharding`), and b
-    the bytes of one token-head (`jaxinfer.kv_quant.kv_bytes_per_token_head`: H * itemsize
+    the bytes of one token-head (`jaxinfer.layers.attention.kv_quant.kv_bytes_per_token_head`: H * itemsize
     of ``dtype``, or H + 2 for an 8-bit ``kv_cache_dtype``)."""
-    from jaxinfer.kv_quant import kv_bytes_per_token_head
+    from jaxinfer.layers.attention.kv_quant import kv_bytes_per_token_head
     from jaxinfer.sharding import kv_heads_per_device
 
     k_dev = kv_heads_per_device(cfg, tensor_parallel_size)
@@ -332,7 +332,7 @@ def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir
     if model_config is None:
         model_config, params, tokenizer, _ = load_model(config, load_format, weights_dir)
     check_model_fits(config, model_config)
-    from jaxinfer.kv_quant import check_kv_cache_dtype
+    from jaxinfer.layers.attention.kv_quant import check_kv_cache_dtype
 
     check_kv_cache_dtype(config.cache.kv_cache_dtype, jax.devices()[0].platform)
     model_config, params = quantize_model(config, model_config, params)
@@ -362,13 +362,13 @@ def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir
 
 def quantize_model(config: EngineConfig, model_config: ModelConfig, params):
     """(model config, params) with ``config.quantization`` applied: for "int8", the config
-    says so and float params are quantized on device (`jaxinfer.models.quant.quantize_params`;
+    says so and float params are quantized on device (`jaxinfer.layers.quantization.int8.quantize_params`;
     the float tree is dropped; ``placed`` params keep their devices and are re-placed by
     the mesh builder); params already int8 or None (random init) pass through.
     No quantization: unchanged."""
     if config.quantization is None or model_config.quantization == config.quantization:
         return model_config, params
-    from jaxinfer.models.quant import quantize_params
+    from jaxinfer.layers.quantization.int8 import quantize_params
 
     model_config = dataclasses.replace(model_config, quantization=config.quantization)
     if params is not None:

@@ -5,7 +5,7 @@ matcher per distinct constraint, deep-copied for each request, so a schema compi
 once), and `fill_bitmask`, which writes each constrained row's allowed-token bits into the
 step's ``[rows, ceil(vocab / 32)]`` int32 array (bit ``t % 32`` of word ``t // 32`` set =
 token ``t`` allowed; rows left at ``-1`` are unconstrained). The jitted sampler applies the
-array (`jaxinfer.sampler`).
+array (`jaxinfer.layers.sampler`).
 
 Why llguidance, not xgrammar (``benchmarks/grammar_mask.py``, SmolLM2's 49,152-token
 vocabulary, a nested JSON schema, this project's shared 2-core CPU host): per step and

@@ -64,9 +64,9 @@ class LLM:
         ``priority``, lower first); priority_aging_s: seconds of waiting that lower the
         effective priority by 1 (`jaxinfer.priority_scheduler`).
       quantization: None or "int8": int8 weights with group scales (one per 64 inputs of an output channel), made
-        from the float checkpoint as it loads (`jaxinfer.models.quant`; vLLM's ``quantization``).
+        from the float checkpoint as it loads (`jaxinfer.layers.quantization.int8`; vLLM's ``quantization``).
       kv_cache_dtype: "auto", "int8" or "fp8": 8-bit K/V with per-token scales
-        (`jaxinfer.kv_quant`; vLLM's ``kv_cache_dtype``).
+        (`jaxinfer.layers.attention.kv_quant`; vLLM's ``kv_cache_dtype``).
       speculative_config: speculative decoding, as vLLM's: a dict (or JSON string) such as
         ``{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
         "prompt_lookup_min": 2}`` (`jaxinfer.spec_decode.SpeculativeConfig`); None = off.

@@ -13,7 +13,7 @@ made them: the runner never picks fields by name. Sampled ids come back to the h
 step. The model step also returns the final hidden states of every packed token [T, D]
 (left on device); in a step with prompt logprobs (`StepInputs.prompt_targets`), a third
 call per token count T runs the LM head over them (`jaxinfer.models.llama.LMHead`, then
-`jaxinfer.sampler.prompt_logprobs`), read back with the sampled ids.
+`jaxinfer.layers.sampler.prompt_logprobs`), read back with the sampled ids.
 
 Which implementation runs each part of the step (attention kernel, linear method, argmax, bit
 storage, unrolling) is the `jaxinfer.platform.execution_plan.ExecutionPlan` the runner is given or resolves
@@ -38,17 +38,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer.kernels.cpu import argmax as native_argmax
-from jaxinfer.attention import AttentionMetadata, KVStorage, get_attention_backend, kv_storage_dtype
+from jaxinfer.layers.attention.kv_storage import KVStorage, kv_storage_dtype
+from jaxinfer.layers.attention.registry import get_attention_backend
+from jaxinfer.layers.step_metadata import AttentionMetadata
 from jaxinfer.batch import StepInputs
 from jaxinfer.buckets import Bucket
 from jaxinfer.config import ModelConfig
 from jaxinfer.layers.linear import PACKED_COLLECTION, get_linear_method
-from jaxinfer.models import cpu_bf16
+from jaxinfer.layers import cpu_bf16
 from jaxinfer.models.layer_layout import unstack_layers
 from jaxinfer.models.llama import HIDDEN, LlamaForCausalLM, LMHead
 from jaxinfer.platform.execution_plan import ExecutionPlan, resolve_plan
-from jaxinfer.sampler import prompt_logprobs, sample
-from jaxinfer.step_metadata import SamplingMetadata
+from jaxinfer.layers.sampler import prompt_logprobs, sample
+from jaxinfer.layers.step_metadata import SamplingMetadata
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +129,7 @@ def greedy_only(s: SamplingMetadata, vocab_size: int) -> bool:
     """Whether the step's sampler would return the argmax of the raw logits for every row
     (host-side, from the step's arrays alone, so every process of a multi-host run decides
     alike): no row samples, asks for logprobs, uses penalties, a structured-output mask or
-    a logit bias (`jaxinfer.sampler.sample` then changes nothing before its argmax)."""
+    a logit bias (`jaxinfer.layers.sampler.sample` then changes nothing before its argmax)."""
     return not (s.any_sampled or s.any_logprobs or s.has_history or s.has_bitmask
                 or bool(np.any(s.bias_ids < vocab_size)))
 
@@ -150,7 +152,7 @@ class ModelRunner:
       return_logits: also return the [R, V] logits (tests/debugging).
       shardings: optional (param shardings, kv sharding, replicated) for a mesh.
       kv_cache_dtype: "auto" (the model dtype) or "int8" / "fp8": an 8-bit cache with
-        per-token scales (`jaxinfer.kv_quant.QuantKV`; its scales shard with the values).
+        per-token scales (`jaxinfer.layers.attention.kv_quant.QuantKV`; its scales shard with the values).
       unroll_max_tokens: buckets with at most this many tokens run the unrolled layers
         over per-layer arrays (module docstring); 0: every bucket scans; None: the plan's
         (the environment, else 1 on a CPU without packed weights).
@@ -316,7 +318,7 @@ class ModelRunner:
         read back.
 
         Returns:
-          ``token_ids [R] int32``; the sampler's logprob outputs (`jaxinfer.sampler.sample`)
+          ``token_ids [R] int32``; the sampler's logprob outputs (`jaxinfer.layers.sampler.sample`)
           only when a row asks for logprobs (``any_logprobs``); ``logits [R, V]`` with
           ``return_logits``; ``prompt_*`` with prompt targets. A `greedy_only` step (with
           ``greedy_fast_path``) takes its ids from the model step's own argmax and runs no

@@ -30,7 +30,7 @@ class CompletionOutput:
       logprobs: per generated token, ``{token_id: Logprob}`` (sampled token plus top-N).
       cumulative_logprob: sum of the sampled tokens' logprobs (natural log) so far, i.e.
         the log-probability of ``token_ids`` under the logprobs' distribution (after bias
-        and penalties, before temperature and filtering; `jaxinfer.sampler.sample`). None
+        and penalties, before temperature and filtering; `jaxinfer.layers.sampler.sample`). None
         unless the request asked for logprobs (``SamplingParams.logprobs`` not None, 0
         included), as in vLLM V1: the step computes logprobs only for such requests.
       logits: per generated token, the raw float32 logits [V] (only with

@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer.attention import AttentionMetadata, get_attention_backend
+from jaxinfer.layers.attention.registry import get_attention_backend
+from jaxinfer.layers.step_metadata import AttentionMetadata
 from jaxinfer.config import ModelConfig
 from jaxinfer.models import registry
 

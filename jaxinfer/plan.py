@@ -76,8 +76,8 @@ def plan_memory(cfg: ModelConfig, *, dtype: str = "bfloat16", tensor_parallel_si
                 block_size: int = BLOCK_SIZE, max_model_len: int | None = None, quantization: str | None = None,
                 kv_cache_dtype: str = "auto") -> MemoryPlan:
     """Plan memory for ``cfg`` on devices of ``device_memory`` bytes (module docstring).
-    ``quantization`` "int8" plans int8 weights with their scales (`jaxinfer.models.quant`);
-    ``kv_cache_dtype`` "int8" / "fp8" an 8-bit KV cache (`jaxinfer.kv_quant`).
+    ``quantization`` "int8" plans int8 weights with their scales (`jaxinfer.layers.quantization.int8`);
+    ``kv_cache_dtype`` "int8" / "fp8" an 8-bit KV cache (`jaxinfer.layers.attention.kv_quant`).
 
     Raises:
       ValueError: reserve fraction outside [0, 1).

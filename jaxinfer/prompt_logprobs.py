@@ -8,7 +8,7 @@ covering positions ``[s, s + n)`` scores prompt positions ``s + 1 .. min(s + n, 
 (the last prompt position's logits are the first sampled token's, as usual). The values
 come from the same paged, chunked prefill that fills the KV cache: the model step keeps
 the final hidden states of every packed token, and an LM-head pass over them
-(`jaxinfer.sampler.prompt_logprobs`) runs only in steps where some row needs it.
+(`jaxinfer.layers.sampler.prompt_logprobs`) runs only in steps where some row needs it.
 
 Recompute after preemption scores the same positions again; positions already recorded
 are skipped (targets -1), so each is recorded once. Prefix-cache hits would skip the
@@ -36,7 +36,7 @@ def _scored_range(req: Request, n: int) -> range:
 
 
 def step_targets(scheduled: Sequence[tuple[Request, int]], num_tokens: int) -> np.ndarray | None:
-    """Targets of one packed step for `jaxinfer.sampler.prompt_logprobs`.
+    """Targets of one packed step for `jaxinfer.layers.sampler.prompt_logprobs`.
 
     Args:
       scheduled: (request, new tokens) in batch order, before the step runs.

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jaxinfer.config import EngineConfig
-from jaxinfer.kv_quant import QuantKV, as_stored
+from jaxinfer.layers.attention.kv_quant import QuantKV, as_stored
 from jaxinfer.layers.attention.base import AttentionBackend
 from jaxinfer.layers.attention.kv_storage import BF16_BITS, KVStorage, gather_pages, write_kv
 from jaxinfer.layers.attention.registry import ATTENTION_BACKENDS, backend_class, get_attention_backend

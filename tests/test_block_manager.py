@@ -9,7 +9,7 @@ from jaxinfer.block_manager import NULL_BLOCK, BlockManager
 def test_host_modules_do_not_import_jax():
     assert_imports_no_jax("import jaxinfer.scheduler, jaxinfer.continuous_scheduler, jaxinfer.priority_scheduler, "
                           "jaxinfer.stop, jaxinfer.engine_protocol, jaxinfer.block_manager, jaxinfer.batch, "
-                          "jaxinfer.step_metadata, "
+                          "jaxinfer.layers.step_metadata, "
                           "jaxinfer.buckets, jaxinfer.request, jaxinfer.sampling_params, jaxinfer.tokenizer, "
                           "jaxinfer.chat; import jaxinfer")
 

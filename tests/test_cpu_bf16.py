@@ -1,4 +1,4 @@
-"""bfloat16 weights on XLA:CPU (`jaxinfer.models.cpu_bf16`): the one-row products equal
+"""bfloat16 weights on XLA:CPU (`jaxinfer.layers.cpu_bf16`): the one-row products equal
 ``lax.dot_general``, bit storage round-trips, and the compiled steps of a bfloat16 model
 convert no weight to float32. (The real model's bfloat16 output: tests/test_oracle.py.)"""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from helpers import tiny_config
 from jaxinfer import LLM, SamplingParams
-from jaxinfer.models import cpu_bf16
+from jaxinfer.layers import cpu_bf16
 from jaxinfer.params import init_params
 
 RS = np.random.RandomState(0)

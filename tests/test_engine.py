@@ -248,7 +248,7 @@ def test_bfloat16_cache_is_updated_in_place_on_cpu():
     convert or copy of the whole cache. (Correctness of bfloat16: tests/test_oracle.py.)"""
     import re
 
-    from jaxinfer.attention import BF16_BITS
+    from jaxinfer.layers.attention.kv_storage import BF16_BITS
 
     params = init_params(CFG, "bfloat16", scale=5.0, seed=1)
     llm = LLM("tiny", dtype="bfloat16", max_model_len=128, max_num_seqs=4, max_num_batched_tokens=32, num_blocks=512,

@@ -13,7 +13,7 @@ from helpers import tiny_bf16_llm, unpacked
 from jaxinfer import SamplingParams
 from jaxinfer.kernels.cpu import attention as native_attention
 from jaxinfer.kernels.cpu import gemv as native_gemv
-from jaxinfer.models import cpu_bf16
+from jaxinfer.layers import cpu_bf16
 
 pytestmark = pytest.mark.skipif(not native_gemv.available(), reason="no C++ compiler: the loops cannot be built")
 RS = np.random.RandomState(0)

@@ -14,7 +14,7 @@ from helpers import resolved_plan, tiny_config, unpacked
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.kernels.cpu import int8 as native_int8
 from jaxinfer.platform.cpu_features import host_cpu_flags
-from jaxinfer.models import quant
+from jaxinfer.layers.quantization import int8 as quant
 from jaxinfer.layers.linear_methods.int8_packed import packed_variables
 from jaxinfer.layers.linear_methods.packed import without_packed
 from jaxinfer.params import init_params

@@ -14,9 +14,9 @@ from helpers import resolved_plan, tiny_config, unpacked
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.builder import kv_bytes_per_block, plan_num_blocks, resolve_dtype
 from jaxinfer.config import CacheConfig
-from jaxinfer.kv_quant import dequantize, quantize, scale_values
+from jaxinfer.layers.attention.kv_quant import dequantize, quantize, scale_values
 from jaxinfer.model_runner import CompileCounter
-from jaxinfer.models.quant import (dequantize as dequantize_weight, qdot, quantize_array, quantize_params, scale_shape,
+from jaxinfer.layers.quantization.int8 import (dequantize as dequantize_weight, qdot, quantize_array, quantize_params, scale_shape,
                                    tied_head_logits)
 from jaxinfer.params import init_params
 from jaxinfer.kernels.pallas import ragged_paged_attention

@@ -17,7 +17,7 @@ import pytest
 from helpers import hf_logits, tiny_config, to_hf_state_dict
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.config import ModelConfig
-from jaxinfer.models import rope
+from jaxinfer.layers import rope
 from jaxinfer.params import init_params
 
 ORIG = 32  # pre-training context of the tiny models

@@ -10,8 +10,8 @@ import pytest
 
 from jaxinfer import batch as B
 from jaxinfer.buckets import Bucket, BucketLadders
-from jaxinfer.sampler import sample
-from jaxinfer.step_metadata import SamplingMetadata, from_arrays
+from jaxinfer.layers.sampler import sample
+from jaxinfer.layers.step_metadata import SamplingMetadata, from_arrays
 
 V = 64
 LAYOUT = B.BatchLayout(BucketLadders(16, 8, 8), 16, V, 128, 8)
@@ -161,7 +161,7 @@ def assert_same_kept(got, logits, s):
 def test_bisection_filter_equals_full_sort(top_k, top_p, spread, step):
     """The sort-free fallback keeps exactly the tokens a float64 sort-based filter keeps, ties
     included (a float32 sort's running sum once dropped 226 tail tokens at top_p = 1)."""
-    from jaxinfer import sampler
+    from jaxinfer.layers import sampler
 
     V, R = 8192, 3
     rng = np.random.default_rng(int(spread * 10 + step * 100) + top_k % 89)
@@ -177,7 +177,7 @@ def test_bisection_filter_equals_full_sort(top_k, top_p, spread, step):
 
 
 def test_ordered_keys_follow_the_float_order():
-    from jaxinfer import sampler
+    from jaxinfer.layers import sampler
 
     x = np.array([-np.inf, -3e38, -2.5, -1e-30, -0.0, 0.0, 1e-30, 1e-7, 0.5, 2.5, 3e38, np.inf], np.float32)
     keys = np.asarray(sampler._ordered_keys(jnp.asarray(x)))
@@ -188,7 +188,7 @@ def test_ordered_keys_follow_the_float_order():
 def test_top_candidates_filter_equals_full_sort(top_k, top_p):
     """A large vocabulary filters on lax.top_k candidates; the kept set equals a float64 sort's,
     both when the candidates cover the filter and when the step falls back to bisection."""
-    from jaxinfer import sampler
+    from jaxinfer.layers import sampler
 
     V, R = 8192, 4
     rng = np.random.default_rng(top_k % 97)
@@ -206,7 +206,7 @@ def test_top_candidates_filter_equals_full_sort(top_k, top_p):
 def test_inverse_cdf_draws_follow_the_softmax_and_skip_filtered_tokens():
     """The draw's frequencies match softmax(logits); a -inf token is never drawn, at u = 0 or
     at the largest uniform below 1 either (the point is kept under the running total)."""
-    from jaxinfer import sampler
+    from jaxinfer.layers import sampler
 
     logits = jnp.log(jnp.asarray([0.0, 0.5, 0.3, 0.0, 0.2, 0.0], jnp.float32))  # -inf at 0, 3, 5
     keys = jax.random.split(jax.random.PRNGKey(7), 6000)
@@ -222,7 +222,7 @@ def test_inverse_cdf_never_draws_a_filtered_token_at_the_boundaries():
     """Uniforms placed exactly on the running sum's steps (and one ulp below): XLA's cumsum is
     not exactly monotone, and a count of steps below the point once landed on -inf tokens
     (803 of 65,536 draws here)."""
-    from jaxinfer import sampler
+    from jaxinfer.layers import sampler
 
     rng = np.random.default_rng(1)
     draw = jax.jit(jax.vmap(sampler._inverse_cdf, in_axes=(None, 0)))
@@ -236,7 +236,7 @@ def test_inverse_cdf_never_draws_a_filtered_token_at_the_boundaries():
 
 
 def _filter_rows(rows, top_k, top_p):
-    from jaxinfer import sampler
+    from jaxinfer.layers import sampler
 
     R, V = rows.shape
     layout = B.BatchLayout(BucketLadders(R, R, 4), 16, V, 128, 8)

@@ -3,7 +3,7 @@
 XLA:CPU once turned the decode step's one-token K/V write into a dynamic-update-slice that
 it fused a second time into the attention's page gather; copy insertion then copied the
 whole carried V cache twice per layer, so a TP 2 decode step cost time in proportion to
-the pool (6.6 s per token for SmolLM2 at 600 blocks; `jaxinfer.attention.write_kv`). The
+the pool (6.6 s per token for SmolLM2 at 600 blocks; `jaxinfer.layers.attention.kv_storage.write_kv`). The
 check reads the optimized HLO of every compiled step (XLA's own output, independent of
 our code) for a ``copy`` whose shape is the whole cache.
 """

@@ -3,7 +3,7 @@ windows), by its jnp parts and by the C++ kernel (`jaxinfer.kernels.cpu.attentio
 from the pages after the step's K/V are written), on ragged steps packed
 by the real `batch` code: decodes of very different context lengths (block and group
 edges included), a continuing prefill chunk and a fresh prefill in one step, its work
-lists derived from the metadata as the model step derives them (`jaxinfer.xla_work_plan`)."""
+lists derived from the metadata as the model step derives them (`jaxinfer.layers.attention.xla_work_plan`)."""
 import functools
 import types
 
@@ -15,12 +15,15 @@ import pytest
 from helpers import register_source_variant
 from jaxinfer import batch as B
 from jaxinfer.kernels.cpu import attention as native_attention
-from jaxinfer.attention import (AttentionMetadata, gather_pages, get_attention_backend, paged_attention, write_kv,
-                                xla_paged_attention)
+from jaxinfer.layers.attention.base import paged_attention
+from jaxinfer.layers.attention.kv_storage import gather_pages, write_kv
+from jaxinfer.layers.attention.registry import get_attention_backend
+from jaxinfer.layers.attention.xla import xla_paged_attention
+from jaxinfer.layers.step_metadata import AttentionMetadata
 from jaxinfer.buckets import Bucket, BucketLadders
 from jaxinfer.platform.cpu_features import host_cpu_flags
-from jaxinfer.step_metadata import from_arrays
-from jaxinfer.xla_work_plan import plan_xla_work
+from jaxinfer.layers.step_metadata import from_arrays
+from jaxinfer.layers.attention.xla_work_plan import plan_xla_work
 
 BS, K, G, H, L = 16, 2, 3, 8, 2
 LAYOUT = B.BatchLayout(BucketLadders(64, 16, 64), BS, 100, 1024, 4)
@@ -213,9 +216,9 @@ def test_xla_backend_refuses_a_step_without_its_work_plan():
 @pytest.mark.parametrize("kind", ["int8", "fp8"])
 @pytest.mark.parametrize("H", [H, 64])
 def test_native_reads_8bit_pages_like_the_jnp_loop(kind, H):
-    """An 8-bit cache (`jaxinfer.kv_quant`): the kernel multiplies each token's scale into its
+    """An 8-bit cache (`jaxinfer.layers.attention.kv_quant`): the kernel multiplies each token's scale into its
     score and probability; the jnp loop dequantizes the pages first. Same partial softmax."""
-    from jaxinfer import kv_quant
+    from jaxinfer.layers.attention import kv_quant
 
     rows = [(1, 1), (70, 1), (0, 1), (300, 1), (45, 6)]
     a, _, nb = _pack(rows, 32)

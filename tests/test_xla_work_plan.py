@@ -1,4 +1,4 @@
-"""The XLA path's work lists derived inside the jitted step (`jaxinfer.xla_work_plan`) equal
+"""The XLA path's work lists derived inside the jitted step (`jaxinfer.layers.attention.xla_work_plan`) equal
 the host-side plan that `jaxinfer.batch` used to ship, written out here in plain numpy, on
 mixed steps packed by the real `batch.prepare_rows` (so with its bucket padding)."""
 import types
@@ -9,8 +9,8 @@ import pytest
 
 from jaxinfer import batch as B
 from jaxinfer.buckets import Bucket, BucketLadders
-from jaxinfer import xla_work_plan as XW
-from jaxinfer.xla_work_plan import plan_xla_work
+from jaxinfer.layers.attention import xla_work_plan as XW
+from jaxinfer.layers.attention.xla_work_plan import plan_xla_work
 
 BS = 16
 LAYOUT = B.BatchLayout(BucketLadders(256, 16, 128), BS, 100, 2048, 4)

@@ -6,7 +6,7 @@ sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]
 import jax, jax.numpy as jnp, numpy as np
 from jaxinfer.kernels.cpu import build as native_build
 from jaxinfer.kernels.cpu import amx as native_amx
-from jaxinfer.models import cpu_bf16
+from jaxinfer.layers import cpu_bf16
 why = native_build.register(native_amx.SOURCE, "probe", "JAXINFER_NATIVE_AMX",
                             {"probe_gemm": "JaxinferAmxGemm", "probe_gated": "JaxinferAmxGated"}, logging.getLogger("p"))
 assert why is None, why

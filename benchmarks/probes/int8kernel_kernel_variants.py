@@ -6,7 +6,7 @@ import logging, os, statistics, sys, time; sys.path.insert(0, str(__import__("pa
 import numpy as np, jax, jax.numpy as jnp
 from jaxinfer.kernels.cpu import build as native_build
 from jaxinfer.kernels.cpu import int8 as native_int8
-from jaxinfer.models import quant
+from jaxinfer.layers.quantization import int8 as quant
 SRC = native_int8.SOURCE.read_text()
 V = {
  "base": [],

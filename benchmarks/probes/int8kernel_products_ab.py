@@ -4,7 +4,7 @@ import os, statistics, sys, time; sys.path.insert(0, str(__import__("pathlib").P
 import numpy as np, jax, jax.numpy as jnp
 from jaxinfer.kernels.cpu import int8 as native_int8
 from jaxinfer.kernels.cpu import amx as native_amx
-from jaxinfer.models import quant
+from jaxinfer.layers.quantization import int8 as quant
 assert native_int8.available() and native_amx.available()
 rng = np.random.default_rng(0)
 for K, N in [(576, 576), (576, 960), (1536, 576), (576, 3072)]:

@@ -32,8 +32,9 @@ def make_step(fn):
     return jax.jit(step, donate_argnums=(0, 1))
 
 def xla_b1(x, kc, vc, layer, tables, ctx, qpos, window):
-    from jaxinfer.step_metadata import AttentionMetadata
-    from jaxinfer import attention, xla_work_plan
+    from jaxinfer.layers.step_metadata import AttentionMetadata
+    from jaxinfer import attention
+    from jaxinfer.layers.attention import xla_work_plan
     T = x.shape[0]
     meta = AttentionMetadata(positions=ctx, slot_mapping=tables[:, W - 1] * bs, query_start_loc=jnp.arange(T + 1, dtype=jnp.int32),
                              kv_lens=ctx + 1, block_tables=tables, logits_indices=jnp.arange(T, dtype=jnp.int32), num_seqs=jnp.int32(T))

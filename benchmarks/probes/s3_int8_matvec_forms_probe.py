@@ -4,7 +4,7 @@ shapes, 30 unrolled layers over per-layer arrays, one row; 9 interleaved repetit
 
     python int8_matvec_forms_probe.py
 
-f32_dot: float32 weights; int8_now: `jaxinfer.models.quant.qdot` (dequantize, then dot);
+f32_dot: float32 weights; int8_now: `jaxinfer.layers.quantization.int8.qdot` (dequantize, then dot);
 int8_mulsum: the dequantized weight times x, summed over the inputs; int8_pergroup: int8 times x
 summed within each group, then times the scales, summed over groups; int8_rows_layout: the same
 with the weights stored [out, in].
@@ -12,7 +12,7 @@ with the weights stored [out, in].
 import time, sys
 import numpy as np, jax, jax.numpy as jnp
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
-from jaxinfer.models import quant as Q
+from jaxinfer.layers.quantization import int8 as Q
 D, F, KV, L = 576, 1536, 192, 30
 shapes = [(D, D), (D, KV), (D, KV), (D, D), (D, F), (D, F), (F, D)]
 rng = np.random.default_rng(0)

@@ -47,7 +47,7 @@ class CacheConfig:
       watermark: fraction of blocks kept free when admitting new prefills (0.15).
       enable_prefix_caching: reuse KV blocks of shared prompt prefixes (on by default).
       kv_cache_dtype: "auto" (the model dtype), "int8" or "fp8" (e4m3): K/V stored in 8 bits
-        with a scale per token and KV head (`jaxinfer.kv_quant`), about twice the blocks of
+        with a scale per token and KV head (`jaxinfer.layers.attention.kv_quant`), about twice the blocks of
         a bfloat16 cache in the same budget.
     """
 
@@ -193,7 +193,7 @@ class EngineConfig:
     ``chat_template``: a ``--chat-template`` value (a file, a bundled name such as ``gemma3``, or
     Jinja text: `jaxinfer.templates.load_chat_template`) that replaces the tokenizer's template.
     ``quantization``: None, or ``"int8"`` (``--quantization``): the float weights are
-    quantized to int8 with group scales (64 inputs per scale) as they are loaded (`jaxinfer.models.quant`).
+    quantized to int8 with group scales (64 inputs per scale) as they are loaded (`jaxinfer.layers.quantization.int8`).
     ``speculative``: speculative decoding (`jaxinfer.spec_decode.SpeculativeConfig`), None = off.
     """
 

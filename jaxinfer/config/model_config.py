@@ -26,7 +26,7 @@ class RopeScaling:
     """RoPE scaling of a Hugging Face config (``rope_scaling``, or ``rope_parameters`` in transformers 5).
 
     Field meanings and defaults follow transformers ``modeling_rope_utils``; the
-    frequencies themselves are computed by `jaxinfer.models.rope`.
+    frequencies themselves are computed by `jaxinfer.layers.rope`.
 
     Attributes:
       rope_type: ``"linear"`` (position interpolation, Chen et al. 2023), ``"dynamic"``
@@ -146,7 +146,7 @@ class ModelConfig:
 
     Serving choice (not read from checkpoints, not written back):
       quantization: None (float weights) or ``"int8"``: int8 weights with group
-        scales (`jaxinfer.models.quant`; ``--quantization``), which changes the params tree.
+        scales (`jaxinfer.layers.quantization.int8`; ``--quantization``), which changes the params tree.
     """
 
     vocab_size: int

@@ -4,7 +4,7 @@ per-family code path.
 
 Follows Hugging Face ``LlamaForCausalLM`` and ``Gemma3ForCausalLM`` numerically: RMSNorm
 (Zhang & Sennrich 2019; ``x * (norm_offset + w)``, Gemma's ``1 + w``), rotate-half RoPE
-(Su et al. 2021) with theta and scaling from the config (`jaxinfer.models.rope`), GQA
+(Su et al. 2021) with theta and scaling from the config (`jaxinfer.layers.rope`), GQA
 (Ainslie et al. 2023), gated MLP with SiLU (SwiGLU, Shazeer 2020) or tanh-GELU (GeGLU),
 tied or untied LM head. Gemma 3 (Gemma Team, "Gemma 3 technical report", 2025) adds:
 embeddings times ``sqrt(D)``, RMSNorm on q and k, norms on the attention and MLP outputs
@@ -25,7 +25,7 @@ weights and KV; every matmul accumulates in float32, and the residual stream, no
 RoPE, softmax and logits are float32 (bf16 operands with f32 accumulation is also the
 fastest matmul on the CPUs it was measured on). On CPU a bfloat16 model's scanned layer
 stack is stored as uint16 bits, its embedding rows gathered as bits and its one-row products
-run as two rows: `jaxinfer.models.cpu_bf16` says why.
+run as two rows: `jaxinfer.layers.cpu_bf16` says why.
 
 Every projection, the embedding lookup and the LM head run through the linear method the
 module is given (``linear``, `jaxinfer.layers.linear.LinearMethod`, named by the execution
@@ -48,7 +48,7 @@ brackets, mapped to mesh axes in one place by the sharding module):
   layers/{attn_out_norm,mlp_out_norm}/scale [L, D], only with ``sandwich_norm`` (HF Gemma's
     post_attention_layernorm / post_feedforward_layernorm); final_norm/scale [D]
   lm_head/kernel [D, V] (embed, vocab), only when embeddings are untied.
-With the ``int8`` linear methods (`jaxinfer.models.quant`) every kernel and the embedding
+With the ``int8`` linear methods (`jaxinfer.layers.quantization.int8`) every kernel and the embedding
 table are int8 and a ``scale`` leaf sits beside each (the kernel's axes, the innermost input
 axis divided by the group size; ``embed/scale [V, D / g]``).
 Einsum letters: T tokens, D model, N query heads, K kv heads, H head dim, F ffn, V vocab.
@@ -61,12 +61,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxinfer.attention import AttentionBackend, AttentionMetadata, XlaAttention, paged_attention
+from jaxinfer.layers.attention.base import AttentionBackend, paged_attention
+from jaxinfer.layers.attention.xla import XlaAttention
+from jaxinfer.layers.step_metadata import AttentionMetadata
 from jaxinfer.config import ModelConfig
 from jaxinfer.layers.linear import PACKED_COLLECTION, LinearMethod, Projection, default_linear_method
-from jaxinfer.models import cpu_bf16
-from jaxinfer.models.rope import apply_rope, layer_rope_tables, select_rope
-from jaxinfer.xla_work_plan import XlaWorkPlan
+from jaxinfer.layers import cpu_bf16
+from jaxinfer.layers.rope import apply_rope, layer_rope_tables, select_rope
+from jaxinfer.layers.attention.xla_work_plan import XlaWorkPlan
 
 
 def _part(init, names):

@@ -23,7 +23,7 @@ def auto_dtype(platform: str) -> str:
       AMX), else float32. (vLLM's CPU backend defaults to bfloat16 on any AVX-512 CPU; this
       bfloat16 path was measured only where the instruction exists.) With such an
       instruction, bfloat16 serves faster here than float32 (96.0 against 71.6 output tok/s
-      at 32 clients, `benchmarks/results/2026-12-02-cpu2-bf16/`; `jaxinfer.models.cpu_bf16`
+      at 32 clients, `benchmarks/results/2026-12-02-cpu2-bf16/`; `jaxinfer.layers.cpu_bf16`
       keeps XLA:CPU from converting the weights inside the step). Outputs then match the
       float32 reference up to near-ties.
 

@@ -3,7 +3,7 @@
 A request with drafts ``d_0 .. d_{k-1}`` is verified by k + 1 rows of one step; row j
 holds the target's own sample ``t_j`` at that position, drawn exactly as a plain decode
 step draws it (greedy argmax, or the seeded inverse-CDF draw keyed by the output index;
-`jaxinfer.sampler`). The accepted run is ``t_0 .. t_m`` where m is the first j with
+`jaxinfer.layers.sampler`). The accepted run is ``t_0 .. t_m`` where m is the first j with
 ``d_j != t_j`` (m = k when all match): the longest matching prefix, then the target's
 token at the first mismatch (or the bonus token after a full match).
 

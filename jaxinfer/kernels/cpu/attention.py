@@ -34,7 +34,7 @@ from jaxinfer.kernels.cpu import build as native_build
 logger = logging.getLogger(__name__)
 
 TARGET = "jaxinfer_paged_decode"  # float32 / bfloat16-bit caches
-TARGET_8BIT = "jaxinfer_paged_decode_8bit"  # int8 / fp8 caches with per-token scales (`jaxinfer.kv_quant`)
+TARGET_8BIT = "jaxinfer_paged_decode_8bit"  # int8 / fp8 caches with per-token scales (`jaxinfer.layers.attention.kv_quant`)
 SOURCE = native_build.NATIVE_DIR / "paged_decode.cc"
 ENV_SWITCH = "JAXINFER_NATIVE_DECODE"  # "0" turns the kernel off (the XLA path's jnp parts run)
 # The kernel's per-thread buffers (kMaxHeads, kMaxHeadDim, kMaxBlockSize in paged_decode.cc).

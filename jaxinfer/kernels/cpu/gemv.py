@@ -5,7 +5,7 @@ A lone decoding stream multiplies one row by every weight matrix, and XLA:CPU (j
 runs that on a slow path; its two-row form reads bfloat16 weights at ~7 GB/s
 (`benchmarks/results/2026-12-02-cpu2-bf16/`). The C++ loops read each weight once, in float32
 registers, over XLA's intra-op threads: bfloat16 operands and float32 sums, as
-``lax.dot_general(..., preferred_element_type=float32)``. `jaxinfer.models.cpu_bf16` calls
+``lax.dot_general(..., preferred_element_type=float32)``. `jaxinfer.layers.cpu_bf16` calls
 them for one- and two-row products when the model was built for one CPU device (a custom call has no
 sharding rule) and no packed weights were passed: a CPU with neither AMX nor AVX-512 BF16 (with
 them, `jaxinfer.kernels.cpu.amx` takes every row count).

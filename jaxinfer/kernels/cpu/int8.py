@@ -3,7 +3,7 @@
 packed layout (`pack`) and the jnp-side call.
 
 XLA:CPU (jax 0.10.2) does not fuse the int8 -> float convert into its dot, so the int8 model
-(`jaxinfer.models.quant.qdot`) dequantizes every weight inside the step: it read more bytes per
+(`jaxinfer.layers.quantization.int8.qdot`) dequantizes every weight inside the step: it read more bytes per
 token than the bfloat16 model. The kernel reads the int8 weights once, in place by layer index,
 and applies the group scales to its int32 sums (the kernel's header has the arithmetic).
 
@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 TARGET = "jaxinfer_int8_gemm"
 SOURCE = native_build.NATIVE_DIR / "int8_gemm.cc"
 ENV_SWITCH = "JAXINFER_NATIVE_INT8"  # "0" turns the kernel off (`quant.qdot` runs)
-GROUP = 64  # inputs per scale: kGroup in int8_gemm.cc, and `jaxinfer.models.quant.GROUP_SIZE`
+GROUP = 64  # inputs per scale: kGroup in int8_gemm.cc, and `jaxinfer.layers.quantization.int8.GROUP_SIZE`
 
 
 @functools.cache

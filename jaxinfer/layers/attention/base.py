@@ -10,10 +10,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
+import jax
 from jax.sharding import Mesh
 
 from jaxinfer.layers.attention.kv_storage import write_kv
-from jaxinfer.step_metadata import AttentionMetadata
+from jaxinfer.layers.step_metadata import AttentionMetadata
+
+# The step's attention contract as a pytree: it crosses jit boundaries as the step's input
+# (registered here, where every backend and the XLA work plan import it; the host side that
+# builds it imports no JAX).
+jax.tree_util.register_dataclass(AttentionMetadata)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,3 +69,23 @@ class AttentionBackend:
         v_cache = write_kv(v_cache, layer, meta.slot_mapping, v_new)
         out = self.forward(q, k_new, v_new, k_cache, v_cache, layer, meta, sm_scale, window, prepared)
         return out, k_cache, v_cache
+
+
+def paged_attention(backend: AttentionBackend, q, k_new, v_new, k_cache, v_cache, layer, meta: AttentionMetadata,
+                    sm_scale: float, window=None, plan=None):
+    """``backend(q, k_new, v_new, k_cache, v_cache, layer, meta, sm_scale, window, plan)``: write this
+    step's K/V into the pages and attend (`AttentionBackend.__call__`).
+
+    Args:
+      backend: a registered backend (`get_attention_backend`).
+      q: [T, N, H]; k_new, v_new: [T, K, H]; k_cache, v_cache: [L, NB, bs, K, H]; layer: [] int32;
+      sm_scale: softmax scale (``H ** -0.5``); window: [] int32 sliding window or None.
+      plan: ``backend.prepare(meta, block_size)`` of this step (None for the Pallas backend).
+
+    Returns:
+      (out [T, N, H], k_cache, v_cache) with the new K/V written.
+
+    Raises:
+      ValueError: the XLA backend without a plan.
+    """
+    return backend(q, k_new, v_new, k_cache, v_cache, layer, meta, sm_scale, window, plan)

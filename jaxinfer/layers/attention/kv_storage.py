@@ -11,8 +11,8 @@ write into. Formats:
   bf16_bits: a bfloat16 cache on CPU holds its uint16 bits (`BF16_BITS`): XLA:CPU upcasts a
     bfloat16 update of the carried cache to float32 over the whole pool (plus a full copy)
     every layer of every step; an integer update stays in place.
-  int8 / fp8 (``--kv-cache-dtype``): a `jaxinfer.kv_quant.QuantKV` pytree of 8-bit values and
-    bfloat16-bit scales per token and KV head (the quantization is `jaxinfer.kv_quant`'s).
+  int8 / fp8 (``--kv-cache-dtype``): a `jaxinfer.layers.attention.kv_quant.QuantKV` pytree of 8-bit values and
+    bfloat16-bit scales per token and KV head (the quantization is `jaxinfer.layers.attention.kv_quant`'s).
 
 The format is chosen once: by the runner from the model dtype, the platform and
 ``--kv-cache-dtype`` (`KVStorage.select`), and inside the step from the cache itself
@@ -25,8 +25,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxinfer import kv_quant
-from jaxinfer.kv_quant import QuantKV
+from jaxinfer.layers.attention import kv_quant
+from jaxinfer.layers.attention.kv_quant import QuantKV
 
 BF16_BITS = jnp.uint16  # the storage dtype of bit-stored bfloat16
 FORMATS = ("float", "bf16_bits", "int8", "fp8")

@@ -15,7 +15,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from jaxinfer.layers.attention.base import AttentionBackend
 from jaxinfer.layers.attention.kv_storage import KVStorage
-from jaxinfer.step_metadata import AttentionMetadata
+from jaxinfer.layers.step_metadata import AttentionMetadata
 
 
 @dataclasses.dataclass(frozen=True)

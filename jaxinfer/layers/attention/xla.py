@@ -1,7 +1,7 @@
 """The XLA attention backend ("xla", the CPU default): ragged paged attention in pure jnp, or,
 on one CPU device with the C++ kernel built (``native``), every token by
 `jaxinfer.kernels.cpu.attention`. Owns the path's jnp parts and its per-step preparation, the work
-lists of `jaxinfer.xla_work_plan` (`XlaAttention.prepare`, once per step before the layer loop).
+lists of `jaxinfer.layers.attention.xla_work_plan` (`XlaAttention.prepare`, once per step before the layer loop).
 
 With the kernel, after the write every token's query reads its row's pages up to its own
 position (a work item is one query, or up to 16 consecutive queries of a prompt chunk sharing
@@ -36,8 +36,8 @@ from jaxinfer.kernels.cpu import attention as native_attention
 from jaxinfer.layers.attention.base import AttentionBackend
 from jaxinfer.layers.attention.kv_storage import KVStorage
 from jaxinfer.layers.attention.softmax import fold, fold_segments, in_window, init_state, merge, partial_softmax
-from jaxinfer.step_metadata import AttentionMetadata
-from jaxinfer.xla_work_plan import (GROUP_BLOCKS, Q_CHUNK, XlaWorkPlan, groups_per_iter,  # registers AttentionMetadata
+from jaxinfer.layers.step_metadata import AttentionMetadata
+from jaxinfer.layers.attention.xla_work_plan import (GROUP_BLOCKS, Q_CHUNK, XlaWorkPlan, groups_per_iter,  # registers AttentionMetadata
                                     plan_xla_work)
 
 
@@ -56,7 +56,7 @@ class XlaAttention(AttentionBackend):
     native: bool = False
 
     def prepare(self, meta: AttentionMetadata, block_size: int) -> XlaWorkPlan:
-        """The step's work lists, `jaxinfer.xla_work_plan.plan_xla_work` of ``meta``."""
+        """The step's work lists, `jaxinfer.layers.attention.xla_work_plan.plan_xla_work` of ``meta``."""
         return plan_xla_work(meta, block_size)
 
     def forward(self, q, k_new, v_new, k_cache, v_cache, layer, meta, sm_scale, window, prepared):
@@ -185,7 +185,7 @@ def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: Attentio
       q: [T, N, H] queries. k_new, v_new: [T, K, H] this step's keys/values.
       k_cache, v_cache: [L, NB, bs, K, H] pages (the cached context is read from them).
       layer: [] int32 layer index. meta: `AttentionMetadata` (positions, block tables).
-      plan: the step's `jaxinfer.xla_work_plan.XlaWorkPlan` (`XlaAttention.prepare` of ``meta``): the
+      plan: the step's `jaxinfer.layers.attention.xla_work_plan.XlaWorkPlan` (`XlaAttention.prepare` of ``meta``): the
         cached context (positions below ``plan.row_ctx_len``) is read through its work lists.
       sm_scale: softmax scale (H ** -0.5).
       window: [] int32 sliding window of this layer (keys with ``q_pos - k_pos < window``

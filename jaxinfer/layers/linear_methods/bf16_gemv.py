@@ -1,6 +1,6 @@
 """``bf16_gemv``: bfloat16 weights on one CPU device, products of one or two rows (a lone
 stream's decode step) in the C++ loops of `jaxinfer.kernels.cpu.gemv`, which read each weight once;
-more rows as ``dense_cpu`` (`jaxinfer.models.cpu_bf16.dot_general` with ``native=True``).
+more rows as ``dense_cpu`` (`jaxinfer.layers.cpu_bf16.dot_general` with ``native=True``).
 Same parameters as ``dense``.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Float weights through XLA's dot: ``dense`` (as given) and ``dense_cpu`` (XLA:CPU, where a
 one-row bfloat16 product runs as two rows and bfloat16 tables are gathered as bits,
-`jaxinfer.models.cpu_bf16`).
+`jaxinfer.layers.cpu_bf16`).
 
 Parameters: ``nn.DenseGeneral``'s ``kernel [*in, *features]`` per projection and ``nn.Embed``'s
 ``embedding [V, D]`` (`jaxinfer.models.llama`'s tree). Operands in the compute dtype, float32
@@ -16,7 +16,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jaxinfer.layers.linear import LinearMethod, Projection, register_linear_method
-from jaxinfer.models import cpu_bf16
+from jaxinfer.layers import cpu_bf16
 
 _init = nn.initializers.normal(0.02)
 

@@ -1,7 +1,7 @@
 """``int8``: int8 weights with group scales (``--quantization int8``) through XLA's
-dequantize-then-dot (`jaxinfer.models.quant.qdot`).
+dequantize-then-dot (`jaxinfer.layers.quantization.int8.qdot`).
 
-Parameters: `jaxinfer.models.quant.QDenseGeneral`'s ``kernel`` int8 and ``scale`` per
+Parameters: `jaxinfer.layers.quantization.int8.QDenseGeneral`'s ``kernel`` int8 and ``scale`` per
 projection, `QEmbed`'s int8 ``embedding [V, D]`` and ``scale [V, D / g]``; a tied LM head
 dequantizes the table chunk by chunk (`QEmbed.attend`).
 """
@@ -14,13 +14,13 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jaxinfer.layers.linear import LinearMethod, Projection, register_linear_method
-from jaxinfer.models.quant import QDenseGeneral, QEmbed
+from jaxinfer.layers.quantization.int8 import QDenseGeneral, QEmbed
 
 
 @register_linear_method
 @dataclasses.dataclass(frozen=True)
 class Int8Linear(LinearMethod):
-    """Weight-only int8 products (`jaxinfer.models.quant`), any platform."""
+    """Weight-only int8 products (`jaxinfer.layers.quantization.int8`), any platform."""
 
     name: ClassVar[str] = "int8"
 

@@ -50,7 +50,7 @@ def _as_kn(leaf: dict, n_in: int) -> tuple[np.ndarray, np.ndarray] | None:
 
 def packed_variables(params: dict, cfg) -> dict:
     """The `jaxinfer.layers.linear.PACKED_COLLECTION` variables of a stacked int8 ``params`` tree
-    (`jaxinfer.models.quant`'s layout): each layer projection as `native_int8.pack` (q, s) under
+    (`jaxinfer.layers.quantization.int8`'s layout): each layer projection as `native_int8.pack` (q, s) under
     ``layers/{attn,mlp}/<name>_packed``, q, k and v side by side as one product
     (``layers/attn/qkv_packed``) where they share K, and the LM head (the tied int8 embedding
     transposed, or ``lm_head``) as ``lm_head_packed``: the names of the ``amx_packed`` method.

@@ -10,7 +10,7 @@ runner hands them to its compiled step as they are, where the same classes hold
 rows of ``SamplingMetadata.bitmask``).
 
 Plain dataclasses; no JAX import (the host side imports none). The JAX consumers register
-them as pytrees: `jaxinfer.attention` for `AttentionMetadata`, `jaxinfer.sampler` for
+them as pytrees: `jaxinfer.layers.attention.base` for `AttentionMetadata`, `jaxinfer.layers.sampler` for
 `SamplingMetadata` (an optional field left None is an empty subtree, so a step without
 penalty history or bitmask has its own tree structure and its own executable).
 """
@@ -28,7 +28,7 @@ class AttentionMetadata:
 
     The standard ragged contract only, no work lists: the Pallas kernel reads these fields as
     they are, and the XLA path derives its work lists from them inside the step
-    (`jaxinfer.xla_work_plan`).
+    (`jaxinfer.layers.attention.xla_work_plan`).
 
     One block-table rule for both backends: ``block_tables`` covers each row's whole
     context *including this step's tokens*, so W >= ceil(kv_len / block_size) for every

@@ -11,7 +11,7 @@ XLA:CPU's fastest matmul from two rows up (YNNPACK; numbers in
    every call (a 30-layer MLP at 32 rows: ~130 ms against ~30 ms). Stored as ``uint16``
    bits (`weights_as_bits`), the slice stays 16-bit, and `bits_as_bfloat16` reinterprets
    the one layer's slice inside the scan body (a bitcast: no conversion, no copy). The
-   KV cache is bit-stored on CPU for the same reason (`jaxinfer.attention.BF16_BITS`).
+   KV cache is bit-stored on CPU for the same reason (`jaxinfer.layers.attention.kv_storage.BF16_BITS`).
 2. **Gathered tables.** A gather from a bfloat16 table is computed in float32 too: the
    embedding lookup converted the whole ``[V, D]`` table (113 MB of float32 for SmolLM2)
    on every step. `take_rows` gathers the rows as bits.
@@ -38,13 +38,13 @@ import jax
 import jax.numpy as jnp
 
 from jaxinfer.kernels.cpu import gemv as native_gemv
-from jaxinfer.attention import BF16_BITS as BITS  # the storage dtype of bit-stored bfloat16 (as the KV cache)
-from jaxinfer.attention import kv_storage_dtype, kv_values
+from jaxinfer.layers.attention.kv_storage import BF16_BITS as BITS  # the storage dtype of bit-stored bfloat16 (as the KV cache)
+from jaxinfer.layers.attention.kv_storage import kv_storage_dtype, kv_values
 
 
 def wants_bits(dtype, platform: str) -> bool:
     """Whether a model of ``dtype`` on JAX ``platform`` stores its layer stack as bits: the
-    KV cache's rule (`jaxinfer.attention.kv_storage_dtype`)."""
+    KV cache's rule (`jaxinfer.layers.attention.kv_storage.kv_storage_dtype`)."""
     return kv_storage_dtype(dtype, platform) == BITS
 
 
@@ -54,7 +54,7 @@ def weights_as_bits(tree):
 
 
 def bits_as_bfloat16(tree):
-    """Inverse of `weights_as_bits`: `BITS` leaves read as bfloat16 (`jaxinfer.attention.kv_values`),
+    """Inverse of `weights_as_bits`: `BITS` leaves read as bfloat16 (`jaxinfer.layers.attention.kv_storage.kv_values`),
     other leaves as they are. The ``trans_in_fn`` of the ``nn.map_variables`` around the scanned layer."""
     return jax.tree.map(kv_values, tree)
 

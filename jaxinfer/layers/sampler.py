@@ -1,6 +1,6 @@
 """Per-row sampling inside the jitted step.
 
-Every option is a per-row array of the step's `jaxinfer.step_metadata.SamplingMetadata`
+Every option is a per-row array of the step's `jaxinfer.layers.step_metadata.SamplingMetadata`
 (registered here as a pytree), so one compiled step serves any mix of greedy and
 sampled rows. Expensive stages run under ``lax.cond`` on batch-wide flags (XLA executes
 only the taken branch), so a greedy batch pays for an argmax only.
@@ -18,9 +18,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxinfer.step_metadata import SamplingMetadata
+from jaxinfer.layers.step_metadata import SamplingMetadata
 
-# The step's sampling contract (`jaxinfer.step_metadata`, host side JAX-free) as a pytree;
+# The step's sampling contract (`jaxinfer.layers.step_metadata`, host side JAX-free) as a pytree;
 # a None field (no penalty history, no bitmask) is an empty subtree: its own executable.
 jax.tree_util.register_dataclass(SamplingMetadata)
 

@@ -1,6 +1,6 @@
 """The XLA attention path's work lists, derived inside the jitted step.
 
-The host sends only the standard ragged step contract (`jaxinfer.step_metadata.AttentionMetadata`:
+The host sends only the standard ragged step contract (`jaxinfer.layers.step_metadata.AttentionMetadata`:
 ``query_start_loc``, ``kv_lens``, ``num_seqs``, ``block_tables``, ...). This module owns what
 `jaxinfer.layers.attention.xla.xla_paged_attention` additionally walks, the `XlaWorkPlan`, and
 `plan_xla_work`, the jnp function that computes it from the contract. The model computes it
@@ -9,7 +9,7 @@ by `jaxinfer.models.llama.LlamaForCausalLM`), and every layer reads the same pla
 
 Also the XLA path's tiling constants (`Q_CHUNK`, `GROUP_BLOCKS`, `GROUPS_PER_ITER`,
 `MIN_GROUPS_PER_ITER`), read by `jaxinfer.layers.attention.xla` at trace time, and the pytree registration
-of `AttentionMetadata` (the host-side `jaxinfer.step_metadata` imports no JAX).
+of `AttentionMetadata` (the host-side `jaxinfer.layers.step_metadata` imports no JAX).
 
 With the C++ kernel (`jaxinfer.layers.attention.xla.XlaAttention.native`), attention reads only
 ``token_seq``; the other lists serve the jnp path (small int32 work lists, built either way).
@@ -25,7 +25,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxinfer.step_metadata import AttentionMetadata
+from jaxinfer.layers.attention import base  # noqa: F401 - registers AttentionMetadata as a pytree
+from jaxinfer.layers.step_metadata import AttentionMetadata
 
 Q_CHUNK = 64  # queries per context work item of the XLA attention path (B2)
 GROUP_BLOCKS = 4  # blocks per context group of a single-token row (XLA path, B1)
@@ -35,8 +36,6 @@ GROUPS_PER_ITER = 32  # context groups one B1 loop iteration reads at most
 # iterations); kept as the probe's knob.
 MIN_GROUPS_PER_ITER = 1
 
-# The step's attention contract as a pytree (it crosses jit boundaries as the step's input).
-jax.tree_util.register_dataclass(AttentionMetadata)
 
 
 def num_work_items(num_tokens: int, num_rows: int) -> int:

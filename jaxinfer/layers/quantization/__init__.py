@@ -1,0 +1,1 @@
+"""jaxinfer.layers.quantization: see docs/architecture.md."""
