@@ -127,7 +127,7 @@ def decode_probe(llm, vocab: int, batch: int, tokens: int) -> dict:
 def check_dtype(model_config, dtype: str, args) -> dict:
     import jax
 
-    from jaxinfer.params import init_params
+    from jaxinfer.models.params import init_params
 
     params = init_params(model_config, dtype, seed=0, scale=args.weight_scale)
     long_len = args.max_model_len - args.max_tokens - 1

@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     import jax
 
     from jaxinfer.plan import load_config
-    from jaxinfer.params import init_params
+    from jaxinfer.models.params import init_params
 
     model_config = load_config(args.config, args.layers or None)
     start = time.perf_counter()

@@ -351,7 +351,7 @@ def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir
         logger.info("%s", settings_line(config, backend, desc.num_blocks, desc.plan))
         return engine
     if params is None:
-        from jaxinfer.params import init_params
+        from jaxinfer.models.params import init_params
 
         params = init_params(model_config, config.dtype, seed=config.seed)
     return build_replica(config, model_config, jax.device_put(params), tokenizer,

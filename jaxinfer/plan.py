@@ -83,7 +83,7 @@ def plan_memory(cfg: ModelConfig, *, dtype: str = "bfloat16", tensor_parallel_si
       ValueError: reserve fraction outside [0, 1).
     """
     from jaxinfer.builder import kv_budget_bytes, kv_bytes_per_block
-    from jaxinfer.params import abstract_params
+    from jaxinfer.models.params import abstract_params
     from jaxinfer.sharding import per_device_param_bytes, replicated_axes
 
     if not 0.0 <= kv_reserve_fraction < 1.0:

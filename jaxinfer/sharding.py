@@ -117,7 +117,7 @@ def param_partition_specs(cfg: ModelConfig, tp: int):
 
     Pure shape arithmetic (``jax.eval_shape``): no devices or mesh needed (the planner).
     """
-    from jaxinfer.params import abstract_params, param_logical_axes
+    from jaxinfer.models.params import abstract_params, param_logical_axes
 
     logical = param_logical_axes(cfg)
     shapes = abstract_params(cfg)
@@ -179,7 +179,7 @@ def shard_shape(shape: Sequence[int], spec: P, axis_sizes: dict[str, int]) -> tu
 
 def per_device_param_bytes(cfg: ModelConfig, dtype: str, tp: int) -> int:
     """Bytes of parameters each device of a TP group holds (from shapes only)."""
-    from jaxinfer.params import abstract_params
+    from jaxinfer.models.params import abstract_params
 
     shapes = abstract_params(cfg, dtype)
     specs = param_partition_specs(cfg, tp)
@@ -197,7 +197,7 @@ def per_device_bytes(tree) -> int:
 
 
 def init_params_sharded(cfg: ModelConfig, dtype: str, seed: int, shardings):
-    """Random params (as `jaxinfer.params.init_params`, without ``scale``) created
+    """Random params (as `jaxinfer.models.params.init_params`, without ``scale``) created
     directly in their shards by one jitted init with ``out_shardings``: no device or
     host ever holds a full copy (``--load-format dummy`` for big models).
 
@@ -205,7 +205,7 @@ def init_params_sharded(cfg: ModelConfig, dtype: str, seed: int, shardings):
     """
     import flax.linen as nn
 
-    from jaxinfer.params import _boxed_init
+    from jaxinfer.models.params import _boxed_init
 
     return jax.jit(lambda: nn.unbox(_boxed_init(cfg, dtype, seed)), out_shardings=shardings)()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxinfer.config import ModelConfig
-from jaxinfer.params import init_params
+from jaxinfer.models.params import init_params
 
 
 def tiny_gemma_config(vocab=256, hidden=64, layers=6, heads=4, kv_heads=1, head_dim=32, inter=128, window=8,

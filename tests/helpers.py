@@ -177,7 +177,7 @@ def tiny_bf16_llm(hidden_act: str = "silu", plan=None, **changes):
     returns each step's logits: for tests that compare a C++ product path against XLA's (``plan``
     and ``changes`` pick the path, `resolved_plan`)."""
     from jaxinfer import LLM
-    from jaxinfer.params import init_params
+    from jaxinfer.models.params import init_params
 
     cfg = dataclasses.replace(tiny_config(vocab=256, hidden=64, layers=2, inter=96, tied=True), hidden_act=hidden_act)
     return LLM("tiny", dtype="bfloat16", max_model_len=128, max_num_seqs=4, max_num_batched_tokens=32,

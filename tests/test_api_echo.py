@@ -105,7 +105,7 @@ def harness_parse(choice: dict, ctxlen: int, legacy: bool) -> tuple[float, bool]
 @pytest.fixture(scope="module")
 def tiny_server():
     from jaxinfer import LLM
-    from jaxinfer.params import init_params
+    from jaxinfer.models.params import init_params
 
     cfg = tiny_config(vocab=V, hidden=32, heads=2, kv_heads=1, inter=64)
     params = init_params(cfg, scale=3.0, seed=5)

@@ -26,7 +26,7 @@ from jaxinfer.api.degrade import SERVED_BY_HEADER
 from jaxinfer.api.model_registry import ModelRegistry, ServedModel
 from jaxinfer.async_engine import AsyncEngine
 from jaxinfer.model_runner import CompileCounter
-from jaxinfer.params import init_params
+from jaxinfer.models.params import init_params
 from jaxinfer.ttft_estimator import TTFTEstimator
 
 SLO = 1.0

@@ -66,7 +66,7 @@ def test_pallas_warmup_compiles_every_bucket_it_serves():
     from jaxinfer import LLM, SamplingParams
     from jaxinfer.config import ModelConfig
     from jaxinfer.model_runner import CompileCounter
-    from jaxinfer.params import init_params
+    from jaxinfer.models.params import init_params
 
     cfg = ModelConfig.from_dict(TINY)
     llm = LLM("tiny", max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16, num_blocks=24, warmup=True,

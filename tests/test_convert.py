@@ -237,7 +237,7 @@ def test_build_tree_rejects_unknown_and_missing():
 
 
 def test_param_shapes_match_the_model():
-    params = pytest.importorskip("jaxinfer.params")
+    params = pytest.importorskip("jaxinfer.models.params")
     import jax
 
     cfg = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,

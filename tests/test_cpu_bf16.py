@@ -13,7 +13,7 @@ import pytest
 from helpers import tiny_config
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.layers import cpu_bf16
-from jaxinfer.params import init_params
+from jaxinfer.models.params import init_params
 
 RS = np.random.RandomState(0)
 

@@ -9,7 +9,7 @@ from helpers import borrowed_runner, hf_logits, hf_model, run_until_idle, tiny_c
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.errors import RequestError
 from jaxinfer.model_runner import CompileCounter
-from jaxinfer.params import init_params
+from jaxinfer.models.params import init_params
 
 CFG = tiny_config(vocab=256, tied=False)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)

@@ -18,7 +18,7 @@ from helpers import tiny_config
 from jaxinfer.layers.attention.xla import XlaAttention
 from jaxinfer.layers.linear import get_linear_method
 from jaxinfer.models.llama import LlamaForCausalLM
-from jaxinfer.params import _dummy_call_args
+from jaxinfer.models.params import _dummy_call_args
 from jaxinfer.platform.execution_plan import ExecutionPlan, resolve_plan
 from jaxinfer.platform.execution_plan import NATIVE_SWITCHES, UNROLL_ENV_VAR
 
@@ -85,7 +85,7 @@ def test_registry_builds_methods_by_name():
                                        (INT8, ("int8_packed",))])
 def test_every_method_makes_the_checkpoint_tree(cfg, names):
     """The same parameter names, shapes, dtypes and logical axes as the model built without a
-    plan (the tree `jaxinfer.params` initialises and checkpoints hold)."""
+    plan (the tree `jaxinfer.models.params` initialises and checkpoints hold)."""
     def tree(linear):
         model = LlamaForCausalLM(cfg, XlaAttention(), jnp.bfloat16, jnp.bfloat16, linear=linear)
         return jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *_dummy_call_args(cfg))["params"])

@@ -14,7 +14,7 @@ from jaxinfer import LLM, SamplingParams
 from jaxinfer import batch as B
 from jaxinfer.buckets import Bucket
 from jaxinfer.model_runner import greedy_only
-from jaxinfer.params import init_params
+from jaxinfer.models.params import init_params
 
 CFG = tiny_config(vocab=256, tied=True)
 

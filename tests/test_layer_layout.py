@@ -16,7 +16,7 @@ from helpers import tiny_config
 from jaxinfer import LLM, SamplingParams, sharding
 from jaxinfer.platform import execution_plan
 from jaxinfer.models.layer_layout import unstack_layers
-from jaxinfer.params import init_params
+from jaxinfer.models.params import init_params
 
 CFG = tiny_config(vocab=256, hidden=64, layers=3, heads=8, kv_heads=4, inter=128)  # H 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)

@@ -7,7 +7,7 @@ import pytest
 from helpers import tiny_config
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.errors import RequestError
-from jaxinfer.params import init_params
+from jaxinfer.models.params import init_params
 
 CFG = tiny_config(vocab=256, tied=False)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)

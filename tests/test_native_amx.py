@@ -15,7 +15,7 @@ from jaxinfer.kernels.cpu import amx as native_amx
 from jaxinfer.platform.cpu_features import host_cpu_flags
 from jaxinfer.layers.linear_methods.amx_packed import packed_variables
 from jaxinfer.layers.linear_methods.packed import without_packed
-from jaxinfer.params import init_params
+from jaxinfer.models.params import init_params
 
 needs_amx = pytest.mark.skipif(not native_amx.available(host_cpu_flags()),
                                reason=f"packed-product kernel off: {native_amx._load(host_cpu_flags())}")

@@ -17,7 +17,7 @@ from jaxinfer.platform.cpu_features import host_cpu_flags
 from jaxinfer.layers.quantization import int8 as quant
 from jaxinfer.layers.linear_methods.int8_packed import packed_variables
 from jaxinfer.layers.linear_methods.packed import without_packed
-from jaxinfer.params import init_params
+from jaxinfer.models.params import init_params
 
 needs_vnni = pytest.mark.skipif(not native_int8.available(host_cpu_flags()),
                                 reason=f"int8 kernel off: {native_int8._load(host_cpu_flags())}")

@@ -117,7 +117,7 @@ def test_dummy_init_of_llama3_70b_is_born_sharded():
     full model (no device ever holds a full copy)."""
     cfg = llama70b()
     mesh = sharding.make_mesh(8, 1)
-    from jaxinfer.params import _boxed_init
+    from jaxinfer.models.params import _boxed_init
 
     init = jax.jit(lambda: nn.unbox(_boxed_init(cfg, "bfloat16", 0)), out_shardings=sharding.param_shardings(cfg, mesh))
     mem = init.lower().compile().memory_analysis()

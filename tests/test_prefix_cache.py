@@ -11,7 +11,7 @@ from helpers import run_until_idle, tiny_config
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.block_manager import BlockManager, chain_hashes
 from jaxinfer.engine import LLMEngine
-from jaxinfer.params import init_params
+from jaxinfer.models.params import init_params
 
 BS = 16
 

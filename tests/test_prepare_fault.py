@@ -25,7 +25,7 @@ from helpers import borrowed_runner, http_healthy, post_completions_at_once, run
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.engine import MAX_FAILED_PREPARES
 from jaxinfer.fault_injection import ENV_VAR, PHASE_ENV_VAR, PREPARE, STEP, InjectedStepFault, StepFault
-from jaxinfer.params import init_params
+from jaxinfer.models.params import init_params
 
 CFG = tiny_config(vocab=256, tied=False)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)

@@ -19,7 +19,7 @@ from jaxinfer import LLM, SamplingParams
 from jaxinfer.engine import LLMEngine
 from jaxinfer.errors import RequestError
 from jaxinfer.model_runner import CompileCounter
-from jaxinfer.params import init_params
+from jaxinfer.models.params import init_params
 
 TOP = 3
 

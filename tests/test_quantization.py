@@ -18,7 +18,7 @@ from jaxinfer.layers.attention.kv_quant import dequantize, quantize, scale_value
 from jaxinfer.model_runner import CompileCounter
 from jaxinfer.layers.quantization.int8 import (dequantize as dequantize_weight, qdot, quantize_array, quantize_params, scale_shape,
                                    tied_head_logits)
-from jaxinfer.params import init_params
+from jaxinfer.models.params import init_params
 from jaxinfer.kernels.pallas import ragged_paged_attention
 from test_pallas_kernels import make_batch, numpy_attention
 

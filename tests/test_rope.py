@@ -18,7 +18,7 @@ from helpers import hf_logits, tiny_config, to_hf_state_dict
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.config import ModelConfig
 from jaxinfer.layers import rope
-from jaxinfer.params import init_params
+from jaxinfer.models.params import init_params
 
 ORIG = 32  # pre-training context of the tiny models
 LLAMA3 = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

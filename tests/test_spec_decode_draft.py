@@ -19,7 +19,7 @@ from helpers import run_requests, tiny_config
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.engine import LLMEngine
 from jaxinfer.model_runner import CompileCounter
-from jaxinfer.params import init_params
+from jaxinfer.models.params import init_params
 
 CFG = tiny_config(vocab=64, tied=False)
 DRAFT_CFG = tiny_config(vocab=64, hidden=32, layers=1, heads=2, kv_heads=1, inter=64)

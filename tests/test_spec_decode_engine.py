@@ -25,7 +25,7 @@ from helpers import run_requests, run_until_idle, tiny_config
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.engine import LLMEngine
 from jaxinfer.model_runner import CompileCounter
-from jaxinfer.params import init_params
+from jaxinfer.models.params import init_params
 
 CFG = tiny_config(vocab=64, tied=False)
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1,

@@ -22,7 +22,7 @@ from helpers import run_until_idle, tiny_config
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.engine import LLMEngine
 from jaxinfer.engine_protocol import RequestSpec
-from jaxinfer.params import init_params
+from jaxinfer.models.params import init_params
 
 V = 32  # small, and at least the top-20 logprobs the step always computes
 CFG = tiny_config(vocab=V, hidden=32, layers=1, heads=2, kv_heads=1, inter=64, tied=False, max_pos=64)

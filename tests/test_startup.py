@@ -21,7 +21,7 @@ from jaxinfer.config import CacheConfig, EngineConfig
 from jaxinfer.platform import dtype as platform_dtype
 from jaxinfer.platform.dtype import CPU_DTYPE_ENV_VAR, auto_dtype
 from jaxinfer.platform.cpu_features import cpu_flags, has_native_bf16
-from jaxinfer.params import init_params
+from jaxinfer.models.params import init_params
 from jaxinfer.warmup_progress import WarmupProgress
 
 CFG = tiny_config(vocab=256)

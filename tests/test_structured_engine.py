@@ -18,7 +18,7 @@ from helpers import tiny_config
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.errors import RequestError
 from jaxinfer.model_runner import CompileCounter
-from jaxinfer.params import init_params
+from jaxinfer.models.params import init_params
 from jaxinfer.layers.sampler import apply_bitmask
 
 CFG = tiny_config(vocab=49152, hidden=32, layers=1, heads=2, kv_heads=1, inter=32)

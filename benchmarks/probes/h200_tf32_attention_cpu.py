@@ -30,7 +30,7 @@ spec.loader.exec_module(bc)
 
 from jaxinfer import attention  # noqa: E402
 from jaxinfer.config import ModelConfig  # noqa: E402
-from jaxinfer.params import init_params  # noqa: E402
+from jaxinfer.models.params import init_params  # noqa: E402
 
 
 def tf32(x):

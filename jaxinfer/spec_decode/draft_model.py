@@ -81,7 +81,7 @@ def build_draft_proposer(config, target_config, num_blocks: int, block_size: int
         raise ValueError(f"the draft model's vocabulary ({draft_model_config.vocab_size} tokens) differs from the "
                          f"target's ({target_config.vocab_size}): a draft model must share the target's tokenizer")
     if draft_params is None:
-        from jaxinfer.params import init_params
+        from jaxinfer.models.params import init_params
 
         draft_params = init_params(draft_model_config, dtype)
     runner = ModelRunner(draft_model_config, jax.device_put(draft_params), num_blocks, block_size, dtype, backend,
