@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from jaxinfer.block_manager import BlockManager
+from jaxinfer.core.kv_cache.block_manager import BlockManager
 from jaxinfer.config import EngineConfig
 from jaxinfer.engine_protocol import RequestSpec
 from jaxinfer.errors import CONTEXT_LENGTH_EXCEEDED, SHORTEN_HINT, QueueFullError, RequestError
@@ -45,7 +45,7 @@ def check_room(group_size: int, *, max_queue_len: int, num_waiting: int, free_sl
       group_size: sequences in the group (a request's prompts x ``n``).
       max_queue_len: ``--max-queue-len``: requests that may wait beyond the free sequence slots.
       num_waiting: requests waiting now; free_slots: sequence slots free now
-        (`jaxinfer.scheduler.Scheduler.free_slots`).
+        (`jaxinfer.core.sched.scheduler.Scheduler.free_slots`).
       retry_after: seconds until the queue drains, called only when refusing with 429.
     Raises:
       RequestError: more sequences than ``max_queue_len`` (param ``n``; retrying cannot help).

@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from jaxinfer import prompt_logprobs
+from jaxinfer.core import prompt_logprobs
 from jaxinfer.buckets import Bucket, BucketLadders
 from jaxinfer.layers.step_metadata import AttentionMetadata, SamplingMetadata, from_arrays, to_arrays
 
@@ -27,8 +27,8 @@ PENALTY_FIELDS = ("hist_ids", "num_prompt", "num_hist")  # sent only when a row 
 MASK_FIELD = "bitmask"  # sent only when a row has a structured-output constraint
 
 
-from jaxinfer.request import Request
-from jaxinfer.scheduler import SchedulerOutput
+from jaxinfer.core.request import Request
+from jaxinfer.core.sched.scheduler import SchedulerOutput
 
 
 @dataclasses.dataclass
@@ -49,7 +49,7 @@ class StepInputs:
         (`jaxinfer.layers.step_metadata.SamplingMetadata`), the sampler's only other input.
       prompt_targets: [T] int32 the prompt token each packed token's logits score (-1 for
         none), only in steps where a row needs prompt logprobs
-        (`jaxinfer.prompt_logprobs.step_targets`); neither model nor sampler sees it.
+        (`jaxinfer.core.prompt_logprobs.step_targets`); neither model nor sampler sees it.
     """
 
     bucket: Bucket

@@ -174,7 +174,7 @@ def max_concurrency_at_full_length(num_blocks: int, block_size: int, watermark: 
     """Sequences of ``max_model_len`` tokens the KV pool holds at once:
     floor(usable / ceil(max_model_len / block_size)), where usable = the blocks past the
     null block minus the admission watermark (ceil(watermark * (num_blocks - 1)), as
-    `jaxinfer.scheduler.Scheduler` keeps free). ``max_num_seqs`` caps running sequences
+    `jaxinfer.core.sched.scheduler.Scheduler` keeps free). ``max_num_seqs`` caps running sequences
     separately."""
     usable = num_blocks - 1
     usable -= math.ceil(watermark * usable)

@@ -11,7 +11,7 @@ Lifecycle of a request:
      policy's victim on memory pressure, admit waiting ones) -> **execute** (pack into a bucket,
      one jitted call, sampled ids back once) -> **update** (`jaxinfer.output_processor`: append
      tokens, stop rules, incremental detokenization and stop strings, logprobs; prompt logprobs
-     of the prompt positions the step computed, `jaxinfer.prompt_logprobs`). A step with structured-output
+     of the prompt positions the step computed, `jaxinfer.core.prompt_logprobs`). A step with structured-output
      rows also has a **mask** phase between pack and call: the grammar engine
      (`jaxinfer.grammar`) fills those rows' token bitmask, and update advances their
      matchers (a matcher whose grammar is complete finishes its request with ``stop``).
@@ -34,7 +34,7 @@ import numpy as np
 
 from jaxinfer import admission
 from jaxinfer import batch as batch_mod
-from jaxinfer.block_manager import BlockManager
+from jaxinfer.core.kv_cache.block_manager import BlockManager
 from jaxinfer.buckets import BucketLadders
 from jaxinfer.config import EngineConfig, ModelConfig
 from jaxinfer.drain_rate import DrainRate
@@ -44,9 +44,9 @@ from jaxinfer.errors import RequestError
 from jaxinfer.fault_injection import PREPARE, StepFault
 from jaxinfer.output_processor import OutputProcessor
 from jaxinfer.outputs import RequestOutput
-from jaxinfer.request import FinishReason, Request
+from jaxinfer.core.request import FinishReason, Request
 from jaxinfer.sampling_params import SamplingParams
-from jaxinfer.scheduler import SchedulerOutput, make_scheduler
+from jaxinfer.core.sched.scheduler import SchedulerOutput, make_scheduler
 from jaxinfer.spec_decode.speculator import make_speculator
 
 logger = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ class EngineSnapshot:
       preemptions, prefix_cache_queries, prefix_cache_hits, prefix_cache_evictions, prompt_tokens,
       prefill_tokens, generation_tokens, compilations, timeouts, aborted: counters (see
       `jaxinfer.api.metrics`).
-      finished: finish reason (``jaxinfer.request.FinishReason`` value) -> requests ended so.
+      finished: finish reason (``jaxinfer.core.request.FinishReason`` value) -> requests ended so.
       fragmentation_step_sum, fragmentation_steps: the per-step fragmentation samples
         (sum of ratios, number of steps) for a mean over an interval.
       retry_after_s: seconds the waiting queue needs to drain at the measured admission

@@ -3,7 +3,7 @@
 Perplexity of a fixed text (by default the GNU GPL version 3, present on every Debian
 system as ``/usr/share/common-licenses/GPL-3``): the text's first ``max_tokens`` tokens,
 cut into consecutive windows of ``window`` tokens, each window sent as one prompt with
-``prompt_logprobs`` (`jaxinfer.prompt_logprobs`: the same paged, chunked prefill that
+``prompt_logprobs`` (`jaxinfer.core.prompt_logprobs`: the same paged, chunked prefill that
 serves requests, so quantized weights or KV cache are measured as they serve). Every
 prompt position >= 1 of a window is scored given the tokens before it in that window
 (windows do not overlap or see each other); a tokenizer that adds a BOS token prefixes

@@ -59,10 +59,10 @@ class LLM:
       tensor_parallel_size, data_parallel_size: devices per replica and replicas
         (`ParallelConfig`, `jaxinfer.sharding`); generate works the same with any.
       scheduler: "continuous" (default) or "static", the static-batching baseline
-        (`jaxinfer.static_scheduler`), for side-by-side measurements.
+        (`jaxinfer.core.sched.static`), for side-by-side measurements.
       scheduling_policy: "fcfs" or "priority" (``SamplingParams.priority`` / ``generate``'s
         ``priority``, lower first); priority_aging_s: seconds of waiting that lower the
-        effective priority by 1 (`jaxinfer.priority_scheduler`).
+        effective priority by 1 (`jaxinfer.core.sched.priority`).
       quantization: None or "int8": int8 weights with group scales (one per 64 inputs of an output channel), made
         from the float checkpoint as it loads (`jaxinfer.layers.quantization.int8`; vLLM's ``quantization``).
       kv_cache_dtype: "auto", "int8" or "fp8": 8-bit K/V with per-token scales

@@ -3,7 +3,7 @@
 `OutputProcessor` owns what turns one step's result into outputs (vLLM v1's output
 processor): the per-request incremental detokenizers (text and stop strings), the
 acceptance of speculative drafts, the appending of tokens through the scheduler (stop
-rules live in `jaxinfer.stop`, applied by `jaxinfer.scheduler.Scheduler.update`), the
+rules live in `jaxinfer.core.stop`, applied by `jaxinfer.core.sched.scheduler.Scheduler.update`), the
 grammar matchers of structured outputs, sampled and prompt logprobs, returned logits, and
 the `RequestOutput` records, including a finished request's last one. The engine
 (`jaxinfer.engine.LLMEngine`) calls `process` once per executed step and `finish` for a
@@ -17,10 +17,10 @@ from typing import Callable
 import numpy as np
 
 from jaxinfer import batch as batch_mod
-from jaxinfer import prompt_logprobs
+from jaxinfer.core import prompt_logprobs
 from jaxinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from jaxinfer.request import FinishReason, Request
-from jaxinfer.scheduler import SchedulerOutput
+from jaxinfer.core.request import FinishReason, Request
+from jaxinfer.core.sched.scheduler import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 

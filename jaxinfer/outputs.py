@@ -25,7 +25,7 @@ class CompletionOutput:
       text: generated text so far (safe to stream: no broken UTF-8, no partial stop string).
       token_ids: generated token ids so far (EOS included when it ended the output).
       finish_reason: "stop", "length", "abort", "timeout", "rejected", "error", "failed"
-        (`jaxinfer.request.FinishReason`), or None while running.
+        (`jaxinfer.core.request.FinishReason`), or None while running.
       stop_reason: the stop token id or stop string that ended it, if any.
       logprobs: per generated token, ``{token_id: Logprob}`` (sampled token plus top-N).
       cumulative_logprob: sum of the sampled tokens' logprobs (natural log) so far, i.e.

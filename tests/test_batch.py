@@ -4,12 +4,12 @@ import dataclasses
 import numpy as np
 
 from jaxinfer import batch as B
-from jaxinfer.block_manager import BlockManager
+from jaxinfer.core.kv_cache.block_manager import BlockManager
 from jaxinfer.buckets import BucketLadders
 from jaxinfer.config import CacheConfig, SchedulerConfig
-from jaxinfer.request import Request
+from jaxinfer.core.request import Request
 from jaxinfer.sampling_params import SamplingParams
-from jaxinfer.continuous_scheduler import ContinuousScheduler as Scheduler
+from jaxinfer.core.sched.continuous import ContinuousScheduler as Scheduler
 
 V, MAX_LEN = 100, 128
 LAYOUT = B.BatchLayout(BucketLadders(64, 4, MAX_LEN // 16), 16, V, MAX_LEN, 4)

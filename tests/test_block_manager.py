@@ -3,14 +3,14 @@
 import pytest
 
 from helpers import assert_imports_no_jax
-from jaxinfer.block_manager import NULL_BLOCK, BlockManager
+from jaxinfer.core.kv_cache.block_manager import NULL_BLOCK, BlockManager
 
 
 def test_host_modules_do_not_import_jax():
-    assert_imports_no_jax("import jaxinfer.scheduler, jaxinfer.continuous_scheduler, jaxinfer.priority_scheduler, "
-                          "jaxinfer.stop, jaxinfer.engine_protocol, jaxinfer.block_manager, jaxinfer.batch, "
+    assert_imports_no_jax("import jaxinfer.core.sched.scheduler, jaxinfer.core.sched.continuous, jaxinfer.core.sched.priority, "
+                          "jaxinfer.core.stop, jaxinfer.engine_protocol, jaxinfer.core.kv_cache.block_manager, jaxinfer.batch, "
                           "jaxinfer.layers.step_metadata, "
-                          "jaxinfer.buckets, jaxinfer.request, jaxinfer.sampling_params, jaxinfer.tokenizer, "
+                          "jaxinfer.buckets, jaxinfer.core.request, jaxinfer.sampling_params, jaxinfer.tokenizer, "
                           "jaxinfer.chat; import jaxinfer")
 
 

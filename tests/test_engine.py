@@ -101,7 +101,7 @@ def test_preemption_keeps_outputs(setup):
 def test_replaced_scheduler_drives_the_update(setup):
     """A scheduler swapped in after construction (the KV notebook records steps this way) is the
     one the update phase appends tokens through; with the old one the loop never ended."""
-    from jaxinfer.scheduler import make_scheduler
+    from jaxinfer.core.sched.scheduler import make_scheduler
 
     llm, _ = setup
     ps = prompts([30, 41], seed=7)

@@ -3,15 +3,15 @@ for every policy; the one stop check (pure Python, a simulated clock: step t run
 ``now = t``)."""
 import pytest
 
-from jaxinfer.block_manager import BlockManager
+from jaxinfer.core.kv_cache.block_manager import BlockManager
 from jaxinfer.config import CacheConfig, SchedulerConfig
-from jaxinfer.continuous_scheduler import ContinuousScheduler
-from jaxinfer.priority_scheduler import PriorityScheduler
-from jaxinfer.request import FinishReason, Request, RequestStatus
+from jaxinfer.core.sched.continuous import ContinuousScheduler
+from jaxinfer.core.sched.priority import PriorityScheduler
+from jaxinfer.core.request import FinishReason, Request, RequestStatus
 from jaxinfer.sampling_params import SamplingParams
-from jaxinfer.scheduler import Scheduler, make_scheduler
-from jaxinfer.static_scheduler import StaticScheduler
-from jaxinfer.stop import check_stop
+from jaxinfer.core.sched.scheduler import Scheduler, make_scheduler
+from jaxinfer.core.sched.static import StaticScheduler
+from jaxinfer.core.stop import check_stop
 
 
 def make(policy="priority", num_blocks=64, budget=64, max_seqs=4, aging=None):

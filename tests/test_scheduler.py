@@ -1,11 +1,11 @@
 """Scheduler: budgets, chunked prefill, watermark, preemption, deadlines (pure Python)."""
 import pytest
 
-from jaxinfer.block_manager import BlockManager
+from jaxinfer.core.kv_cache.block_manager import BlockManager
 from jaxinfer.config import CacheConfig, SchedulerConfig
-from jaxinfer.request import FinishReason, Request, RequestStatus
+from jaxinfer.core.request import FinishReason, Request, RequestStatus
 from jaxinfer.sampling_params import SamplingParams
-from jaxinfer.continuous_scheduler import ContinuousScheduler as Scheduler
+from jaxinfer.core.sched.continuous import ContinuousScheduler as Scheduler
 
 
 def make(num_blocks=11, budget=64, max_seqs=4, watermark=0.0, max_len=256):

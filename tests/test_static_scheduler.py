@@ -5,12 +5,12 @@ import pytest
 
 from fakes import FakeRunner
 from helpers import run_until_idle
-from jaxinfer.block_manager import BlockManager
+from jaxinfer.core.kv_cache.block_manager import BlockManager
 from jaxinfer.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from jaxinfer.engine import LLMEngine
-from jaxinfer.request import FinishReason, Request
+from jaxinfer.core.request import FinishReason, Request
 from jaxinfer.sampling_params import SamplingParams
-from jaxinfer.static_scheduler import StaticScheduler
+from jaxinfer.core.sched.static import StaticScheduler
 
 T0 = 1000.0  # arrival time used by every request (monotonic seconds)
 
@@ -135,7 +135,7 @@ def test_unknown_scheduler_name_rejected():
 def test_no_jax_import():
     from helpers import assert_imports_no_jax
 
-    assert_imports_no_jax("import jaxinfer.static_scheduler")
+    assert_imports_no_jax("import jaxinfer.core.sched.static")
 
 
 # ----- through the engine, with the fake runner (next token = last + 1) --------------------------

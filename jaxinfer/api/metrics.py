@@ -43,7 +43,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Summa
 
 from jaxinfer.engine_snapshot import EngineSnapshot
 from jaxinfer.outputs import RequestOutput
-from jaxinfer.request import FinishReason
+from jaxinfer.core.request import FinishReason
 
 prometheus_client.disable_created_metrics()  # no duplicate ``*_created`` series next to each counter
 

@@ -98,7 +98,7 @@ class SchedulerConfig:
         first served) or "priority" (`PriorityScheduler`: ``SamplingParams.priority``,
         lower first, then arrival).
       priority_aging_s: priority only: seconds of waiting that lower a request's
-        effective priority by 1 (bounds starvation; see `jaxinfer.priority_scheduler`);
+        effective priority by 1 (bounds starvation; see `jaxinfer.core.sched.priority`);
         None: no aging.
       batch_timeout_s: static only: seconds the oldest queued request waits for a full batch.
       prefill_budget_while_decoding: cap on prefill tokens in a step that also decodes

@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxinfer import batch as batch_mod
-from jaxinfer.request import Request
+from jaxinfer.core.request import Request
 
 
 class DraftModelProposer:

@@ -7,7 +7,7 @@ step's spare rows (``max_num_seqs``) and tokens (``max_num_batched_tokens``), by
 or delay anyone. Their tokens sit in ``Request.draft_token_ids`` and count in the row's
 scheduled tokens; `jaxinfer.batch.prepare` lays them out as verification rows.
 ``verify`` turns each row's target samples into the accepted run (`accepted_run`) and
-counts it. Rolling back the rejected drafts' KV (`jaxinfer.scheduler.Scheduler.update`)
+counts it. Rolling back the rejected drafts' KV (`jaxinfer.core.sched.scheduler.Scheduler.update`)
 frees blocks that only they used; the K/V of rejected slots in kept blocks is
 overwritten by later steps and never read (attention reads below the computed length)
 and never registered in the prefix cache (only computed, accepted tokens are).
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
-from jaxinfer.block_manager import BlockManager
+from jaxinfer.core.kv_cache.block_manager import BlockManager
 from jaxinfer.config import SchedulerConfig
-from jaxinfer.request import Request
-from jaxinfer.scheduler import SchedulerOutput
+from jaxinfer.core.request import Request
+from jaxinfer.core.sched.scheduler import SchedulerOutput
 from jaxinfer.spec_decode.config import SpeculativeConfig
 from jaxinfer.spec_decode.switch import SpeculationSwitch
 from jaxinfer.spec_decode.verify import accepted_run

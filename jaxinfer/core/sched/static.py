@@ -1,7 +1,7 @@
 """Static-batching baseline scheduler (``SchedulerConfig.scheduler = "static"``), host side.
 
 The naive way to serve, kept as a baseline for benchmarks (issue 5). A subclass of
-`jaxinfer.scheduler.Scheduler` (queues, expiry, ``finish`` and ``update`` come from the
+`jaxinfer.core.sched.scheduler.Scheduler` (queues, expiry, ``finish`` and ``update`` come from the
 base), same KV block pool, same model and attention code; only the policy differs:
 
   1. Dynamic batcher: while no batch is in flight, requests queue until ``max_num_seqs``
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import time
 
-from jaxinfer.block_manager import BlockManager
+from jaxinfer.core.kv_cache.block_manager import BlockManager
 from jaxinfer.config import CacheConfig, SchedulerConfig
-from jaxinfer.request import FinishReason, Request, RequestStatus
-from jaxinfer.scheduler import Scheduler, SchedulerOutput
+from jaxinfer.core.request import FinishReason, Request, RequestStatus
+from jaxinfer.core.sched.scheduler import Scheduler, SchedulerOutput
 
 
 class StaticScheduler(Scheduler):

@@ -23,8 +23,8 @@ Per step (`ContinuousScheduler.schedule`):
      With prefix caching, the leading full blocks already in the cache are taken as
      computed (``num_computed_tokens`` starts past the hit, always leaving at least one
      token to compute so there are logits to sample).
-`update` (the base `jaxinfer.scheduler.Scheduler`) then applies the sampled tokens and
-frees finished requests' blocks in the same step. `jaxinfer.priority_scheduler` changes
+`update` (the base `jaxinfer.core.sched.scheduler.Scheduler`) then applies the sampled tokens and
+frees finished requests' blocks in the same step. `jaxinfer.core.sched.priority` changes
 only the three orders (top-up, victim, admission). Plain Python; no JAX import.
 """
 from __future__ import annotations
@@ -32,16 +32,16 @@ from __future__ import annotations
 import math
 import time
 
-from jaxinfer.block_manager import BlockManager, chain_hashes
+from jaxinfer.core.kv_cache.block_manager import BlockManager, chain_hashes
 from jaxinfer.config import CacheConfig, SchedulerConfig
-from jaxinfer.request import Request, RequestStatus
-from jaxinfer.scheduler import Scheduler, SchedulerOutput
+from jaxinfer.core.request import Request, RequestStatus
+from jaxinfer.core.sched.scheduler import Scheduler, SchedulerOutput
 
 
 class ContinuousScheduler(Scheduler):
     """Continuous batching, first come first served (see the module docstring).
 
-    Args: as `jaxinfer.scheduler.Scheduler`; ``cache_config.watermark`` sets the share
+    Args: as `jaxinfer.core.sched.scheduler.Scheduler`; ``cache_config.watermark`` sets the share
     of blocks new prefills must leave free.
     """
 

@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxinfer.outputs import Logprob
-from jaxinfer.request import Request
+from jaxinfer.core.request import Request
 
 
 def _scored_range(req: Request, n: int) -> range:

@@ -1,14 +1,14 @@
 """The one stop check: why a request must end after its newest token, if it must.
 
 Every stop rule lives here (`check_stop`), called once per sampled token by
-`jaxinfer.scheduler.Scheduler.update`. Stop strings are matched on the decoded text by
+`jaxinfer.core.sched.scheduler.Scheduler.update`. Stop strings are matched on the decoded text by
 the engine's incremental detokenizer (`jaxinfer.tokenizer.IncrementalDetokenizer`); the
 scheduler asks for that match through a callback and passes it in. Plain Python; no JAX
 import.
 """
 from __future__ import annotations
 
-from jaxinfer.request import FinishReason, Request
+from jaxinfer.core.request import FinishReason, Request
 
 
 def check_stop(req: Request, max_model_len: int, stop_string: str | None = None) -> FinishReason | None:

@@ -1,6 +1,6 @@
 """Continuous batching by request priority (``--scheduling-policy priority``).
 
-Same steps as `jaxinfer.continuous_scheduler.ContinuousScheduler` (budgets, chunked
+Same steps as `jaxinfer.core.sched.continuous.ContinuousScheduler` (budgets, chunked
 prefill, watermark, recompute after preemption); only three orders change, all by the
 sort key of `priority_key` (smaller = served first; ``priority`` is the request's
 ``SamplingParams.priority``, lower first, default 0, as in vLLM):
@@ -26,8 +26,8 @@ Plain Python; no JAX import.
 """
 from __future__ import annotations
 
-from jaxinfer.continuous_scheduler import ContinuousScheduler
-from jaxinfer.request import Request
+from jaxinfer.core.sched.continuous import ContinuousScheduler
+from jaxinfer.core.request import Request
 
 
 def priority_key(req: Request, aging_s: float | None) -> tuple[float, float]:

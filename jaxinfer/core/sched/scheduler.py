@@ -2,13 +2,13 @@
 
 The base owns what all policies share: the waiting queue and the running list,
 ``add_request``, ``finish``, expiry of deadlines and queue-wait limits, ``update``
-(applying one step's sampled tokens and the stop rules of `jaxinfer.stop`) and the
+(applying one step's sampled tokens and the stop rules of `jaxinfer.core.stop`) and the
 counters the metrics read. A policy is a small subclass that decides, in
 ``schedule``, which requests compute how many tokens this step:
 
-  ``jaxinfer.continuous_scheduler.ContinuousScheduler``  continuous batching, FCFS
-  ``jaxinfer.priority_scheduler.PriorityScheduler``      continuous batching by priority
-  ``jaxinfer.static_scheduler.StaticScheduler``          static batching (the baseline)
+  ``jaxinfer.core.sched.continuous.ContinuousScheduler``  continuous batching, FCFS
+  ``jaxinfer.core.sched.priority.PriorityScheduler``      continuous batching by priority
+  ``jaxinfer.core.sched.static.StaticScheduler``          static batching (the baseline)
 
 `make_scheduler` picks one from the `SchedulerConfig`. Plain Python; no JAX import.
 """
@@ -22,10 +22,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from jaxinfer.block_manager import BlockManager
+from jaxinfer.core.kv_cache.block_manager import BlockManager
 from jaxinfer.config import CacheConfig, SchedulerConfig
-from jaxinfer.request import FinishReason, Request, RequestStatus
-from jaxinfer.stop import check_stop
+from jaxinfer.core.request import FinishReason, Request, RequestStatus
+from jaxinfer.core.stop import check_stop
 
 TextStop = Callable[[Request], "str | None"]  # the stop string the request's new text matched, if any
 
@@ -178,7 +178,7 @@ class Scheduler(abc.ABC):
         A row's sample counts only if the step computed the request's last known token
         (a partial prefill chunk's sample is discarded). After each new token,
         ``text_stop(req)`` (when given) advances the request's text and returns the stop
-        string it matched; `jaxinfer.stop.check_stop` then decides, and a request that
+        string it matched; `jaxinfer.core.stop.check_stop` then decides, and a request that
         must stop finishes (`finish`) now, dropping the rest of its run. A speculating
         row's accepted drafts count as computed one by one as their tokens are appended;
         its rejected drafts' KV is rolled back (`_roll_back`).
@@ -228,9 +228,9 @@ def make_scheduler(config: SchedulerConfig, cache_config: CacheConfig, block_man
     """The policy ``config`` names: ``scheduler="static"`` -> `StaticScheduler`; else
     ``scheduling_policy`` ``"fcfs"`` -> `ContinuousScheduler`, ``"priority"`` ->
     `PriorityScheduler`."""
-    from jaxinfer.continuous_scheduler import ContinuousScheduler
-    from jaxinfer.priority_scheduler import PriorityScheduler
-    from jaxinfer.static_scheduler import StaticScheduler
+    from jaxinfer.core.sched.continuous import ContinuousScheduler
+    from jaxinfer.core.sched.priority import PriorityScheduler
+    from jaxinfer.core.sched.static import StaticScheduler
 
     if config.scheduler == "static":
         cls = StaticScheduler

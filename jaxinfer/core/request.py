@@ -109,7 +109,7 @@ class Request:
     @property
     def needs_prompt_logprobs(self) -> bool:
         """Prompt logprobs were asked for and some prompt position is not recorded yet
-        (`jaxinfer.prompt_logprobs`); such a request skips prefix-cache lookups."""
+        (`jaxinfer.core.prompt_logprobs`); such a request skips prefix-cache lookups."""
         return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids)
 
     def token_at(self, position: int) -> int:
@@ -133,7 +133,7 @@ class Request:
 
     def append_output(self, token_id: int, now: float) -> None:
         """Record a sampled token (and the time of the first one); the stop rules are
-        `jaxinfer.stop.check_stop`."""
+        `jaxinfer.core.stop.check_stop`."""
         self.output_token_ids.append(int(token_id))
         if self.first_token_time is None:
             self.first_token_time = now

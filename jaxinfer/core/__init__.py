@@ -1,0 +1,1 @@
+"""jaxinfer.core: see docs/architecture.md."""

@@ -1,0 +1,1 @@
+"""jaxinfer.core.kv_cache: see docs/architecture.md."""

@@ -1,0 +1,1 @@
+"""jaxinfer.core.sched: see docs/architecture.md."""
