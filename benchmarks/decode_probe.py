@@ -111,8 +111,8 @@ def interleaved_ms(fns: dict, reps: int) -> dict:
 def warmup_widths(e, runner, make, stacked, unrolled) -> dict:
     """Cold compile seconds of the one-token model step at every context width of the default
     ladders (`jaxinfer.config.SchedulerConfig` defaults), scanned and unrolled."""
-    from jaxinfer import batch as B
-    from jaxinfer.buckets import Bucket, BucketLadders
+    from jaxinfer.runner import batch as B
+    from jaxinfer.runner.buckets import Bucket, BucketLadders
     from jaxinfer.config import SchedulerConfig
     sc = SchedulerConfig()
     ladders = BucketLadders(sc.max_num_batched_tokens, sc.max_num_seqs, -(-sc.max_model_len // e.layout.block_size))
@@ -140,7 +140,7 @@ def main() -> None:
     from jaxinfer import LLM
     from jaxinfer.models import llama
     from jaxinfer.models.layer_layout import unstack_layers
-    from jaxinfer.model_runner import _sampler_key
+    from jaxinfer.runner.model_runner import _sampler_key
 
     cache_dir = tempfile.mkdtemp(prefix="decode-probe-xla-")  # cold compiles, not disk-cache hits
     jax.config.update("jax_compilation_cache_dir", cache_dir)

@@ -36,7 +36,7 @@ PROMPT = "The capital of France is"
 
 
 def measure(dtype: str, bit_storage: bool = True) -> dict:
-    import jaxinfer.model_runner as runner_mod
+    import jaxinfer.runner.model_runner as runner_mod
 
     storage = runner_mod.kv_storage_dtype
     if not bit_storage:  # the cache in its own dtype, as before the fix

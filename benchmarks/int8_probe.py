@@ -5,7 +5,7 @@ Loads the model twice in one process (float32, and float32 with ``quantization="
 the same KV pool, no warm-up), captures one real decode step of the float32 engine at 1
 sequence (bucket T=1, R=1: the unrolled layer layout on CPU) and at 32 sequences (T=40,
 R=32: the scanned layout), and compiles both engines' model steps for those buckets the
-way the runner does (`jaxinfer.model_runner.ModelRunner.compile`). Then:
+way the runner does (`jaxinfer.runner.model_runner.ModelRunner.compile`). Then:
 
   * ``hlo``: per engine and bucket, every instruction of the optimized HLO that reads an
     int8 (``s8``) array: the computation it is in (``while_body``: once per layer of the
@@ -159,7 +159,7 @@ def main() -> None:
     a = ap.parse_args()
     import jaxinfer
     from jaxinfer import LLM
-    from jaxinfer.model_runner import ModelRunner
+    from jaxinfer.runner.model_runner import ModelRunner
     from jaxinfer.layers.quantization import int8 as quant
 
     kw = dict(dtype="float32", max_model_len=1056, max_num_seqs=32, max_num_batched_tokens=512, num_blocks=400,

@@ -128,7 +128,7 @@ def engine_ab(e, steps: int, before_groups: int) -> dict:
     """`LLMEngine.step` alternating, step by step, between this commit's settings and the
     ones before it (B1 reading `before_groups` context groups per loop iteration, no greedy
     fast path), each with its own compiled decode step; per-step milliseconds."""
-    from jaxinfer import model_runner as MR
+    from jaxinfer.runner import model_runner as MR
     from jaxinfer.layers.attention import xla_work_plan as XW
 
     runner = e.runner
@@ -163,7 +163,7 @@ def engine_ab(e, steps: int, before_groups: int) -> dict:
 def last_row(req):
     """A decode row of ``req``'s last computed token (its blocks exist; rerunning it rewrites
     the same K/V)."""
-    from jaxinfer.batch import Row
+    from jaxinfer.runner.batch import Row
 
     start = req.num_computed_tokens - 1
     return Row(req, start, [req.all_token_ids[start]])
@@ -171,9 +171,9 @@ def last_row(req):
 
 def pieces(e, req, args) -> dict:
     """Interleaved medians of the compiled pieces of ``req``'s next decode step (module docstring)."""
-    from jaxinfer import batch as B
+    from jaxinfer.runner import batch as B
     from jaxinfer.layers.attention import xla_work_plan as XW
-    from jaxinfer.model_runner import _sampler_key
+    from jaxinfer.runner.model_runner import _sampler_key
     from jaxinfer.models import llama
 
     runner, cfg = e.runner, e.model_config
@@ -242,7 +242,7 @@ def pieces(e, req, args) -> dict:
     fns["execute_with_sampler"] = execute_with_sampler
 
     def execute_before():  # ... and with jax.device_put of the inputs too (the earlier runner)
-        from jaxinfer import model_runner as MR
+        from jaxinfer.runner import model_runner as MR
 
         runner.greedy_fast_path, MR.HOST_INPUTS_DIRECT = False, False
         try:

@@ -23,9 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer import batch as B
+from jaxinfer.runner import batch as B
 from jaxinfer.layers import sampler
-from jaxinfer.buckets import Bucket, BucketLadders
+from jaxinfer.runner.buckets import Bucket, BucketLadders
 from jaxinfer.layers.step_metadata import SamplingMetadata, from_arrays
 
 

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jaxinfer.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from jaxinfer.platform.dtype import auto_dtype
 from jaxinfer.engine import LLMEngine
-from jaxinfer.model_runner import ModelRunner
+from jaxinfer.runner.model_runner import ModelRunner
 from jaxinfer.platform.execution_plan import resolve_plan
 from jaxinfer.warmup_progress import WarmupProgress
 

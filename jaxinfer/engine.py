@@ -33,9 +33,9 @@ from typing import Sequence
 import numpy as np
 
 from jaxinfer import admission
-from jaxinfer import batch as batch_mod
+from jaxinfer.runner import batch as batch_mod
 from jaxinfer.core.kv_cache.block_manager import BlockManager
-from jaxinfer.buckets import BucketLadders
+from jaxinfer.runner.buckets import BucketLadders
 from jaxinfer.config import EngineConfig, ModelConfig
 from jaxinfer.drain_rate import DrainRate
 from jaxinfer.engine_protocol import EngineDescription, RequestSpec, SharedGrammar

@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from jaxinfer import batch as batch_mod
+from jaxinfer.runner import batch as batch_mod
 from jaxinfer.core import prompt_logprobs
 from jaxinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from jaxinfer.core.request import FinishReason, Request

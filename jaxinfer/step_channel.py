@@ -5,7 +5,7 @@ One TCP stream between the leader (process 0) and each follower, opened right af
 start-up included, reaches every process. Messages are a JSON header plus raw array
 bytes (no pickle):
 
-* leader -> follower: ``step`` (a `jaxinfer.batch.StepInputs`), ``stop`` (orderly end),
+* leader -> follower: ``step`` (a `jaxinfer.runner.batch.StepInputs`), ``stop`` (orderly end),
   ``error`` (the leader fails: its reason), ``ping`` (heartbeat);
 * follower -> leader: ``hello`` (its process id, once), ``ping``, ``error``.
 
@@ -135,7 +135,7 @@ class StepChannel:
                         raise
 
     def send_step(self, inputs) -> None:
-        """Leader: send one `jaxinfer.batch.StepInputs` to every follower.
+        """Leader: send one `jaxinfer.runner.batch.StepInputs` to every follower.
 
         Raises:
           OSError: a follower's stream is gone (its reader thread is ending the process).
@@ -188,8 +188,8 @@ class StepChannel:
             time.sleep(HEARTBEAT_INTERVAL_S)
 
     def _read(self, pid: int, sock: socket.socket) -> None:
-        from jaxinfer.batch import StepInputs
-        from jaxinfer.buckets import Bucket
+        from jaxinfer.runner.batch import StepInputs
+        from jaxinfer.runner.buckets import Bucket
 
         who = "the leader (process 0)" if pid == 0 else f"process {pid}"
         while True:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-# Every bucket scans in this suite, server subprocesses included (`jaxinfer.model_runner`):
+# Every bucket scans in this suite, server subprocesses included (`jaxinfer.runner.model_runner`):
 # the unrolled one-token buckets compile ~7x slower, paid by every real-model engine.
 # The default layout (unrolled on CPU) runs where it is the point: tests/test_oracle.py
 # (the greedy oracle) and tests/test_layer_layout.py (unrolled == scanned).

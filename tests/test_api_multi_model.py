@@ -25,7 +25,7 @@ from jaxinfer.api.app import create_app
 from jaxinfer.api.degrade import SERVED_BY_HEADER
 from jaxinfer.api.model_registry import ModelRegistry, ServedModel
 from jaxinfer.async_engine import AsyncEngine
-from jaxinfer.model_runner import CompileCounter
+from jaxinfer.runner.model_runner import CompileCounter
 from jaxinfer.models.params import init_params
 from jaxinfer.ttft_estimator import TTFTEstimator
 

@@ -65,7 +65,7 @@ def test_pallas_warmup_compiles_every_bucket_it_serves():
     serving compiles nothing."""
     from jaxinfer import LLM, SamplingParams
     from jaxinfer.config import ModelConfig
-    from jaxinfer.model_runner import CompileCounter
+    from jaxinfer.runner.model_runner import CompileCounter
     from jaxinfer.models.params import init_params
 
     cfg = ModelConfig.from_dict(TINY)

@@ -1,11 +1,11 @@
-"""Host-side batch packing (`jaxinfer.batch.prepare`): what a step ships (pure numpy)."""
+"""Host-side batch packing (`jaxinfer.runner.batch.prepare`): what a step ships (pure numpy)."""
 import dataclasses
 
 import numpy as np
 
-from jaxinfer import batch as B
+from jaxinfer.runner import batch as B
 from jaxinfer.core.kv_cache.block_manager import BlockManager
-from jaxinfer.buckets import BucketLadders
+from jaxinfer.runner.buckets import BucketLadders
 from jaxinfer.config import CacheConfig, SchedulerConfig
 from jaxinfer.core.request import Request
 from jaxinfer.sampling_params import SamplingParams

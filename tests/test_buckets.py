@@ -1,7 +1,7 @@
 """Bucket ladders: smallest fitting bucket, fixed set, errors past the top."""
 import pytest
 
-from jaxinfer.buckets import Bucket, BucketLadders
+from jaxinfer.runner.buckets import Bucket, BucketLadders
 
 
 def test_ladders_and_round_up():

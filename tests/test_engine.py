@@ -8,7 +8,7 @@ import pytest
 from helpers import borrowed_runner, hf_logits, hf_model, run_until_idle, tiny_config
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.errors import RequestError
-from jaxinfer.model_runner import CompileCounter
+from jaxinfer.runner.model_runner import CompileCounter
 from jaxinfer.models.params import init_params
 
 CFG = tiny_config(vocab=256, tied=False)

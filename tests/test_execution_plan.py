@@ -98,5 +98,5 @@ def test_every_method_makes_the_checkpoint_tree(cfg, names):
 
 def test_the_runner_asks_no_hardware_question():
     """The runner reads the plan only (the models' and kernels' imports: tests/test_layering.py)."""
-    runner = (ROOT / "model_runner.py").read_text()
+    runner = (ROOT / "runner" / "model_runner.py").read_text()
     assert "use_native_" not in runner and "default_backend" not in runner and "cpu_features" not in runner

@@ -14,7 +14,7 @@ import pytest
 from gemma_helpers import hf_gemma, tiny_gemma_config, tiny_gemma_params
 from helpers import borrowed_runner, hf_logits, run_until_idle
 from jaxinfer import LLM, SamplingParams
-from jaxinfer.model_runner import CompileCounter
+from jaxinfer.runner.model_runner import CompileCounter
 
 CFG = tiny_gemma_config()  # window 8: every prompt below crosses it, and blocks of 16 too
 MAX_LEN = 64

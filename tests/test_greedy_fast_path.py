@@ -1,4 +1,4 @@
-"""The runner's greedy fast path (`jaxinfer.model_runner.greedy_only`): an all-greedy step
+"""The runner's greedy fast path (`jaxinfer.runner.model_runner.greedy_only`): an all-greedy step
 with nothing applied before the argmax takes its ids from the model step and runs no
 sampler; the ids (and logits) are those of the sampler path, and any step that needs the
 sampler still gets it. Tiny random model, a few short requests."""
@@ -11,9 +11,9 @@ import pytest
 
 from helpers import tiny_config
 from jaxinfer import LLM, SamplingParams
-from jaxinfer import batch as B
-from jaxinfer.buckets import Bucket
-from jaxinfer.model_runner import greedy_only
+from jaxinfer.runner import batch as B
+from jaxinfer.runner.buckets import Bucket
+from jaxinfer.runner.model_runner import greedy_only
 from jaxinfer.models.params import init_params
 
 CFG = tiny_config(vocab=256, tied=True)

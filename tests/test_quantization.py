@@ -15,7 +15,7 @@ from jaxinfer import LLM, SamplingParams
 from jaxinfer.builder import kv_bytes_per_block, plan_num_blocks, resolve_dtype
 from jaxinfer.config import CacheConfig
 from jaxinfer.layers.attention.kv_quant import dequantize, quantize, scale_values
-from jaxinfer.model_runner import CompileCounter
+from jaxinfer.runner.model_runner import CompileCounter
 from jaxinfer.layers.quantization.int8 import (dequantize as dequantize_weight, qdot, quantize_array, quantize_params, scale_shape,
                                    tied_head_logits)
 from jaxinfer.models.params import init_params

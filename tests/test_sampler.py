@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxinfer import batch as B
-from jaxinfer.buckets import Bucket, BucketLadders
+from jaxinfer.runner import batch as B
+from jaxinfer.runner.buckets import Bucket, BucketLadders
 from jaxinfer.layers.sampler import sample
 from jaxinfer.layers.step_metadata import SamplingMetadata, from_arrays
 

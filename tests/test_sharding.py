@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxinfer import LLM, SamplingParams, sharding
 from jaxinfer.dp_router import DataParallelRouter, least_loaded
-from jaxinfer.model_runner import CompileCounter
+from jaxinfer.runner.model_runner import CompileCounter
 from jaxinfer.models.params import init_params
 
 CFG = tiny_config(vocab=256, hidden=64, layers=2, heads=8, kv_heads=4, inter=128)  # D 64, H 8

@@ -18,7 +18,7 @@ import pytest
 from helpers import run_requests, tiny_config
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.engine import LLMEngine
-from jaxinfer.model_runner import CompileCounter
+from jaxinfer.runner.model_runner import CompileCounter
 from jaxinfer.models.params import init_params
 
 CFG = tiny_config(vocab=64, tied=False)

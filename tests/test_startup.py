@@ -227,7 +227,7 @@ def test_warmup_progress_logs_at_a_modest_rate(caplog):
 
 def test_llm_shows_the_warmup_bar(monkeypatch):
     bars = recording_tqdm(monkeypatch, "jaxinfer.warmup_progress")
-    monkeypatch.setattr("jaxinfer.model_runner.ModelRunner.compile", lambda self, inputs: None)  # bar only
+    monkeypatch.setattr("jaxinfer.runner.model_runner.ModelRunner.compile", lambda self, inputs: None)  # bar only
     llm = tiny(warmup=True, use_tqdm=True)
     total = len(llm.engine.layout.ladders.all_buckets())
     assert [(b.total, b.n, b.kwargs["disable"]) for b in bars] == [(total, total, False)]

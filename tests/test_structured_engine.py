@@ -17,7 +17,7 @@ from api_helpers import tokenizer
 from helpers import tiny_config
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.errors import RequestError
-from jaxinfer.model_runner import CompileCounter
+from jaxinfer.runner.model_runner import CompileCounter
 from jaxinfer.models.params import init_params
 from jaxinfer.layers.sampler import apply_bitmask
 

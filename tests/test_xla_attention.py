@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from helpers import register_source_variant
-from jaxinfer import batch as B
+from jaxinfer.runner import batch as B
 from jaxinfer.kernels.cpu import attention as native_attention
 from jaxinfer.layers.attention.base import paged_attention
 from jaxinfer.layers.attention.kv_storage import gather_pages, write_kv
 from jaxinfer.layers.attention.registry import get_attention_backend
 from jaxinfer.layers.attention.xla import xla_paged_attention
 from jaxinfer.layers.step_metadata import AttentionMetadata
-from jaxinfer.buckets import Bucket, BucketLadders
+from jaxinfer.runner.buckets import Bucket, BucketLadders
 from jaxinfer.platform.cpu_features import host_cpu_flags
 from jaxinfer.layers.step_metadata import from_arrays
 from jaxinfer.layers.attention.xla_work_plan import plan_xla_work

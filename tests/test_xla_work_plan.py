@@ -1,5 +1,5 @@
 """The XLA path's work lists derived inside the jitted step (`jaxinfer.layers.attention.xla_work_plan`) equal
-the host-side plan that `jaxinfer.batch` used to ship, written out here in plain numpy, on
+the host-side plan that `jaxinfer.runner.batch` used to ship, written out here in plain numpy, on
 mixed steps packed by the real `batch.prepare_rows` (so with its bucket padding)."""
 import types
 
@@ -7,8 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxinfer import batch as B
-from jaxinfer.buckets import Bucket, BucketLadders
+from jaxinfer.runner import batch as B
+from jaxinfer.runner.buckets import Bucket, BucketLadders
 from jaxinfer.layers.attention import xla_work_plan as XW
 from jaxinfer.layers.attention.xla_work_plan import plan_xla_work
 

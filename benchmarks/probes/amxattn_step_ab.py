@@ -15,7 +15,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from jaxinfer import LLM, SamplingParams, model_runner
+from jaxinfer import LLM, SamplingParams
+from jaxinfer.runner import model_runner
 from jaxinfer.kernels.cpu import amx as native_amx
 from jaxinfer.kernels.cpu import build as native_build  # noqa: E402
 

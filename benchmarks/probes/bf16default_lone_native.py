@@ -2,7 +2,8 @@
 import sys, time
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
 import numpy as np
-from jaxinfer import LLM, SamplingParams, model_runner
+from jaxinfer import LLM, SamplingParams
+from jaxinfer.runner import model_runner
 orig = model_runner.use_native_products
 llms = {}
 for native in (True, False):

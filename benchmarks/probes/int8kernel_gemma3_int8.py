@@ -6,7 +6,8 @@ import json, sys, time
 from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from jaxinfer import LLM, SamplingParams, model_runner
+from jaxinfer import LLM, SamplingParams
+from jaxinfer.runner import model_runner
 recs = json.load(open(ROOT / "tests/data/gemma3/gemma3_270m_greedy.json"))["prompts"]
 native = model_runner.use_native_int8
 for dtype in ("float32", "bfloat16"):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from jaxinfer import LLM, SamplingParams, model_runner  # noqa: E402
+from jaxinfer import LLM, SamplingParams
+from jaxinfer.runner import model_runner  # noqa: E402
 
 recs = json.load(open(ROOT / "tests/data/smollm2_greedy.json"))["results"]
 native = model_runner.use_native_int8

@@ -1,7 +1,7 @@
 """onestreampacked_one.py with the unrolled one-token bucket also given the AMX-packed weights (every layers_i
 scope sees the whole packed stack): run with JAXINFER_UNROLL_MAX_TOKENS=1."""
 import jaxinfer.kernels.cpu.amx as a
-from jaxinfer import model_runner as mr
+from jaxinfer.runner import model_runner as mr
 from jaxinfer.models.llama import layer_name
 orig = mr.ModelRunner._step_params
 def patched(self, bucket):

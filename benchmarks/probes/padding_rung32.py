@@ -3,7 +3,7 @@
 import statistics, sys, time
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))  # the repository root
 from jaxinfer import LLM, SamplingParams
-from jaxinfer import buckets
+from jaxinfer.runner import buckets
 ROWS = int(sys.argv[1]) if len(sys.argv) > 1 else 32
 CTX = int(sys.argv[2]) if len(sys.argv) > 2 else 300
 orig = buckets.BucketLadders.token_ladder

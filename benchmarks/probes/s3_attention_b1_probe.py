@@ -12,10 +12,10 @@ import numpy as np, jax, jax.numpy as jnp
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
 from jaxinfer import attention as A
 import os
-import jaxinfer.batch as B, jaxinfer.layers.attention.xla_work_plan as XW
+import jaxinfer.runner.batch as B, jaxinfer.layers.attention.xla_work_plan as XW
 GROUP_BLOCKS = int(os.environ.get("GB", "4")); B.GROUP_BLOCKS = XW.GROUP_BLOCKS = GROUP_BLOCKS
 B.GROUPS_PER_ITER = int(os.environ.get("GPI", "32"))
-from jaxinfer.batch import groups_per_iter
+from jaxinfer.runner.batch import groups_per_iter
 
 L, K, G, H, bs = 30, 3, 3, 64, 16
 from jaxinfer.layers.step_metadata import AttentionMetadata

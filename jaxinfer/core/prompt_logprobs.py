@@ -81,7 +81,7 @@ def record(req: Request, result: dict, offset: int, n: int, tokenizer=None) -> N
     packed index ``offset``; call before ``num_computed_tokens`` advances).
 
     ``result`` holds ``prompt_logprob [T]``, ``prompt_rank [T]``, ``prompt_top_ids [T, N]``
-    and ``prompt_top_logprobs [T, N]`` (`jaxinfer.model_runner.ModelRunner.execute`).
+    and ``prompt_top_logprobs [T, N]`` (`jaxinfer.runner.model_runner.ModelRunner.execute`).
     """
     if not req.needs_prompt_logprobs:
         return

@@ -2,8 +2,8 @@
 
 `AttentionMetadata` is everything the model's paged attention (both backends) and its
 LM-head gather read besides the token ids; `SamplingMetadata` is everything the sampler
-reads besides the logits. `jaxinfer.batch.prepare` fills them with padded numpy arrays of
-the step's `jaxinfer.buckets.Bucket` (T tokens, R rows, W block-table columns); the
+reads besides the logits. `jaxinfer.runner.batch.prepare` fills them with padded numpy arrays of
+the step's `jaxinfer.runner.buckets.Bucket` (T tokens, R rows, W block-table columns); the
 runner hands them to its compiled step as they are, where the same classes hold
 ``jax.Array`` leaves. Both are frozen dataclasses: the fields never change after
 `prepare`, but their numpy arrays are filled in place (the engine writes the constrained

@@ -100,7 +100,7 @@ class RMSNorm(nn.Module):
 
 def real_tokens(meta: AttentionMetadata) -> jax.Array:
     """The step's real tokens ([] int32): padding tokens lie past ``query_start_loc[num_seqs]``,
-    the tail of ``query_start_loc`` (`jaxinfer.batch`)."""
+    the tail of ``query_start_loc`` (`jaxinfer.runner.batch`)."""
     return meta.query_start_loc[-1]
 
 

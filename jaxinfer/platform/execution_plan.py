@@ -6,7 +6,7 @@ flags (`jaxinfer.platform.cpu_features.host_cpu_flags`), the environment switche
 ``JAXINFER_NATIVE_*`` kernel switch and ``JAXINFER_UNROLL_MAX_TOKENS``), the compute dtype,
 the quantization, whether the step runs on a mesh, and the model's shapes; it asks each C++
 kernel module only whether its library builds here (``available``). The result is a frozen
-`ExecutionPlan` whose fields are all `jaxinfer.model_runner.ModelRunner` reads: nothing on
+`ExecutionPlan` whose fields are all `jaxinfer.runner.model_runner.ModelRunner` reads: nothing on
 that path calls ``jax.default_backend()``, reads ``/proc/cpuinfo`` or a ``JAXINFER_NATIVE_*``
 variable again. Tests pick a path with ``dataclasses.replace(plan, linear=...)``.
 
@@ -35,7 +35,7 @@ NATIVE_SWITCHES = {"attention": "JAXINFER_NATIVE_DECODE", "gemv": "JAXINFER_NATI
                    "amx": "JAXINFER_NATIVE_AMX", "int8": "JAXINFER_NATIVE_INT8", "argmax": "JAXINFER_NATIVE_ARGMAX"}
 UNROLL_ENV_VAR = "JAXINFER_UNROLL_MAX_TOKENS"
 # Buckets of up to this many tokens run unrolled layers on a CPU without packed weights
-# (`jaxinfer.model_runner`'s module docstring has the measurements).
+# (`jaxinfer.runner.model_runner`'s module docstring has the measurements).
 UNROLL_MAX_TOKENS = 1
 PACKED_METHODS = ("amx_packed", "int8_packed")
 
@@ -159,7 +159,7 @@ def resolve_plan(cfg, dtype, attention: str | None = None, *, block_size: int = 
         (`default_attention_backend`).
       block_size: the KV pool's block size (the attention kernel's limits).
       sharded: the step runs on a mesh (no C++ custom call: they have no sharding rule).
-      unroll_max_tokens: as `jaxinfer.model_runner.ModelRunner`'s; None: `unroll_from_env`.
+      unroll_max_tokens: as `jaxinfer.runner.model_runner.ModelRunner`'s; None: `unroll_from_env`.
       platform, cpu_flags, environ: the inputs read here when None (``jax.default_backend()``,
         `host_cpu_flags`, ``os.environ``); tests may give them.
     Raises:

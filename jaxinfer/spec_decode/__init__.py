@@ -11,7 +11,7 @@ the output stays exactly the target's.
   `speculator`  the engine hook: attaches proposals to a scheduled step, counts results.
 
 How a proposal is verified: a decoding request with k draft tokens is laid out by
-`jaxinfer.batch.prepare` as k + 1 single-token rows sharing its block table, row j at
+`jaxinfer.runner.batch.prepare` as k + 1 single-token rows sharing its block table, row j at
 position ``start + j`` with cached context ``start + j`` (the pages hold the earlier
 rows' K/V, written in the same layer before attention reads). Every row gets its own
 logits and sample, keyed by its output index exactly as a plain decode step would, so no

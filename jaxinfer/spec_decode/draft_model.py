@@ -1,7 +1,7 @@
 """Draft-model proposals: a smaller model with the target's vocabulary guesses the next
 k tokens greedily (Leviathan et al. 2023; Chen et al. 2023).
 
-The draft has its own `jaxinfer.model_runner.ModelRunner` and its own KV pool with the
+The draft has its own `jaxinfer.runner.model_runner.ModelRunner` and its own KV pool with the
 target's geometry (same number of blocks, same block size), addressed through the very
 block tables the target's scheduler keeps: a request's block ``b`` holds its tokens'
 K/V in both pools, so allocation, freeing, preemption, prefix-cache hits and the
@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxinfer import batch as batch_mod
+from jaxinfer.runner import batch as batch_mod
 from jaxinfer.core.request import Request
 
 
@@ -28,7 +28,7 @@ class DraftModelProposer:
 
     Args:
       runner: the draft's `ModelRunner`, its pool of the target's block count and size.
-      layout: the target engine's `jaxinfer.batch.BatchLayout` (same buckets).
+      layout: the target engine's `jaxinfer.runner.batch.BatchLayout` (same buckets).
     """
 
     def __init__(self, runner, layout: batch_mod.BatchLayout):
@@ -72,7 +72,7 @@ def build_draft_proposer(config, target_config, num_blocks: int, block_size: int
 
     from jaxinfer.builder import load_model
     from jaxinfer.config import EngineConfig
-    from jaxinfer.model_runner import ModelRunner
+    from jaxinfer.runner.model_runner import ModelRunner
 
     if draft_model_config is None:
         draft_model_config, draft_params, _, _ = load_model(EngineConfig(model_path=config.model, dtype=dtype),

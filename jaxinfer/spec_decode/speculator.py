@@ -5,7 +5,7 @@ structured-output grammar) gets up to K draft tokens from the proposer, bounded 
 step's spare rows (``max_num_seqs``) and tokens (``max_num_batched_tokens``), by
 ``max_tokens`` and ``max_model_len``, and by the KV blocks free now: drafts never preempt
 or delay anyone. Their tokens sit in ``Request.draft_token_ids`` and count in the row's
-scheduled tokens; `jaxinfer.batch.prepare` lays them out as verification rows.
+scheduled tokens; `jaxinfer.runner.batch.prepare` lays them out as verification rows.
 ``verify`` turns each row's target samples into the accepted run (`accepted_run`) and
 counts it. Rolling back the rejected drafts' KV (`jaxinfer.core.sched.scheduler.Scheduler.update`)
 frees blocks that only they used; the K/V of rejected slots in kept blocks is

@@ -1,7 +1,7 @@
 """Row-wise argmax of float32 logits on CPU (`jaxinfer/kernels/cpu/csrc/argmax.cc`): the build, the XLA FFI
 registration and the jnp-side call.
 
-Every step returns the greedy token id of each row (`jaxinfer.model_runner`). XLA:CPU (jax 0.10.2)
+Every step returns the greedy token id of each row (`jaxinfer.runner.model_runner`). XLA:CPU (jax 0.10.2)
 lowers ``jnp.argmax`` to a variadic (value, index) reduce that read SmolLM2's ``[32, 49152]``
 logits at ~1 GB/s, 4.2 ms of an 89 ms 32-row decode step
 (`benchmarks/results/2026-12-03-cpu2-amx-attention/`). The C++ loop gives the same ids (the first

@@ -1,6 +1,6 @@
 """The attention-backend registry: backend name -> its class, the one list that the
 ``--attention-backend`` choices (`server`), the config check (`jaxinfer.config`) and the runner
-(`jaxinfer.model_runner`) read. As vLLM v1's attention-backend registry, a backend is a class
+(`jaxinfer.runner.model_runner`) read. As vLLM v1's attention-backend registry, a backend is a class
 behind a name; adding one is its own module under ``jaxinfer/layers/attention/`` plus one line
 in `ATTENTION_BACKENDS`.
 

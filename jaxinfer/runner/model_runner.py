@@ -8,7 +8,7 @@ the layers with K/V write + paged attention, LM head at its ``logits_indices``),
 the sampler over the step's `SamplingMetadata` per (row count, penalties or not,
 structured-output mask or not) (split so warm-up compiles the sampler a few times, not
 once per model bucket; the no-penalty variant takes no token history, the no-mask
-variant no bitmask). Both metadata pytrees reach the executables as `jaxinfer.batch`
+variant no bitmask). Both metadata pytrees reach the executables as `jaxinfer.runner.batch`
 made them: the runner never picks fields by name. Sampled ids come back to the host once per
 step. The model step also returns the final hidden states of every packed token [T, D]
 (left on device); in a step with prompt logprobs (`StepInputs.prompt_targets`), a third
@@ -41,8 +41,8 @@ from jaxinfer.kernels.cpu import argmax as native_argmax
 from jaxinfer.layers.attention.kv_storage import KVStorage, kv_storage_dtype
 from jaxinfer.layers.attention.registry import get_attention_backend
 from jaxinfer.layers.step_metadata import AttentionMetadata
-from jaxinfer.batch import StepInputs
-from jaxinfer.buckets import Bucket
+from jaxinfer.runner.batch import StepInputs
+from jaxinfer.runner.buckets import Bucket
 from jaxinfer.config import ModelConfig
 from jaxinfer.layers.linear import PACKED_COLLECTION, get_linear_method
 from jaxinfer.layers import cpu_bf16

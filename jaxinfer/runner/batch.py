@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from jaxinfer.core import prompt_logprobs
-from jaxinfer.buckets import Bucket, BucketLadders
+from jaxinfer.runner.buckets import Bucket, BucketLadders
 from jaxinfer.layers.step_metadata import AttentionMetadata, SamplingMetadata, from_arrays, to_arrays
 
 PENALTY_FIELDS = ("hist_ids", "num_prompt", "num_hist")  # sent only when a row uses penalties
@@ -165,7 +165,7 @@ def prepare_rows(rows: list[Row], layout: BatchLayout, greedy: bool = False) -> 
 def empty_inputs(b: Bucket, layout: BatchLayout, penalties: bool = True, mask: bool = True) -> StepInputs:
     """All-padding inputs of bucket ``b``: the shapes warm-up compiles from (``penalties``:
     with the penalty history; ``mask``: with the all-ones bitmask; warm-up takes both so
-    that every sampler variant compiles, `jaxinfer.model_runner.ModelRunner.compile`)."""
+    that every sampler variant compiles, `jaxinfer.runner.model_runner.ModelRunner.compile`)."""
     return _assemble(b, _empty_arrays(b, layout, penalties, mask))
 
 

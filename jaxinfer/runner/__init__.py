@@ -1,0 +1,1 @@
+"""jaxinfer.runner: see docs/architecture.md."""
