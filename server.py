@@ -89,7 +89,7 @@ def engine_builder(args):
             return _build()
 
     def _build():
-        from jaxinfer.builder import build_engine, load_model, resolve_dtype
+        from jaxinfer.engine.builder import build_engine, load_model, resolve_dtype
         from jaxinfer.config import EngineConfig
 
         resolved = argparse.Namespace(**{**vars(args), "dtype": resolve_dtype(args.dtype)})
@@ -154,12 +154,12 @@ def fail(parser: argparse.ArgumentParser, message: str) -> None:
 
 def kv_split(args):
     """Each model's `ModelSpec` with its share of the KV budget (logged when there are several)."""
-    from jaxinfer.builder import cpu_default_kv_bytes
+    from jaxinfer.engine.builder import cpu_default_kv_bytes
     from jaxinfer.config import DEFAULT_GPU_MEMORY_UTILIZATION
     from jaxinfer.served_models import describe_split, split_kv_budget
 
     specs = served_specs(args)
-    # on a CPU the default budget is shared by the engine's CPU devices (jaxinfer.builder.kv_pool_budget)
+    # on a CPU the default budget is shared by the engine's CPU devices (jaxinfer.engine.builder.kv_pool_budget)
     cpu_default = cpu_default_kv_bytes() // (args.tensor_parallel_size * args.data_parallel_size)
     specs = split_kv_budget(specs, args.kv_cache_memory, args.gpu_memory_utilization,
                             DEFAULT_GPU_MEMORY_UTILIZATION, cpu_default if _platform() == "cpu" else None)
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     check_models(parser, args)
     from jaxinfer.api.app import create_app
     from jaxinfer.api.model_registry import ModelRegistry, ServedModel
-    from jaxinfer.async_engine import AsyncEngine
+    from jaxinfer.engine.async_engine import AsyncEngine
 
     from jaxinfer import distributed
 

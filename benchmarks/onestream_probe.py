@@ -277,7 +277,7 @@ def num_groups_used(inputs, block_size: int) -> int:
 def async_layer(e, prompt: list[int], tokens: int, requests: int) -> dict:
     """Per-token interval on the event loop vs the engine's step time, through `AsyncEngine`."""
     from jaxinfer import SamplingParams
-    from jaxinfer.async_engine import AsyncEngine, RequestSpec
+    from jaxinfer.engine.async_engine import AsyncEngine, RequestSpec
 
     steps, gaps = [], []
     step = e.step

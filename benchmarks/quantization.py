@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jaxinfer import LLM, SamplingParams  # noqa: E402
-from jaxinfer.builder import kv_bytes_per_block, plan_num_blocks  # noqa: E402
+from jaxinfer.engine.builder import kv_bytes_per_block, plan_num_blocks  # noqa: E402
 from jaxinfer.config import CacheConfig  # noqa: E402
 from jaxinfer.eval import perplexity  # noqa: E402
 

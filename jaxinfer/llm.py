@@ -14,10 +14,10 @@ from typing import Sequence
 from tqdm.auto import tqdm
 
 from jaxinfer import chat
-from jaxinfer.builder import build_engine
+from jaxinfer.engine.builder import build_engine
 from jaxinfer.config import EngineConfig, ParallelConfig
 from jaxinfer.config.args import DEFAULT_MODEL, engine_config, llm_defaults, llm_namespace
-from jaxinfer.engine_protocol import RequestSpec
+from jaxinfer.engine.protocol import RequestSpec
 from jaxinfer.errors import RequestError
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams, choice_seed, is_integer
@@ -87,7 +87,7 @@ class LLM:
                  scheduling_policy: str = _D["scheduling_policy"], priority_aging_s: float | None = None,
                  quantization: str | None = None, kv_cache_dtype: str = _D["kv_cache_dtype"],
                  speculative_config=None, **engine_kwargs):
-        from jaxinfer.builder import load_model, load_tokenizer, resolve_dtype
+        from jaxinfer.engine.builder import load_model, load_tokenizer, resolve_dtype
         from jaxinfer.weights import default_weights_dir
 
         weights_dir = str(weights_dir or default_weights_dir())

@@ -7,7 +7,7 @@ Works from shapes only (``jax.eval_shape`` of the parameter init, `jaxinfer.shar
 partition specs): nothing is allocated and no accelerator is needed. Per device of a
 TP group it reports the weight bytes, the KV bytes per block, the KV blocks that fit
 after the reserve, and the largest number of concurrent full-length sequences. The
-arithmetic is `jaxinfer.builder`'s (``kv_bytes_per_block``, ``kv_budget_bytes``), the
+arithmetic is `jaxinfer.engine.builder`'s (``kv_bytes_per_block``, ``kv_budget_bytes``), the
 same that sizes the KV pool of a running engine:
 
   weights/device = sum over params of prod(per-device shard shape) * itemsize
@@ -82,7 +82,7 @@ def plan_memory(cfg: ModelConfig, *, dtype: str = "bfloat16", tensor_parallel_si
     Raises:
       ValueError: reserve fraction outside [0, 1).
     """
-    from jaxinfer.builder import kv_budget_bytes, kv_bytes_per_block
+    from jaxinfer.engine.builder import kv_budget_bytes, kv_bytes_per_block
     from jaxinfer.models.params import abstract_params
     from jaxinfer.sharding import per_device_param_bytes, replicated_axes
 

@@ -20,9 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from fakes import FakeRunner
 from jaxinfer.api.app import create_app
 from jaxinfer.api.config import ServerConfig
-from jaxinfer.async_engine import AsyncEngine
+from jaxinfer.engine.async_engine import AsyncEngine
 from jaxinfer.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from jaxinfer.engine import LLMEngine
+from jaxinfer.engine.llm_engine import LLMEngine
 from jaxinfer.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,7 +53,7 @@ def fake_engine(*, num_blocks=257, max_model_len=256, max_num_seqs=8, max_num_ba
                 watermark=0.15, step_delay=0.0, runner=None, tok=None, vocab=V, eos=(EOS, EOS_B),
                 grammar=None) -> LLMEngine:
     """An engine over `FakeRunner` (``num_blocks`` includes the null block); ``grammar``: a
-    `jaxinfer.engine_protocol.SharedGrammar` to share with other engines, or None."""
+    `jaxinfer.engine.protocol.SharedGrammar` to share with other engines, or None."""
     config = EngineConfig(model_path="fake", scheduler=SchedulerConfig(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
         max_queue_len=max_queue_len), cache=CacheConfig(num_blocks=num_blocks, watermark=watermark))

@@ -1,5 +1,5 @@
 """``python tests/fake_server.py PORT [GRACE_S [REPLICAS]]``: `server.serve` over a fake-runner engine, or over
-a `jaxinfer.dp_router.DataParallelRouter` of REPLICAS of them (SIGTERM drain tests).
+a `jaxinfer.engine.dp_router.DataParallelRouter` of REPLICAS of them (SIGTERM drain tests).
 
 Not a test module: a subprocess target, so signals reach a real uvicorn main thread.
 """
@@ -15,8 +15,8 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 import server  # noqa: E402
 from api_helpers import fake_engine, server_config  # noqa: E402
 from jaxinfer.api.app import create_app  # noqa: E402
-from jaxinfer.async_engine import AsyncEngine  # noqa: E402
-from jaxinfer.dp_router import DataParallelRouter  # noqa: E402
+from jaxinfer.engine.async_engine import AsyncEngine  # noqa: E402
+from jaxinfer.engine.dp_router import DataParallelRouter  # noqa: E402
 
 
 def main() -> None:

@@ -107,7 +107,7 @@ def borrowed_runner(engine, num_blocks: int | None = None, **cache_overrides):
 
     The borrower writes the shared KV memory, so the owner's prefix cache is reset after.
     """
-    from jaxinfer.engine import LLMEngine
+    from jaxinfer.engine.llm_engine import LLMEngine
 
     cache = dataclasses.replace(engine.config.cache, **cache_overrides)
     other = LLMEngine(dataclasses.replace(engine.config, cache=cache), engine.model_config, engine.runner,

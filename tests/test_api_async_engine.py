@@ -12,7 +12,7 @@ import pytest
 
 from api_helpers import expected_ids, fake_engine
 from fakes import FakeRunner
-from jaxinfer.async_engine import (AsyncEngine, EngineDeadError, EngineNotReadyError, EngineState, RequestSpec)
+from jaxinfer.engine.async_engine import (AsyncEngine, EngineDeadError, EngineNotReadyError, EngineState, RequestSpec)
 from jaxinfer.errors import RequestError
 from jaxinfer.sampling_params import SamplingParams
 
@@ -163,7 +163,7 @@ def test_static_scheduler_batch_window_is_waited_out():
 
     engine = fake_engine()
     sc = dataclasses.replace(engine.config.scheduler, scheduler="static", batch_timeout_s=0.2, max_num_seqs=4)
-    from jaxinfer.engine import LLMEngine
+    from jaxinfer.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(dataclasses.replace(engine.config, scheduler=sc), engine.model_config, FakeRunner(49152),
                        engine.block_manager.num_blocks, engine.tokenizer)

@@ -25,7 +25,7 @@ from api_helpers import (REPO, LiveServer, assert_error, expected_ids, fake_engi
                          server_config, sse_events, tokenizer, wait_until)
 from fakes import FakeRunner
 from jaxinfer.api.app import create_app
-from jaxinfer.async_engine import AsyncEngine
+from jaxinfer.engine.async_engine import AsyncEngine
 
 
 def test_sc25_readiness_follows_warmup():

@@ -10,7 +10,7 @@ import pytest
 
 from api_helpers import REPO, LiveServer, fake_engine, server_config, wait_until
 from jaxinfer.api.app import create_app
-from jaxinfer.async_engine import AsyncEngine
+from jaxinfer.engine.async_engine import AsyncEngine
 
 sys.path.insert(0, str(REPO))
 import server  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 
 from api_helpers import LiveServer, fake_engine, server_config
 from jaxinfer.api.app import create_app
-from jaxinfer.async_engine import AsyncEngine
+from jaxinfer.engine.async_engine import AsyncEngine
 
 
 def access_paths(caplog) -> list[str]:

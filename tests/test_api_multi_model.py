@@ -24,10 +24,10 @@ from jaxinfer import LLM
 from jaxinfer.api.app import create_app
 from jaxinfer.api.degrade import SERVED_BY_HEADER
 from jaxinfer.api.model_registry import ModelRegistry, ServedModel
-from jaxinfer.async_engine import AsyncEngine
+from jaxinfer.engine.async_engine import AsyncEngine
 from jaxinfer.runner.model_runner import CompileCounter
 from jaxinfer.models.params import init_params
-from jaxinfer.ttft_estimator import TTFTEstimator
+from jaxinfer.engine.ttft_estimator import TTFTEstimator
 
 SLO = 1.0
 PROMPT = "The capital of France is"

@@ -232,7 +232,7 @@ def test_several_models_are_built_one_at_a_time(monkeypatch):
     import threading
     import time
 
-    from jaxinfer import builder
+    from jaxinfer.engine import builder
 
     active, most = [0], [0]
     lock = threading.Lock()

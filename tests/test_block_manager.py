@@ -8,7 +8,7 @@ from jaxinfer.core.kv_cache.block_manager import NULL_BLOCK, BlockManager
 
 def test_host_modules_do_not_import_jax():
     assert_imports_no_jax("import jaxinfer.core.sched.scheduler, jaxinfer.core.sched.continuous, jaxinfer.core.sched.priority, "
-                          "jaxinfer.core.stop, jaxinfer.engine_protocol, jaxinfer.core.kv_cache.block_manager, jaxinfer.runner.batch, "
+                          "jaxinfer.core.stop, jaxinfer.engine.protocol, jaxinfer.core.kv_cache.block_manager, jaxinfer.runner.batch, "
                           "jaxinfer.layers.step_metadata, "
                           "jaxinfer.runner.buckets, jaxinfer.core.request, jaxinfer.sampling_params, jaxinfer.tokenizer, "
                           "jaxinfer.chat; import jaxinfer")

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import DATA, ROOT
 from helpers import assert_imports_no_jax
-from jaxinfer.builder import apply_chat_template
+from jaxinfer.engine.builder import apply_chat_template
 from jaxinfer.chat import render_conversation, supports_system_role
 from jaxinfer.errors import RequestError
 from jaxinfer.templates import bundled_names, load_chat_template

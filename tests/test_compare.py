@@ -142,7 +142,7 @@ def test_priority_mix_smoke_against_the_api():
 
     from api_helpers import LiveServer, fake_engine, running_app
 
-    from jaxinfer.engine import LLMEngine
+    from jaxinfer.engine.llm_engine import LLMEngine
 
     mix = load_benchmark("priority_mix")
     assert mix.split(5) == (1, 4) and mix.split(32) == (6, 26) and mix.split(1) == (1, 0)

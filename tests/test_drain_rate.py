@@ -1,7 +1,7 @@
-"""Retry-After from the measured drain rate (`jaxinfer.drain_rate`), alone and in the engine."""
+"""Retry-After from the measured drain rate (`jaxinfer.engine.drain_rate`), alone and in the engine."""
 import pytest
 
-from jaxinfer.drain_rate import DrainRate
+from jaxinfer.engine.drain_rate import DrainRate
 from jaxinfer.errors import QueueFullError
 from jaxinfer.sampling_params import SamplingParams
 

@@ -26,8 +26,8 @@ from fakes import FakeRunner
 from helpers import http_healthy
 from jaxinfer.api import engine_death
 from jaxinfer.api.model_registry import ModelRegistry, ServedModel
-from jaxinfer.async_engine import AsyncEngine, EngineDeadError, RequestSpec
-from jaxinfer.fault_injection import ENV_VAR, InjectedStepFault, StepFault
+from jaxinfer.engine.async_engine import AsyncEngine, EngineDeadError, RequestSpec
+from jaxinfer.engine.fault_injection import ENV_VAR, InjectedStepFault, StepFault
 from jaxinfer.sampling_params import SamplingParams
 
 FAIL_STEP = 60  # 10 ms steps: about 0.6 s into the workload, with every request admitted or queued

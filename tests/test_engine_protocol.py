@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from api_helpers import EOS, EOS_B, V, fake_engine, tokenizer
-from jaxinfer.dp_router import DataParallelRouter
-from jaxinfer.engine_protocol import Engine, EngineDescription, RequestSpec, SharedGrammar
+from jaxinfer.engine.dp_router import DataParallelRouter
+from jaxinfer.engine.protocol import Engine, EngineDescription, RequestSpec, SharedGrammar
 from jaxinfer.errors import QueueFullError, RequestError
 from jaxinfer.sampling_params import SamplingParams
 

@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api_helpers import MODEL, assert_error, fake_engine, running_app
-from jaxinfer.builder import apply_chat_template
+from jaxinfer.engine.builder import apply_chat_template
 from jaxinfer.chat import render_conversation
 from jaxinfer.config import ModelConfig
 from jaxinfer.tokenizer import Tokenizer

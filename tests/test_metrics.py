@@ -29,8 +29,8 @@ from jaxinfer.bench.metadata import parse_metrics as bench_parse_metrics
 from jaxinfer.bench.serve import step_mean_fragmentation
 from jaxinfer.api.metrics import _COUNTERS, Metrics
 from jaxinfer.api.model_registry import ModelRegistry
-from jaxinfer.dp_router import DataParallelRouter
-from jaxinfer.engine_protocol import RequestSpec
+from jaxinfer.engine.dp_router import DataParallelRouter
+from jaxinfer.engine.protocol import RequestSpec
 from jaxinfer.sampling_params import SamplingParams
 
 NAME = "metrics-model"  # a served name unlike the other tests' default

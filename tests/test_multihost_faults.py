@@ -34,7 +34,7 @@ from api_helpers import free_port, wait_until
 from helpers import tiny_config
 
 from jaxinfer.api import engine_death
-from jaxinfer.fault_injection import ENV_VAR as FAIL_STEP_VAR
+from jaxinfer.engine.fault_injection import ENV_VAR as FAIL_STEP_VAR
 
 ROOT = Path(__file__).resolve().parents[1]
 EXIT_BOUND_S = 10.0  # a process must be gone this long after its peer died

@@ -11,7 +11,7 @@ import pytest
 from helpers import tiny_config
 
 from jaxinfer import plan, sharding
-from jaxinfer.builder import kv_bytes_per_block, plan_num_blocks
+from jaxinfer.engine.builder import kv_bytes_per_block, plan_num_blocks
 from jaxinfer.config import CacheConfig, ModelConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

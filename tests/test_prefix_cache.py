@@ -10,7 +10,7 @@ import pytest
 from helpers import run_until_idle, tiny_config
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.core.kv_cache.block_manager import BlockManager, chain_hashes
-from jaxinfer.engine import LLMEngine
+from jaxinfer.engine.llm_engine import LLMEngine
 from jaxinfer.models.params import init_params
 
 BS = 16

@@ -23,8 +23,8 @@ import pytest
 from api_helpers import REPO, assert_error, fake_engine, free_port, sse_events, wait_until
 from helpers import borrowed_runner, http_healthy, post_completions_at_once, run_until_idle, tiny_config
 from jaxinfer import LLM, SamplingParams
-from jaxinfer.engine import MAX_FAILED_PREPARES
-from jaxinfer.fault_injection import ENV_VAR, PHASE_ENV_VAR, PREPARE, STEP, InjectedStepFault, StepFault
+from jaxinfer.engine.llm_engine import MAX_FAILED_PREPARES
+from jaxinfer.engine.fault_injection import ENV_VAR, PHASE_ENV_VAR, PREPARE, STEP, InjectedStepFault, StepFault
 from jaxinfer.models.params import init_params
 
 CFG = tiny_config(vocab=256, tied=False)

@@ -16,7 +16,7 @@ import pytest
 
 from helpers import hf_logits, hf_model, run_until_idle, tiny_config
 from jaxinfer import LLM, SamplingParams
-from jaxinfer.engine import LLMEngine
+from jaxinfer.engine.llm_engine import LLMEngine
 from jaxinfer.errors import RequestError
 from jaxinfer.runner.model_runner import CompileCounter
 from jaxinfer.models.params import init_params

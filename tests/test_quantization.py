@@ -12,7 +12,7 @@ import pytest
 
 from helpers import resolved_plan, tiny_config, unpacked
 from jaxinfer import LLM, SamplingParams
-from jaxinfer.builder import kv_bytes_per_block, plan_num_blocks, resolve_dtype
+from jaxinfer.engine.builder import kv_bytes_per_block, plan_num_blocks, resolve_dtype
 from jaxinfer.config import CacheConfig
 from jaxinfer.layers.attention.kv_quant import dequantize, quantize, scale_values
 from jaxinfer.runner.model_runner import CompileCounter

@@ -15,10 +15,10 @@ import httpx
 import pytest
 
 from api_helpers import LiveServer, fake_engine, parse_metrics, running_app, wait_until
-from jaxinfer import admission
+from jaxinfer.engine import admission
 from jaxinfer.api.config import QUEUE_WAIT_EXPIRY_FACTOR, ServerConfig
 from jaxinfer.errors import QueueFullError
-from jaxinfer.ttft_estimator import TTFTEstimator
+from jaxinfer.engine.ttft_estimator import TTFTEstimator
 
 
 def _busy(slots: int, remaining: list[int], step_s: float | None = 0.5) -> TTFTEstimator:

@@ -16,7 +16,7 @@ from helpers import tiny_config
 from jax.sharding import PartitionSpec as P
 
 from jaxinfer import LLM, SamplingParams, sharding
-from jaxinfer.dp_router import DataParallelRouter, least_loaded
+from jaxinfer.engine.dp_router import DataParallelRouter, least_loaded
 from jaxinfer.runner.model_runner import CompileCounter
 from jaxinfer.models.params import init_params
 
@@ -165,7 +165,7 @@ def test_dummy_weights_init_sharded_and_no_recompilation_after_warmup(tmp_path):
 @pytest.mark.real_model
 def test_checkpoint_restored_straight_into_shards(smollm2_dir):
     """load_model with TP asks orbax for sharded arrays (device shards, not host numpy)."""
-    from jaxinfer.builder import load_model
+    from jaxinfer.engine.builder import load_model
     from jaxinfer.config import EngineConfig, ParallelConfig
 
     config = EngineConfig(model_path=str(smollm2_dir), parallel=ParallelConfig(tensor_parallel_size=4))

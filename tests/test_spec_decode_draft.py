@@ -17,7 +17,7 @@ import pytest
 
 from helpers import run_requests, tiny_config
 from jaxinfer import LLM, SamplingParams
-from jaxinfer.engine import LLMEngine
+from jaxinfer.engine.llm_engine import LLMEngine
 from jaxinfer.runner.model_runner import CompileCounter
 from jaxinfer.models.params import init_params
 

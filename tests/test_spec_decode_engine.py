@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import run_requests, run_until_idle, tiny_config
 from jaxinfer import LLM, SamplingParams
-from jaxinfer.engine import LLMEngine
+from jaxinfer.engine.llm_engine import LLMEngine
 from jaxinfer.runner.model_runner import CompileCounter
 from jaxinfer.models.params import init_params
 

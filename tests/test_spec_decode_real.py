@@ -41,7 +41,7 @@ def test_input_grounded_prompts_identical_to_no_speculation(llm):
 
     from helpers import run_until_idle
     from jaxinfer.bench import grounded
-    from jaxinfer.engine import LLMEngine
+    from jaxinfer.engine.llm_engine import LLMEngine
 
     tok = llm.get_tokenizer()
     texts = [t for t, _ in grounded.prompts(3, 100, np.random.default_rng(0))]  # + 48 within max_model_len 256

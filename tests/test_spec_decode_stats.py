@@ -20,8 +20,8 @@ from scipy.stats import chi2_contingency
 
 from helpers import run_until_idle, tiny_config
 from jaxinfer import LLM, SamplingParams
-from jaxinfer.engine import LLMEngine
-from jaxinfer.engine_protocol import RequestSpec
+from jaxinfer.engine.llm_engine import LLMEngine
+from jaxinfer.engine.protocol import RequestSpec
 from jaxinfer.models.params import init_params
 
 V = 32  # small, and at least the top-20 logprobs the step always computes

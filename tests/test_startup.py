@@ -15,14 +15,14 @@ from api_helpers import tokenizer as api_tokenizer
 from helpers import tiny_config
 from jaxinfer import LLM, SamplingParams
 from jaxinfer import llm as llm_mod
-from jaxinfer.builder import (cpu_default_kv_bytes, kv_pool_budget, load_model, max_concurrency_at_full_length,
+from jaxinfer.engine.builder import (cpu_default_kv_bytes, kv_pool_budget, load_model, max_concurrency_at_full_length,
                               resolve_dtype)
 from jaxinfer.config import CacheConfig, EngineConfig
 from jaxinfer.platform import dtype as platform_dtype
 from jaxinfer.platform.dtype import CPU_DTYPE_ENV_VAR, auto_dtype
 from jaxinfer.platform.cpu_features import cpu_flags, has_native_bf16
 from jaxinfer.models.params import init_params
-from jaxinfer.warmup_progress import WarmupProgress
+from jaxinfer.engine.warmup_progress import WarmupProgress
 
 CFG = tiny_config(vocab=256)
 PARAMS = init_params(CFG, scale=5.0, seed=1)
@@ -205,7 +205,7 @@ def test_warmup_progress_times_the_buckets_only(caplog, monkeypatch):
     """The "done in" figure runs from the call before the first bucket, not from the object's
     creation (the engine is built, weights packed, between the two)."""
     clock = iter([100.0, 130.0, 131.0, 132.0])
-    monkeypatch.setattr("jaxinfer.warmup_progress.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr("jaxinfer.engine.warmup_progress.time.monotonic", lambda: next(clock))
     caplog.set_level(logging.INFO, logger="jaxinfer")
     progress = WarmupProgress(use_tqdm=False)  # t = 100
     progress(0, 2)  # t = 130: the warm-up begins
@@ -226,7 +226,7 @@ def test_warmup_progress_logs_at_a_modest_rate(caplog):
 
 
 def test_llm_shows_the_warmup_bar(monkeypatch):
-    bars = recording_tqdm(monkeypatch, "jaxinfer.warmup_progress")
+    bars = recording_tqdm(monkeypatch, "jaxinfer.engine.warmup_progress")
     monkeypatch.setattr("jaxinfer.runner.model_runner.ModelRunner.compile", lambda self, inputs: None)  # bar only
     llm = tiny(warmup=True, use_tqdm=True)
     total = len(llm.engine.layout.ladders.all_buckets())

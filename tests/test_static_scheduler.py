@@ -7,7 +7,7 @@ from fakes import FakeRunner
 from helpers import run_until_idle
 from jaxinfer.core.kv_cache.block_manager import BlockManager
 from jaxinfer.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from jaxinfer.engine import LLMEngine
+from jaxinfer.engine.llm_engine import LLMEngine
 from jaxinfer.core.request import FinishReason, Request
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.core.sched.static import StaticScheduler
@@ -183,7 +183,7 @@ def test_async_engine_wakes_at_batch_timeout():
     import asyncio
     import time
 
-    from jaxinfer.async_engine import AsyncEngine, RequestSpec
+    from jaxinfer.engine.async_engine import AsyncEngine, RequestSpec
 
     sc = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64, scheduler="static",
                          batch_timeout_s=0.3)

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP layer (FastAPI) over `jaxinfer.async_engine.AsyncEngine`.
+"""The OpenAI-compatible HTTP layer (FastAPI) over `jaxinfer.engine.async_engine.AsyncEngine`.
 
 Modules, request order: ``protocol`` (pydantic bodies) -> ``routes`` (endpoints) ->
 ``serving`` (lifecycle of one generation request) with ``prompts`` (prompt ids),

@@ -26,7 +26,7 @@ from jaxinfer.api.model_registry import ModelRegistry
 from jaxinfer.api.prompts import check_chat_template
 from jaxinfer.api.serving import ServingContext
 from jaxinfer.api.status_counter import ErrorResponseCounter
-from jaxinfer.async_engine import AsyncEngine
+from jaxinfer.engine.async_engine import AsyncEngine
 
 logger = logging.getLogger(__name__)
 

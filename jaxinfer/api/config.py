@@ -26,7 +26,7 @@ class ServerConfig:
         ``Authorization: Bearer <api_key>``.
       max_queue_wait: the queue-wait bound in seconds (None: no bound). A request whose
         estimated wait for a sequence slot exceeds it gets HTTP 429 ``queue_full`` at once,
-        with ``Retry-After`` = that estimate (`jaxinfer.admission.check_wait`); one admitted
+        with ``Retry-After`` = that estimate (`jaxinfer.engine.admission.check_wait`); one admitted
         to the queue is refused with 429 ``queue_wait_expired`` only if it is still waiting
         after `queue_wait_expiry` (the estimate was wrong, or there was none yet).
       request_timeout: default per-request deadline in seconds (None: no deadline);
@@ -43,7 +43,7 @@ class ServerConfig:
         connections, one of six cluster benchmark runs lost a request that way; the rendered
         HAProxy config now opens a connection per request (`jaxinfer.haproxy_config`).
       retry_after: the least ``Retry-After`` (seconds) on 429; the engine suggests more when
-        its measured admission rate says the queue needs longer (`jaxinfer.drain_rate`).
+        its measured admission rate says the queue needs longer (`jaxinfer.engine.drain_rate`).
       max_request_bytes: larger request bodies get 413 before they are parsed (None: no limit).
       parse_special_tokens_in_messages: map special-token strings typed inside chat message
         contents to control tokens (off: they are plain text, so a message cannot forge a

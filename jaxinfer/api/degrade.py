@@ -2,7 +2,7 @@
 
 With ``--fallback-model F`` and ``--degrade-ttft-slo S``, a request for model M (not F)
 goes to F instead when its estimated time to first token on M exceeds S seconds
-(`jaxinfer.ttft_estimator.TTFTEstimator`: the wait for a sequence slot, plus prefill
+(`jaxinfer.engine.ttft_estimator.TTFTEstimator`: the wait for a sequence slot, plus prefill
 tokens ahead of it / M's measured prefill rate), rather than waiting in M's queue or
 getting a 429 there; a request that M refuses because its waiting queue is full goes to
 F too (the serving layer asks `fallback_for` then), and one that F refuses because its

@@ -1,7 +1,7 @@
 """The process side of the engine fault policy: a server whose engine died exits non-zero.
 
 Owns `ExitOnEngineDeath`. When any served model's engine dies (a step raised: a device
-error, an out-of-memory, a bug; see `jaxinfer.async_engine`), every request in flight has
+error, an out-of-memory, a bug; see `jaxinfer.engine.async_engine`), every request in flight has
 already been failed (HTTP 500 / an SSE error event then ``[DONE]``) and ``/live`` and
 ``/health`` answer 503. The server then:
 

@@ -32,7 +32,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from jaxinfer.async_engine import EngineDeadError, EngineNotReadyError
+from jaxinfer.engine.async_engine import EngineDeadError, EngineNotReadyError
 from jaxinfer.errors import QueueFullError, RequestError
 
 logger = logging.getLogger(__name__)

@@ -107,7 +107,7 @@ def serve(app, models, config, sock: socket.socket | None = None) -> None:
 
     from jaxinfer.api.engine_death import ExitOnEngineDeath
     from jaxinfer.api.model_registry import ModelRegistry
-    from jaxinfer.async_engine import AsyncEngine
+    from jaxinfer.engine.async_engine import AsyncEngine
 
     if isinstance(models, AsyncEngine):
         models = ModelRegistry.single(config.served_model_name, models)

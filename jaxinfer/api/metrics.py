@@ -41,7 +41,7 @@ import prometheus_client
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
-from jaxinfer.engine_snapshot import EngineSnapshot
+from jaxinfer.engine.snapshot import EngineSnapshot
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.core.request import FinishReason
 

@@ -12,7 +12,7 @@ import dataclasses
 from typing import Iterable
 
 from jaxinfer.api.errors import APIError
-from jaxinfer.async_engine import AsyncEngine, EngineState
+from jaxinfer.engine.async_engine import AsyncEngine, EngineState
 
 
 @dataclasses.dataclass

@@ -23,7 +23,7 @@ from jaxinfer.api.protocol import (ChatCompletionRequest, ChatCompletionResponse
                                    CompletionResponse, DetokenizeRequest, DetokenizeResponse, ErrorResponse,
                                    ModelCard, ModelList, TokenizeRequest, TokenizeResponse)
 from jaxinfer.api.serving import ServingContext
-from jaxinfer.async_engine import EngineState
+from jaxinfer.engine.async_engine import EngineState
 from jaxinfer.errors import RequestError
 
 _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <--api-key>` (only when set).")

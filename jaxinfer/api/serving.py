@@ -32,7 +32,7 @@ from typing import AsyncIterator, Awaitable, Callable
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from jaxinfer import admission
+from jaxinfer.engine import admission
 from jaxinfer.api import degrade
 from jaxinfer.api import params as params_mod
 from jaxinfer.api import prompts as prompts_mod
@@ -42,7 +42,7 @@ from jaxinfer.api.metrics import Metrics
 from jaxinfer.api.model_registry import ModelRegistry, ServedModel
 from jaxinfer.api.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
 from jaxinfer.api.responses import ChatFormat, ChoiceCursor, CompletionFormat, usage
-from jaxinfer.async_engine import AsyncEngine, EngineNotReadyError, OutputStream, RequestSpec
+from jaxinfer.engine.async_engine import AsyncEngine, EngineNotReadyError, OutputStream, RequestSpec
 from jaxinfer.errors import QueueFullError
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams, choice_seed
@@ -349,7 +349,7 @@ def _check_failure(out: RequestOutput, ctx: ServingContext, stream: OutputStream
 
 def _retry_after(ctx: ServingContext, model: ServedModel) -> float:
     """``Retry-After`` for a 429: the waiting queue's drain time at the engine's measured
-    admission rate (`jaxinfer.drain_rate`), never below ``config.retry_after``."""
+    admission rate (`jaxinfer.engine.drain_rate`), never below ``config.retry_after``."""
     engine = model.async_engine.engine
     measured = engine.snapshot().retry_after_s if engine is not None else 0.0
     return max(measured, ctx.config.retry_after)

@@ -187,7 +187,7 @@ class EngineConfig:
     """Everything the engine needs, as one tree.
 
     ``dtype`` is ``"float32"``, ``"bfloat16"`` or ``"auto"`` (`auto_dtype` of the devices'
-    platform; `jaxinfer.builder.resolve_dtype` replaces it before anything is built; the
+    platform; `jaxinfer.engine.builder.resolve_dtype` replaces it before anything is built; the
     entry points ``server.py`` and `LLM` default to it). ``tokenizer``: a folder or a name under ``weights/`` to load the
     tokenizer and chat template from instead of the model's folder (None: the model's).
     ``chat_template``: a ``--chat-template`` value (a file, a bundled name such as ``gemma3``, or

@@ -70,7 +70,7 @@ def build_draft_proposer(config, target_config, num_blocks: int, block_size: int
     """
     import jax
 
-    from jaxinfer.builder import load_model
+    from jaxinfer.engine.builder import load_model
     from jaxinfer.config import EngineConfig
     from jaxinfer.runner.model_runner import ModelRunner
 

@@ -33,7 +33,7 @@ class EngineSnapshot:
       fragmentation_step_sum, fragmentation_steps: the per-step fragmentation samples
         (sum of ratios, number of steps) for a mean over an interval.
       retry_after_s: seconds the waiting queue needs to drain at the measured admission
-        rate (`jaxinfer.drain_rate.DrainRate`), the ``Retry-After`` of a 429.
+        rate (`jaxinfer.engine.drain_rate.DrainRate`), the ``Retry-After`` of a 429.
       spec_num_drafts, spec_num_draft_tokens, spec_num_accepted_tokens: speculative decoding
         counters (`jaxinfer.spec_decode.speculator.SpecStats`; 0 when it is off).
     """

@@ -3,12 +3,12 @@
 Owns `StepFault`. Set ``JAXINFER_FAIL_STEP=N`` (a positive integer, or several separated
 by commas) in a server's environment, and ``JAXINFER_FAIL_PHASE`` to where it raises:
 
-* ``step`` (the default): `jaxinfer.async_engine.AsyncEngine` raises `InjectedStepFault`
+* ``step`` (the default): `jaxinfer.engine.async_engine.AsyncEngine` raises `InjectedStepFault`
   in place of its Nth engine step (counting steps that had work, from 1, after warm-up),
   as a device error or an out-of-memory in ``step`` would. The process then follows the
   fault policy of docs/api.md: the requests in flight fail, ``/live`` and ``/health``
   turn 503, and the server exits non-zero.
-* ``prepare``: `jaxinfer.engine.LLMEngine` raises it while preparing the host-side batch
+* ``prepare``: `jaxinfer.engine.llm_engine.LLMEngine` raises it while preparing the host-side batch
   of its Nth step that has requests to run (after scheduling, before anything of the
   step reaches the device), as a bug in ``batch.prepare`` would. Only that step's
   requests fail (HTTP 500 ``step_failed``) and the server goes on serving (docs/api.md,

@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxinfer.core.kv_cache.block_manager import BlockManager
 from jaxinfer.config import EngineConfig
-from jaxinfer.engine_protocol import RequestSpec
+from jaxinfer.engine.protocol import RequestSpec
 from jaxinfer.errors import CONTEXT_LENGTH_EXCEEDED, SHORTEN_HINT, QueueFullError, RequestError
 from jaxinfer.sampling_params import SamplingParams
 
@@ -128,7 +128,7 @@ def check_wait(estimate: float | None, bound: float | None, *, max_retry_after: 
 
     Args:
       estimate: seconds until the group's last sequence would get a slot
-        (`jaxinfer.ttft_estimator.TTFTEstimator.queue_wait`), or None when unknown (no
+        (`jaxinfer.engine.ttft_estimator.TTFTEstimator.queue_wait`), or None when unknown (no
         full-batch step measured yet): then it is queued, bounded by ``--max-queue-len``.
       bound: ``--max-queue-wait`` in seconds, or None (no bound).
       max_retry_after: cap on the suggested wait (seconds).

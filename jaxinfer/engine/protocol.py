@@ -1,10 +1,10 @@
-"""The engine interface: what the front ends (`jaxinfer.async_engine.AsyncEngine`,
+"""The engine interface: what the front ends (`jaxinfer.engine.async_engine.AsyncEngine`,
 `jaxinfer.llm.LLM`, the metrics endpoint) may call on an engine.
 
 Owns `RequestSpec` (one request to add), `EngineDescription` (what the start-up log says
 of an engine), `SharedGrammar` (the grammar engine an engine hands out, one for all
 data-parallel replicas) and `Engine`, a `typing.Protocol` that
-`jaxinfer.engine.LLMEngine` (one replica) and `jaxinfer.dp_router.DataParallelRouter`
+`jaxinfer.engine.llm_engine.LLMEngine` (one replica) and `jaxinfer.engine.dp_router.DataParallelRouter`
 (several) both implement in full: nothing reads an engine's internals (scheduler,
 runner, stats) through it, and the gauges and counters come from one `snapshot`.
 Plain Python; no JAX import (`jaxinfer.grammar` is imported on first use).
@@ -16,7 +16,7 @@ import threading
 from typing import Protocol, Sequence, runtime_checkable
 
 from jaxinfer.config import EngineConfig, ModelConfig
-from jaxinfer.engine_snapshot import EngineSnapshot
+from jaxinfer.engine.snapshot import EngineSnapshot
 from jaxinfer.errors import RequestError
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams

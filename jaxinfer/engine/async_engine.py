@@ -17,13 +17,13 @@ Threading contract:
     every request in flight or queued fails with `EngineDeadError` (``in_flight``: HTTP
     500), new work is refused (HTTP 503), `is_healthy` turns False at once and the death
     callbacks run (the server exits non-zero: `jaxinfer.api.engine_death`).
-    ``JAXINFER_FAIL_STEP=N`` makes the Nth step raise (`jaxinfer.fault_injection`, a test hook).
+    ``JAXINFER_FAIL_STEP=N`` makes the Nth step raise (`jaxinfer.engine.fault_injection`, a test hook).
     A step whose host-side preparation raised is not a death: the engine fails that
     step's requests itself (their outputs finish with ``failed``: HTTP 500) and goes on
-    (`jaxinfer.engine.LLMEngine._fail_step`).
+    (`jaxinfer.engine.llm_engine.LLMEngine._fail_step`).
   * `start_draining` (SIGTERM) refuses new requests while in-flight ones finish;
     `shutdown` aborts what is left and joins the thread.
-  * `add` counts a group's prompts in `ttft` (`jaxinfer.ttft_estimator.TTFTEstimator`)
+  * `add` counts a group's prompts in `ttft` (`jaxinfer.engine.ttft_estimator.TTFTEstimator`)
     at once, before the engine thread takes them, so that every request of a burst sees
     the ones handed over before it; the engine thread feeds the rest (outputs, finishes,
     refusals, step timings). Any thread may ask it for a new request's expected time to
@@ -40,12 +40,12 @@ import time
 import traceback
 from typing import AsyncIterator, Callable, Sequence
 
-from jaxinfer import request_log
-from jaxinfer.engine_protocol import Engine, RequestSpec  # noqa: F401 - RequestSpec is part of this API
+from jaxinfer.engine import request_log
+from jaxinfer.engine.protocol import Engine, RequestSpec  # noqa: F401 - RequestSpec is part of this API
 from jaxinfer.errors import QueueFullError, RequestError
-from jaxinfer.fault_injection import StepFault
+from jaxinfer.engine.fault_injection import StepFault
 from jaxinfer.outputs import RequestOutput
-from jaxinfer.ttft_estimator import TTFTEstimator
+from jaxinfer.engine.ttft_estimator import TTFTEstimator
 
 logger = logging.getLogger(__name__)
 
@@ -140,11 +140,11 @@ class AsyncEngine:
     """Owns the engine thread and the command queue.
 
     Args:
-      engine_or_builder: an engine (`jaxinfer.engine_protocol.Engine`: an `LLMEngine` or a
+      engine_or_builder: an engine (`jaxinfer.engine.protocol.Engine`: an `LLMEngine` or a
         data-parallel router), or a zero-argument callable returning one (called
         in the engine thread, so loading and warm-up do not block the event loop).
       log_requests: log one line per accepted and per finished request
-        (`jaxinfer.request_log`; ``--disable-log-requests`` turns it off).
+        (`jaxinfer.engine.request_log`; ``--disable-log-requests`` turns it off).
     """
 
     def __init__(self, engine_or_builder: Engine | Callable[[], Engine], log_requests: bool = True):
@@ -369,7 +369,7 @@ class AsyncEngine:
         return False
 
     def _add_group(self, group: tuple[list[RequestSpec], OutputStream]) -> None:
-        """Admit a group all or none (`jaxinfer.engine_protocol.Engine.add_requests`); the
+        """Admit a group all or none (`jaxinfer.engine.protocol.Engine.add_requests`); the
         stream gets the verdict first."""
         specs, stream = group
         try:

@@ -6,7 +6,7 @@ acceptance of speculative drafts, the appending of tokens through the scheduler 
 rules live in `jaxinfer.core.stop`, applied by `jaxinfer.core.sched.scheduler.Scheduler.update`), the
 grammar matchers of structured outputs, sampled and prompt logprobs, returned logits, and
 the `RequestOutput` records, including a finished request's last one. The engine
-(`jaxinfer.engine.LLMEngine`) calls `process` once per executed step and `finish` for a
+(`jaxinfer.engine.llm_engine.LLMEngine`) calls `process` once per executed step and `finish` for a
 request that ended outside a step (abort, timeout, a failed step). Host side; no JAX import.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ class OutputProcessor:
         scheduler may be replaced, e.g. by a recording subclass in a notebook): its ``update``
         appends the sampled tokens and applies the stop rules; ``finish`` ends a request
         whose grammar completed.
-      stats: the engine's `jaxinfer.engine.EngineStats` (generation tokens, finish reasons).
+      stats: the engine's `jaxinfer.engine.llm_engine.EngineStats` (generation tokens, finish reasons).
       requests: the engine's live requests by id; a finished request is removed from it.
       tokenizer: the model's tokenizer, or None (no text, no logprob strings).
       eos_token_ids: the model's end-of-sequence ids.

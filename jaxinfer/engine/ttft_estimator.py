@@ -169,7 +169,7 @@ class TTFTEstimator:
         """Seconds until the last of ``group`` new sequences (of at most ``max_tokens``
         outputs each) would get a sequence slot, behind every live request: 0 when free
         slots hold the whole group, None when unknown (no full-batch step measured yet).
-        What the queue-wait bound compares (`jaxinfer.admission.check_wait`)."""
+        What the queue-wait bound compares (`jaxinfer.engine.admission.check_wait`)."""
         with self._lock:
             steps = self._slot_wait_steps(group, max_tokens)
             step_s = self.full_step_s

@@ -1,7 +1,7 @@
 """Assemble an `LLMEngine` from an `EngineConfig`: weights, tokenizer, KV pool, runner.
 
 `build_replica` builds one engine on one device or on one replica's mesh: the only
-place a runner and engine are put together (`jaxinfer.dp_router.build_parallel_engine`
+place a runner and engine are put together (`jaxinfer.engine.dp_router.build_parallel_engine`
 calls it once per data-parallel replica).
 
 Owns the KV pool sizing rule (blocks from a memory budget: ``--gpu-memory-utilization``
@@ -24,10 +24,10 @@ import jax.numpy as jnp
 
 from jaxinfer.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from jaxinfer.platform.dtype import auto_dtype
-from jaxinfer.engine import LLMEngine
+from jaxinfer.engine.llm_engine import LLMEngine
 from jaxinfer.runner.model_runner import ModelRunner
 from jaxinfer.platform.execution_plan import resolve_plan
-from jaxinfer.warmup_progress import WarmupProgress
+from jaxinfer.engine.warmup_progress import WarmupProgress
 
 logger = logging.getLogger(__name__)
 
@@ -313,7 +313,7 @@ def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir
     ``config.chat_template`` (``--chat-template``) replaces the tokenizer's chat template here.
 
     Logs one line of effective settings (`settings_line`) and the warm-up's progress
-    (`jaxinfer.warmup_progress.WarmupProgress`).
+    (`jaxinfer.engine.warmup_progress.WarmupProgress`).
 
     Args:
       load_format: "auto" (orbax checkpoint) or "dummy" (random weights).
@@ -342,7 +342,7 @@ def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir
     if config.speculative is not None and config.speculative.method == "draft_model":
         draft = dict(weights_dir=weights_dir, draft_model_config=draft_model_config, draft_params=draft_params)
     if config.parallel.world_size > 1 or jax.process_count() > 1:  # mesh: TP and/or DP replicas
-        from jaxinfer.dp_router import build_parallel_engine
+        from jaxinfer.engine.dp_router import build_parallel_engine
 
         if draft is not None:
             raise ValueError("speculative decoding with a draft model runs on one device (no TP / DP yet)")
@@ -393,7 +393,7 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
         planned (the settings line).
       draft: keyword arguments of `jaxinfer.spec_decode.draft_model.build_draft_proposer`
         beyond the engine's own (a draft model for speculative decoding), or None.
-      grammar: a `jaxinfer.engine_protocol.SharedGrammar` shared with other replicas, or None.
+      grammar: a `jaxinfer.engine.protocol.SharedGrammar` shared with other replicas, or None.
     Multi-process: the runner is `jaxinfer.distributed.step_runner`'s (the leader's broadcasts).
       plan: the runner's `jaxinfer.platform.execution_plan.ExecutionPlan`; None: `resolve_plan` (once, here).
     Raises:

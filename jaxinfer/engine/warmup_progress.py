@@ -1,6 +1,6 @@
 """`WarmupProgress`: how far the warm-up compile is (buckets done of all, with an ETA).
 
-A callable ``progress(done, total)`` that `jaxinfer.engine.LLMEngine.warmup` calls after
+A callable ``progress(done, total)`` that `jaxinfer.engine.llm_engine.LLMEngine.warmup` calls after
 each bucket. It drives a tqdm bar (on a terminal, or when asked: ``LLM(use_tqdm=True)``)
 and writes log lines at a modest rate for server logs, which are rarely terminals:
 ``warm-up: 12/77 buckets, ETA 40 s``, at most one per `LOG_EVERY_S` seconds or per

@@ -1,16 +1,16 @@
 """Data-parallel replicas and the router in front of them; building sharded engines.
 
-Owns `build_parallel_engine` (the mesh path of `jaxinfer.builder.build_engine`): one
+Owns `build_parallel_engine` (the mesh path of `jaxinfer.engine.builder.build_engine`): one
 ``(data, model)`` mesh (`jaxinfer.sharding.make_mesh`), parameters placed once on it
 (sharded over ``model``, replicated over ``data``: restored from orbax straight into
 their shards, or created sharded for ``--load-format dummy``), then per row of the mesh
 one `LLMEngine` (own scheduler, block manager, KV pool and compiled steps) on that
-row's devices, built by `jaxinfer.builder.build_replica` (the builder of a one-device
+row's devices, built by `jaxinfer.engine.builder.build_replica` (the builder of a one-device
 engine too), viewing the same parameter buffers (`sharding.split_replicas`, no copy).
 
 With ``data_parallel_size == 1`` the single engine is returned as is (tensor
 parallelism only). With more, a `DataParallelRouter` stands in for the engine: it
-implements the engine protocol (`jaxinfer.engine_protocol.Engine`: ``add_requests``,
+implements the engine protocol (`jaxinfer.engine.protocol.Engine`: ``add_requests``,
 ``step``, ``abort_request``, ``snapshot`` merged over the replicas, ...), sends
 each new request to the least-loaded replica and steps the busy replicas concurrently
 (one thread each: a replica's step blocks on its device read-back, and the devices of
@@ -26,9 +26,9 @@ import jax
 
 from jaxinfer import sharding
 from jaxinfer.config import EngineConfig, ModelConfig
-from jaxinfer.engine import LLMEngine
-from jaxinfer.engine_protocol import EngineDescription, RequestSpec, SharedGrammar
-from jaxinfer.engine_snapshot import EngineSnapshot
+from jaxinfer.engine.llm_engine import LLMEngine
+from jaxinfer.engine.protocol import EngineDescription, RequestSpec, SharedGrammar
+from jaxinfer.engine.snapshot import EngineSnapshot
 from jaxinfer.errors import RequestError
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams
@@ -49,7 +49,7 @@ def build_parallel_engine(config: EngineConfig, model_config: ModelConfig, param
     Returns:
       An `LLMEngine` (DP 1) or a `DataParallelRouter` (DP > 1). In a multi-process run
       the engine's runner also takes part in the SPMD step protocol of
-      `jaxinfer.distributed` (`jaxinfer.builder.build_replica` wraps it).
+      `jaxinfer.distributed` (`jaxinfer.engine.builder.build_replica` wraps it).
     Raises:
       ValueError: not enough devices; multi-process with DP > 1 or with a mesh that
         does not cover every device.
@@ -72,7 +72,7 @@ def build_parallel_engine(config: EngineConfig, model_config: ModelConfig, param
         logger.warning("TP %d does not divide %s: those axes are replicated on every device of a replica "
                        "(see jaxinfer.sharding)", tp, ", ".join(fallback))
     replica_params = sharding.split_replicas(params, mesh) if dp > 1 else [params]
-    from jaxinfer.builder import build_replica
+    from jaxinfer.engine.builder import build_replica
 
     # one grammar engine for all replicas (one tokenizer): a constraint compiled in the API's
     # thread through the router is in every replica's cache
@@ -92,7 +92,7 @@ def least_loaded(engines: list[LLMEngine], pending: list[int] | None = None) -> 
 
 
 class DataParallelRouter:
-    """Several `LLMEngine` replicas behind the engine protocol (`jaxinfer.engine_protocol.Engine`).
+    """Several `LLMEngine` replicas behind the engine protocol (`jaxinfer.engine.protocol.Engine`).
 
     Request ids are unique across replicas; each request lives on one replica for its
     whole life (its KV blocks are there). Not thread-safe, like `LLMEngine`: one thread

@@ -2,14 +2,14 @@
 
 Lifecycle of a request:
   1. ``add_requests`` (the one admission path; ``add_request`` is a group of one)
-     validates a group on the host (`jaxinfer.admission`: non-empty prompt, ids in the vocabulary,
+     validates a group on the host (`jaxinfer.engine.admission`: non-empty prompt, ids in the vocabulary,
      prompt + max_tokens within ``max_model_len`` and within the whole KV pool, bounded
      queue) and raises `RequestError` / `QueueFullError` before any device work: all
      of the group is queued, or none.
   2. It waits in the scheduler's queue (FCFS or by priority) until the watermark admits it.
   3. Each ``step``: **schedule** (expire deadlines, top up running requests, preempt the
      policy's victim on memory pressure, admit waiting ones) -> **execute** (pack into a bucket,
-     one jitted call, sampled ids back once) -> **update** (`jaxinfer.output_processor`: append
+     one jitted call, sampled ids back once) -> **update** (`jaxinfer.engine.output_processor`: append
      tokens, stop rules, incremental detokenization and stop strings, logprobs; prompt logprobs
      of the prompt positions the step computed, `jaxinfer.core.prompt_logprobs`). A step with structured-output
      rows also has a **mask** phase between pack and call: the grammar engine
@@ -32,17 +32,17 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxinfer import admission
+from jaxinfer.engine import admission
 from jaxinfer.runner import batch as batch_mod
 from jaxinfer.core.kv_cache.block_manager import BlockManager
 from jaxinfer.runner.buckets import BucketLadders
 from jaxinfer.config import EngineConfig, ModelConfig
-from jaxinfer.drain_rate import DrainRate
-from jaxinfer.engine_protocol import EngineDescription, RequestSpec, SharedGrammar
-from jaxinfer.engine_snapshot import EngineSnapshot
+from jaxinfer.engine.drain_rate import DrainRate
+from jaxinfer.engine.protocol import EngineDescription, RequestSpec, SharedGrammar
+from jaxinfer.engine.snapshot import EngineSnapshot
 from jaxinfer.errors import RequestError
-from jaxinfer.fault_injection import PREPARE, StepFault
-from jaxinfer.output_processor import OutputProcessor
+from jaxinfer.engine.fault_injection import PREPARE, StepFault
+from jaxinfer.engine.output_processor import OutputProcessor
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.core.request import FinishReason, Request
 from jaxinfer.sampling_params import SamplingParams
@@ -141,7 +141,7 @@ class LLMEngine:
     # ----- warm-up ------------------------------------------------------------------------
     def warmup(self, progress=None) -> float:
         """Compile every bucket ahead of time; returns seconds spent. ``progress(done, total)``,
-        when given, is called after each bucket (`jaxinfer.warmup_progress.WarmupProgress`)."""
+        when given, is called after each bucket (`jaxinfer.engine.warmup_progress.WarmupProgress`)."""
         t0 = time.perf_counter()
         buckets = self.layout.ladders.all_buckets()
         if progress is not None:
@@ -233,7 +233,7 @@ class LLMEngine:
         return self._grammar.get()
 
     def describe(self) -> EngineDescription:
-        """The KV pool for the start-up log (`jaxinfer.engine_protocol.EngineDescription`)."""
+        """The KV pool for the start-up log (`jaxinfer.engine.protocol.EngineDescription`)."""
         return EngineDescription(self.block_manager.num_blocks, self.kv_cache_description,
                                  plan=getattr(self.runner, "plan", None))
 

@@ -1,0 +1,1 @@
+"""jaxinfer.engine.llm_engine: see docs/architecture.md."""
