@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     from jaxinfer.api.model_registry import ModelRegistry, ServedModel
     from jaxinfer.engine.async_engine import AsyncEngine
 
-    from jaxinfer import distributed
+    from jaxinfer.distributed import multihost as distributed
 
     multi = distributed.initialize(parallel_config(args))  # before any other JAX call; no-op on one process
     if not distributed.is_leader():  # followers run the leader's steps and serve no HTTP
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
                            fallback=args.fallback_model,
                            degrade_ttft_slo=args.degrade_ttft_slo)
     if multi:  # a follower that fails ends the job: fail the requests in flight first (500 / SSE error)
-        from jaxinfer import peer_failure
+        from jaxinfer.distributed import peer_failure
 
         peer_failure.on_failure(lambda reason: fail_requests(models, reason))
     app = create_app(models, config)
@@ -221,10 +221,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def run_follower(args) -> None:
     """A follower process of a multi-host run: build the same engine, run the leader's
-    steps until it stops. A failure here ends every process (`jaxinfer.peer_failure`)."""
+    steps until it stops. A failure here ends every process (`jaxinfer.distributed.peer_failure`)."""
     import jax
 
-    from jaxinfer import distributed
+    from jaxinfer.distributed import multihost as distributed
 
     try:
         engine = engine_builder(model_args(args, kv_split(args)[0]))()

@@ -57,7 +57,7 @@ class LLM:
       use_tqdm: show the warm-up's progress bar (generate takes its own ``use_tqdm``).
       load_format: "auto" or "dummy" (random weights).
       tensor_parallel_size, data_parallel_size: devices per replica and replicas
-        (`ParallelConfig`, `jaxinfer.sharding`); generate works the same with any.
+        (`ParallelConfig`, `jaxinfer.distributed.sharding`); generate works the same with any.
       scheduler: "continuous" (default) or "static", the static-batching baseline
         (`jaxinfer.core.sched.static`), for side-by-side measurements.
       scheduling_policy: "fcfs" or "priority" (``SamplingParams.priority`` / ``generate``'s

@@ -3,7 +3,7 @@
 ``python -m jaxinfer.plan --model configs/llama-3-70b.json --devices 8 --device-memory 80GB
 --tensor-parallel-size 8 --dtype bfloat16 --max-model-len 4096``
 
-Works from shapes only (``jax.eval_shape`` of the parameter init, `jaxinfer.sharding`'s
+Works from shapes only (``jax.eval_shape`` of the parameter init, `jaxinfer.distributed.sharding`'s
 partition specs): nothing is allocated and no accelerator is needed. Per device of a
 TP group it reports the weight bytes, the KV bytes per block, the KV blocks that fit
 after the reserve, and the largest number of concurrent full-length sequences. The
@@ -22,7 +22,7 @@ Memory sizes as ``server.py`` reads them (`jaxinfer.config.args.parse_bytes`, po
 
 When a plan does not fit, the CLI tries the other tensor-parallel sizes that split both the
 query heads and the KV heads evenly (the divisors of ``gcd(N, K)``: other sizes replicate
-attention and the KV cache on every device, `jaxinfer.sharding`) and names the smallest
+attention and the KV cache on every device, `jaxinfer.distributed.sharding`) and names the smallest
 that fits (`smallest_fitting_tp`), also when it needs more devices than ``--devices``;
 or says that none does.
 """
@@ -84,7 +84,7 @@ def plan_memory(cfg: ModelConfig, *, dtype: str = "bfloat16", tensor_parallel_si
     """
     from jaxinfer.engine.builder import kv_budget_bytes, kv_bytes_per_block
     from jaxinfer.models.params import abstract_params
-    from jaxinfer.sharding import per_device_param_bytes, replicated_axes
+    from jaxinfer.distributed.sharding import per_device_param_bytes, replicated_axes
 
     if not 0.0 <= kv_reserve_fraction < 1.0:
         raise ValueError(f"kv_reserve_fraction must be in [0, 1), got {kv_reserve_fraction}")

@@ -23,7 +23,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
-    from jaxinfer import distributed
+    from jaxinfer.distributed import multihost as distributed
     from jaxinfer.config import ParallelConfig
 
     multi = distributed.initialize(ParallelConfig(tensor_parallel_size=args.tensor_parallel_size,

@@ -19,7 +19,7 @@ import pytest
 from helpers import tiny_config
 
 from jaxinfer import LLM, SamplingParams
-from jaxinfer.step_channel import recv_msg as _recv_msg, send_msg as _send_msg
+from jaxinfer.distributed.step_channel import recv_msg as _recv_msg, send_msg as _send_msg
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from helpers import tiny_config
 
-from jaxinfer import LLM, SamplingParams, sharding
+from jaxinfer import LLM, SamplingParams
+from jaxinfer.distributed import sharding
 from jaxinfer.platform import execution_plan
 from jaxinfer.models.layer_layout import unstack_layers
 from jaxinfer.models.params import init_params

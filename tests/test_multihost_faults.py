@@ -16,7 +16,7 @@ Each process has 2 fake CPU devices and the tiny random model is tensor-parallel
   policy's bound and the follower, non-zero, within 10 s, its log naming the failure.
 
 The independent facts checked are the processes' exit statuses and wall-clock times, the
-HTTP answers, and the logs' reasons. Timing of the failures: `jaxinfer.step_channel`.
+HTTP answers, and the logs' reasons. Timing of the failures: `jaxinfer.distributed.step_channel`.
 """
 from __future__ import annotations
 

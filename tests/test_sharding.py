@@ -15,7 +15,8 @@ import pytest
 from helpers import tiny_config
 from jax.sharding import PartitionSpec as P
 
-from jaxinfer import LLM, SamplingParams, sharding
+from jaxinfer import LLM, SamplingParams
+from jaxinfer.distributed import sharding
 from jaxinfer.engine.dp_router import DataParallelRouter, least_loaded
 from jaxinfer.runner.model_runner import CompileCounter
 from jaxinfer.models.params import init_params

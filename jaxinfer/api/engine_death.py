@@ -5,7 +5,7 @@ error, an out-of-memory, a bug; see `jaxinfer.engine.async_engine`), every reque
 already been failed (HTTP 500 / an SSE error event then ``[DONE]``) and ``/live`` and
 ``/health`` answer 503. The server then:
 
-1. tells the followers of a multi-host run (`jaxinfer.peer_failure.tell_peers`: they exit
+1. tells the followers of a multi-host run (`jaxinfer.distributed.peer_failure.tell_peers`: they exit
    non-zero at once, their log naming the failure, instead of when this process is gone);
 2. keeps answering for `LINGER_S` seconds (probes and load balancers see the 503s; the
    error responses are written), refusing new work with 503, and aborts the other models'
@@ -28,7 +28,7 @@ import os
 import sys
 import threading
 
-from jaxinfer import peer_failure
+from jaxinfer.distributed import peer_failure
 
 logger = logging.getLogger(__name__)
 

@@ -156,7 +156,7 @@ class SchedulerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ParallelConfig:
-    """How one engine spreads over devices and processes (see `jaxinfer.sharding`).
+    """How one engine spreads over devices and processes (see `jaxinfer.distributed.sharding`).
 
     Attributes:
       tensor_parallel_size: devices per replica (mesh axis ``model``; Megatron TP).

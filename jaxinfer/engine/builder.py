@@ -69,11 +69,11 @@ def resolve_dtype(dtype: str) -> str:
 def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: str, tensor_parallel_size: int = 1,
                        kv_cache_dtype: str = "auto") -> int:
     """Bytes of K and V for one block over all layers on one device: 2 * L * bs * K_dev * b,
-    with K_dev = K / TP when TP divides K, else K (replicated; `jaxinfer.sharding`), and b
+    with K_dev = K / TP when TP divides K, else K (replicated; `jaxinfer.distributed.sharding`), and b
     the bytes of one token-head (`jaxinfer.layers.attention.kv_quant.kv_bytes_per_token_head`: H * itemsize
     of ``dtype``, or H + 2 for an 8-bit ``kv_cache_dtype``)."""
     from jaxinfer.layers.attention.kv_quant import kv_bytes_per_token_head
-    from jaxinfer.sharding import kv_heads_per_device
+    from jaxinfer.distributed.sharding import kv_heads_per_device
 
     k_dev = kv_heads_per_device(cfg, tensor_parallel_size)
     per_head = kv_bytes_per_token_head(cfg.head_dim, kv_cache_dtype, jnp.dtype(dtype).itemsize)
@@ -255,7 +255,7 @@ def load_model(config: EngineConfig, load_format: str = "auto", weights_dir: str
         tokenizer = None
     shardings = None
     if load_format != "dummy" and (config.parallel.world_size > 1 or jax.process_count() > 1):
-        from jaxinfer import sharding  # restore each array straight into its shards
+        from jaxinfer.distributed import sharding  # restore each array straight into its shards
 
         par = config.parallel
         mesh = sharding.make_mesh(par.tensor_parallel_size, par.data_parallel_size)
@@ -385,21 +385,22 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
 
     Args:
       params: the weights as ``jax.Array``s, on the default device (``mesh`` None) or
-        placed with `jaxinfer.sharding.param_shardings` on ``mesh``.
+        placed with `jaxinfer.distributed.sharding.param_shardings` on ``mesh``.
       tokenizer: a `jaxinfer.tokenizer.Tokenizer` or None.
-      mesh: the replica's mesh (`jaxinfer.sharding.replica_meshes`), or None for one device.
+      mesh: the replica's mesh (`jaxinfer.distributed.sharding.replica_meshes`), or None for one device.
       progress: ``progress(done, total)`` for the warm-up (`WarmupProgress`), or None.
       on_planned: called with the pool's block count and the runner's execution plan once
         planned (the settings line).
       draft: keyword arguments of `jaxinfer.spec_decode.draft_model.build_draft_proposer`
         beyond the engine's own (a draft model for speculative decoding), or None.
       grammar: a `jaxinfer.engine.protocol.SharedGrammar` shared with other replicas, or None.
-    Multi-process: the runner is `jaxinfer.distributed.step_runner`'s (the leader's broadcasts).
+    Multi-process: the runner is `jaxinfer.distributed.multihost.step_runner`'s (the leader's broadcasts).
       plan: the runner's `jaxinfer.platform.execution_plan.ExecutionPlan`; None: `resolve_plan` (once, here).
     Raises:
       ValueError: the KV budget holds fewer than 2 blocks.
     """
-    from jaxinfer import distributed, sharding
+    from jaxinfer.distributed import multihost as distributed
+    from jaxinfer.distributed import sharding
 
     tp = 1 if mesh is None else mesh.shape["model"]
     weight_bytes = sharding.per_device_bytes(params)

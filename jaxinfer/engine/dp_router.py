@@ -1,7 +1,7 @@
 """Data-parallel replicas and the router in front of them; building sharded engines.
 
 Owns `build_parallel_engine` (the mesh path of `jaxinfer.engine.builder.build_engine`): one
-``(data, model)`` mesh (`jaxinfer.sharding.make_mesh`), parameters placed once on it
+``(data, model)`` mesh (`jaxinfer.distributed.sharding.make_mesh`), parameters placed once on it
 (sharded over ``model``, replicated over ``data``: restored from orbax straight into
 their shards, or created sharded for ``--load-format dummy``), then per row of the mesh
 one `LLMEngine` (own scheduler, block manager, KV pool and compiled steps) on that
@@ -24,7 +24,7 @@ from typing import Sequence
 
 import jax
 
-from jaxinfer import sharding
+from jaxinfer.distributed import sharding
 from jaxinfer.config import EngineConfig, ModelConfig
 from jaxinfer.engine.llm_engine import LLMEngine
 from jaxinfer.engine.protocol import EngineDescription, RequestSpec, SharedGrammar
@@ -49,7 +49,7 @@ def build_parallel_engine(config: EngineConfig, model_config: ModelConfig, param
     Returns:
       An `LLMEngine` (DP 1) or a `DataParallelRouter` (DP > 1). In a multi-process run
       the engine's runner also takes part in the SPMD step protocol of
-      `jaxinfer.distributed` (`jaxinfer.engine.builder.build_replica` wraps it).
+      `jaxinfer.distributed.multihost` (`jaxinfer.engine.builder.build_replica` wraps it).
     Raises:
       ValueError: not enough devices; multi-process with DP > 1 or with a mesh that
         does not cover every device.
@@ -70,7 +70,7 @@ def build_parallel_engine(config: EngineConfig, model_config: ModelConfig, param
     fallback = sharding.replicated_axes(model_config, tp)
     if fallback:
         logger.warning("TP %d does not divide %s: those axes are replicated on every device of a replica "
-                       "(see jaxinfer.sharding)", tp, ", ".join(fallback))
+                       "(see jaxinfer.distributed.sharding)", tp, ", ".join(fallback))
     replica_params = sharding.split_replicas(params, mesh) if dp > 1 else [params]
     from jaxinfer.engine.builder import build_replica
 

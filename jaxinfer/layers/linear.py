@@ -35,7 +35,7 @@ class Projection:
     Attributes:
       name: the parameter subtree's name (``q_proj``, ``lm_head``...).
       features: output features, an int or a tuple (``(heads, head_dim)``).
-      names: the kernel's logical axis names (inputs then outputs, `jaxinfer.sharding`).
+      names: the kernel's logical axis names (inputs then outputs, `jaxinfer.distributed.sharding`).
       n_in: the number of contracted (trailing input) axes.
     """
 

@@ -1,6 +1,6 @@
 """The two layouts of the decoder layers' parameters, and the one-time split between them.
 
-Stored and sharded layout (checkpoints, `jaxinfer.models.params`, `jaxinfer.sharding`, int8
+Stored and sharded layout (checkpoints, `jaxinfer.models.params`, `jaxinfer.distributed.sharding`, int8
 quantization): one ``layers`` subtree whose leaves carry all L layers on axis 0 (logical
 axis ``layers``, never split), run under ``nn.scan``. Unrolled layout
 (``LlamaForCausalLM(scan_layers=False)``): ``layers_0 .. layers_{L-1}`` subtrees of the

@@ -333,7 +333,7 @@ class ModelRunner:
         greedy = self.greedy_fast_path and greedy_only(inputs.sampling, self.cfg.vocab_size)
         host = (inputs.token_ids, inputs.attention) + (() if greedy else (inputs.sampling,))
         if self._replicated is not None:
-            from jaxinfer.sharding import put_replicated
+            from jaxinfer.distributed.sharding import put_replicated
 
             dev = put_replicated(host, self._replicated)
         elif HOST_INPUTS_DIRECT:

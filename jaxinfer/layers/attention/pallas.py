@@ -43,7 +43,7 @@ def pallas_paged_attention(q, k_cache, v_cache, layer, meta: AttentionMetadata, 
     axis of size > 1 it therefore runs under ``jax.shard_map``: each device attends with
     its own query heads over its own KV heads (Megatron's head split; no communication).
     When the KV heads do not divide by the TP degree the cache is replicated
-    (`jaxinfer.sharding`), and so is this computation, as on the XLA path.
+    (`jaxinfer.distributed.sharding`), and so is this computation, as on the XLA path.
 
     Args:
       q: [T, N, H]; k_cache, v_cache: [L, NB, bs, K, H] arrays, or 8-bit `QuantKV` caches

@@ -258,7 +258,7 @@ def quantize_params(params, shardings=None):
 
     Args:
       params: the float tree (numpy or ``jax.Array``, any sharding).
-      shardings: the quantized tree's shardings (`jaxinfer.sharding.param_shardings` of
+      shardings: the quantized tree's shardings (`jaxinfer.distributed.sharding.param_shardings` of
         the quantized config), or None for the default device.
     Returns:
       The quantized tree; the float input is not kept.

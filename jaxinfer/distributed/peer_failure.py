@@ -1,6 +1,6 @@
 """How a multi-process run ends when one of its processes fails: every process exits, non-zero.
 
-In a multi-controller SPMD job (`jaxinfer.distributed`) a process that is gone leaves
+In a multi-controller SPMD job (`jaxinfer.distributed.multihost`) a process that is gone leaves
 the others blocked in their next collective, and ``jax.distributed``'s own exit path
 (an ``atexit`` shutdown barrier that waits up to ``shutdown_timeout_seconds``, 300 s)
 keeps even a process whose Python code has already failed alive. This module owns the
@@ -51,7 +51,7 @@ def on_failure(fn: Callable[[str], None]) -> None:
 
 def set_peer_notifier(fn: Callable[[str], None]) -> None:
     """``fn(reason)`` tells the other processes why this one fails (best effort, bounded);
-    set by `jaxinfer.step_channel.StepChannel`."""
+    set by `jaxinfer.distributed.step_channel.StepChannel`."""
     with _lock:
         _notify_peers.append(fn)
 
@@ -97,7 +97,7 @@ def tell_peers(reason: str) -> None:
     """Tell the other processes of the job that this one fails, and why, without ending
     this one (its own bounded exit is under way: `jaxinfer.api.engine_death` on the
     leader). They end on the news (their step channel's reader calls `fail`). Best effort,
-    bounded (`jaxinfer.step_channel.StepChannel.send_error`); a no-op on one process."""
+    bounded (`jaxinfer.distributed.step_channel.StepChannel.send_error`); a no-op on one process."""
     with _lock:
         notifiers = list(_notify_peers)
     for fn in notifiers:

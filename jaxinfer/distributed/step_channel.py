@@ -16,7 +16,7 @@ Every process runs one heartbeat thread (a ``ping`` to each peer every
 `HEARTBEAT_INTERVAL_S`) and one reader thread per peer. A reader that sees the stream
 close (the peer exited or was killed: the kernel closes its sockets, so even SIGKILL is
 seen at once), an ``error`` message, or nothing at all for `HEARTBEAT_TIMEOUT_S` (a host
-that vanished, a hung process) calls `jaxinfer.peer_failure.fail`, which ends this
+that vanished, a hung process) calls `jaxinfer.distributed.peer_failure.fail`, which ends this
 process too, wherever its main thread is blocked (a collective included). The port is
 announced through ``jax.distributed``'s key-value store, which has its own timeout.
 """
@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from jaxinfer import peer_failure
+from jaxinfer.distributed import peer_failure
 
 logger = logging.getLogger(__name__)
 

@@ -6,19 +6,19 @@ the same order (multi-controller SPMD). Process 0, the *leader*, owns the HTTP s
 the scheduler and the request state; every other process is a *follower* with the same
 engine but no requests. Before each step the leader's runner sends that step's
 `StepInputs` (bucket + padded numpy arrays, a few KB) to every follower over a TCP
-stream (`jaxinfer.step_channel.StepChannel`), then runs the step itself; each follower
+stream (`jaxinfer.distributed.step_channel.StepChannel`), then runs the step itself; each follower
 receives it and runs the identical step, so the collectives inside the step (gloo on
 CPU, NCCL on GPU) match up. Sampled ids come out replicated, so the leader reads them
 locally; the followers' copies are dropped. A "stop" message ends the followers' loop.
 
 Start-up order on every process: `initialize` (before any other JAX call: starts
 ``jax.distributed``, opens the step channel and its liveness watch, installs the exit
-guard of `jaxinfer.peer_failure`), build the engine (the KV pool's block count is
+guard of `jaxinfer.distributed.peer_failure`), build the engine (the KV pool's block count is
 agreed over the processes, `agree_num_blocks`; the builder wraps the runner with
 `step_runner` before it builds the engine, so the leader's runner broadcasts its steps), then the leader serves while followers call
 `serve_follower`; every process calls `shutdown` at an orderly exit.
 
-Failures (`jaxinfer.peer_failure`): a process that fails (an exception at start-up or
+Failures (`jaxinfer.distributed.peer_failure`): a process that fails (an exception at start-up or
 later, a killed process, a vanished host, a step that outlives `STEP_DEADLINE_S`)
 ends every process of the job with a logged reason and exit status 1, within about a
 second when a process dies (its streams close) and `HEARTBEAT_TIMEOUT_S` when a host
@@ -33,9 +33,9 @@ import os
 import threading
 import time
 
-from jaxinfer import peer_failure
+from jaxinfer.distributed import peer_failure
 from jaxinfer.config import ParallelConfig
-from jaxinfer.step_channel import StepChannel
+from jaxinfer.distributed.step_channel import StepChannel
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def initialize(parallel: ParallelConfig) -> bool:
     ``kubernetes`` package) starts it with no arguments. Otherwise nothing happens.
 
     In a multi-process run it then opens the step channel (`StepChannel`, with its
-    heartbeats) and installs `jaxinfer.peer_failure`'s exit guard: from here on a failure
+    heartbeats) and installs `jaxinfer.distributed.peer_failure`'s exit guard: from here on a failure
     of any process ends every process. If ``jax.distributed`` itself cannot start (a peer
     that never joins within its ``initialization_timeout``, 300 s) the process exits with
     status 1.
@@ -145,7 +145,7 @@ def agree_num_blocks(num_blocks: int) -> int:
 
 class StepDeadline:
     """A watchdog around the blocking collectives of a step: if one ``with`` block lasts
-    longer than ``seconds``, `jaxinfer.peer_failure.fail` ends the process (a peer that
+    longer than ``seconds``, `jaxinfer.distributed.peer_failure.fail` ends the process (a peer that
     is alive but never joins the collective would otherwise hold it forever). One
     monitor thread, started on first use; entering and leaving cost two assignments."""
 
@@ -195,7 +195,7 @@ class LeaderRunner:
 
 def _coordinator_host(coordinator_address: str | None) -> str:
     if not coordinator_address:
-        raise ValueError("no coordinator address: call jaxinfer.distributed.initialize first")
+        raise ValueError("no coordinator address: call jaxinfer.distributed.multihost.initialize first")
     return coordinator_address.rsplit(":", 1)[0].strip("[]")
 
 
@@ -208,7 +208,7 @@ def step_runner(runner):
       RuntimeError: `initialize` did not open a channel (not a multi-process run).
     """
     if _channel is None:
-        raise RuntimeError("no step channel: call jaxinfer.distributed.initialize first")
+        raise RuntimeError("no step channel: call jaxinfer.distributed.multihost.initialize first")
     return LeaderRunner(runner, _channel) if _channel.leader else runner
 
 
@@ -222,7 +222,7 @@ def serve_follower(engine) -> int:
       RuntimeError: `initialize` did not open a channel (not a multi-process run).
     """
     if _channel is None:
-        raise RuntimeError("no step channel: call jaxinfer.distributed.initialize first")
+        raise RuntimeError("no step channel: call jaxinfer.distributed.multihost.initialize first")
     channel: StepChannel = _channel
     runner = engine.runner
     deadline = StepDeadline()
@@ -241,7 +241,7 @@ def shutdown(engine=None, error: str | None = None) -> None:
     Orderly (``error`` None): the leader sends "stop" to the followers, then every process
     leaves ``jax.distributed`` (bounded by `SHUTDOWN_BOUND_S`: past it the process exits
     with status 0 anyway). With ``error`` (e.g. the leader's engine failed): the peers
-    are told and the process exits with status 1 (`jaxinfer.peer_failure.fail`; never returns).
+    are told and the process exits with status 1 (`jaxinfer.distributed.peer_failure.fail`; never returns).
 
     Args:
       engine: unused (kept for callers that pass their engine); the channel is the module's.

@@ -1,0 +1,1 @@
+"""jaxinfer.distributed.multihost: see docs/architecture.md."""
