@@ -125,7 +125,7 @@ def check_models(parser: argparse.ArgumentParser, args) -> None:
     loads: a misspelt name must not look like an engine crash."""
     if args.load_format == "dummy":
         return
-    from jaxinfer.weights import model_kind
+    from jaxinfer.weights.catalog import model_kind
 
     try:
         for spec in served_specs(args):

@@ -151,7 +151,7 @@ def load_model(gguf: Path | None, threads: int | None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if gguf is None:
-        from jaxinfer.weights import default_gguf
+        from jaxinfer.weights.catalog import default_gguf
 
         gguf = default_gguf(ROOT / "weights")
     if threads:

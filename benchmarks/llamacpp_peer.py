@@ -70,7 +70,7 @@ def source_gguf(model: str) -> Path:
     if model not in SOURCE_GGUFS:
         raise ValueError(f"no GGUF known for model {model!r}; llama.cpp runs {sorted(SOURCE_GGUFS)}")
     if model == "gemma3-270m":
-        from jaxinfer.weights import gemma3_gguf
+        from jaxinfer.weights.catalog import gemma3_gguf
         return gemma3_gguf(ROOT / "weights")
     return SOURCE_GGUFS[model]
 

@@ -83,7 +83,7 @@ def bandwidth_gb_s(nbytes: int, dtype, reps: int) -> dict:
 def cfg_kv_bytes(model: str, dtype) -> int:
     """K+V bytes per token of ``model`` (resolved like `LLM`) in ``dtype``."""
     from jaxinfer.config import ModelConfig
-    from jaxinfer.weights import resolve_model
+    from jaxinfer.weights.catalog import resolve_model
 
     return ModelConfig.from_dir(resolve_model(model)).kv_bytes_per_token * jnp.dtype(dtype).itemsize // 4
 

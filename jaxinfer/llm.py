@@ -88,7 +88,7 @@ class LLM:
                  quantization: str | None = None, kv_cache_dtype: str = _D["kv_cache_dtype"],
                  speculative_config=None, **engine_kwargs):
         from jaxinfer.engine.builder import load_model, load_tokenizer, resolve_dtype
-        from jaxinfer.weights import default_weights_dir
+        from jaxinfer.weights.catalog import default_weights_dir
 
         weights_dir = str(weights_dir or default_weights_dir())
         flags = {k: v for k, v in locals().items() if k in _D}  # the table's keywords, as given

@@ -38,7 +38,7 @@ def tokenizer() -> Tokenizer:
     """The real SmolLM2 tokenizer (converted once)."""
     global _TOKENIZER
     if _TOKENIZER is None:
-        from jaxinfer.weights import ensure_default_weights
+        from jaxinfer.weights.catalog import ensure_default_weights
 
         _TOKENIZER = Tokenizer.from_dir(ensure_default_weights(REPO / "weights"))
     return _TOKENIZER

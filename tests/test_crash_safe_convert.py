@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from jaxinfer import LLM, SamplingParams
-from jaxinfer import convert as convert_mod
-from jaxinfer.checkpoint import MANIFEST, CheckpointError, load_params, save_params
-from jaxinfer.convert import convert, is_complete
+from jaxinfer.weights import convert as convert_mod
+from jaxinfer.weights.checkpoint import MANIFEST, CheckpointError, load_params, save_params
+from jaxinfer.weights.convert import convert, is_complete
 from test_convert import make_tiny_llama
 
 REPO = Path(__file__).resolve().parents[1]
@@ -155,11 +155,11 @@ def test_damaged_checkpoint_without_manifest_names_the_folder(tmp_path):
 
 def test_concurrent_first_uses_convert_once(tmp_path, monkeypatch):
     """A second process asking while the first converts waits on the lock, then finds the
-    conversion complete and converts nothing (`jaxinfer.weights._ensure_converted`)."""
+    conversion complete and converts nothing (`jaxinfer.weights.catalog._ensure_converted`)."""
     import fcntl
     import threading
 
-    from jaxinfer import weights
+    from jaxinfer.weights import catalog as weights
 
     out, done, calls = tmp_path / "model", threading.Event(), []
     monkeypatch.setattr(weights._convert, "is_complete", lambda p: done.is_set())

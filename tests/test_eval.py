@@ -42,7 +42,7 @@ def test_perplexity_matches_transformers(smollm2_dir, capsys):
     import torch
 
     from helpers import hf_model
-    from jaxinfer.checkpoint import load_params
+    from jaxinfer.weights.checkpoint import load_params
     from jaxinfer.config import ModelConfig
     from jaxinfer.tokenizer import Tokenizer
 

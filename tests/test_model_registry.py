@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from jaxinfer.config import ModelConfig
-from jaxinfer.convert import build_tree
-from jaxinfer.convert_sources import gguf_config, hf_config, read_gguf
+from jaxinfer.weights.convert import build_tree
+from jaxinfer.weights.sources import gguf_config, hf_config, read_gguf
 from jaxinfer.models import llama_family, registry
 from jaxinfer.models.llama import LlamaForCausalLM
 

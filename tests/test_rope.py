@@ -151,7 +151,7 @@ def test_transformers5_rope_parameters_shape():
      "high_freq_factor > low_freq_factor"),
 ])
 def test_unsupported_rope_scaling_is_refused_by_name(rs, named, tmp_path):
-    from jaxinfer.convert_sources import hf_config as convert_hf_config
+    from jaxinfer.weights.sources import hf_config as convert_hf_config
 
     with pytest.raises(ValueError, match=named):
         ModelConfig.from_dict(hf_dict(rs))
@@ -183,7 +183,7 @@ def test_logits_match_transformers(name):
 def test_llama3_checkpoint_converts_and_matches_transformers(tmp_path):
     """A Llama-3.1-style checkpoint as transformers 5 saves it goes through the converter
     and the normal loading path, then matches transformers."""
-    from jaxinfer.convert import convert
+    from jaxinfer.weights.convert import convert
 
     raw = hf_dict(LLAMA3)
     cfg = ModelConfig.from_dict(raw)

@@ -238,8 +238,8 @@ def load_model(config: EngineConfig, load_format: str = "auto", weights_dir: str
     """
     if load_format not in ("auto", "dummy"):
         raise ValueError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
-    from jaxinfer.checkpoint import load_params
-    from jaxinfer.weights import resolve_model
+    from jaxinfer.weights.checkpoint import load_params
+    from jaxinfer.weights.catalog import resolve_model
 
     path = Path(config.model_path)
     if load_format == "dummy" and path.suffix == ".json" and path.is_file():

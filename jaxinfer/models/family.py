@@ -41,7 +41,7 @@ class ModelFamily:
         ``config.json``-style dict read so far) -> the family's extra ``config.json`` keys.
       hf_layer_tensors: HF per-layer tensor name (after ``model.layers.<i>.``) -> (path in
         the stacked params tree, reshape kind ``"q"``, ``"kv"``, ``"o"``, ``"t"`` or ``"id"``;
-        see `jaxinfer.convert.build_tree`).
+        see `jaxinfer.weights.convert.build_tree`).
       gguf_tensors: GGUF whole-model tensor name -> HF name.
       gguf_layer_tensors: GGUF per-layer tensor name (``blk.<i>.<name>.weight``) -> HF name
         (without ``model.layers.<i>.`` and ``.weight``).

