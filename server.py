@@ -110,7 +110,7 @@ def check_flags(parser: argparse.ArgumentParser, args) -> None:
         engine_config(args, probe)
         specs = served_specs(args)
         for template in args.chat_template or []:
-            from jaxinfer.templates import load_chat_template
+            from jaxinfer.tokenizer.templates import load_chat_template
 
             load_chat_template(template)
     except ValueError as e:

@@ -87,7 +87,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--rows", type=int, nargs="+", default=[1, 8])
     p.add_argument("--weights", default=str(HERE.parent / "weights" / "smollm2-135m-instruct"))
     a = p.parse_args(argv)
-    from jaxinfer.tokenizer import Tokenizer
+    from jaxinfer.tokenizer.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(a.weights)
     vocab = tok.vocab_size

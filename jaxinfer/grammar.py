@@ -53,7 +53,7 @@ class GrammarEngine:
     """Compiles constraints into llguidance matchers for one tokenizer.
 
     Args:
-      tokenizer: a `jaxinfer.tokenizer.Tokenizer` (its transformers tokenizer is read).
+      tokenizer: a `jaxinfer.tokenizer.tokenizer.Tokenizer` (its transformers tokenizer is read).
       vocab_size: the model's vocabulary (logit rows), which may exceed the tokenizer's.
       eos_token_ids: the ids that end generation; the first is what a finished grammar allows.
     Raises:

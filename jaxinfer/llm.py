@@ -13,7 +13,7 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
-from jaxinfer import chat
+from jaxinfer.tokenizer import chat
 from jaxinfer.engine.builder import build_engine
 from jaxinfer.config import EngineConfig, ParallelConfig
 from jaxinfer.config.args import DEFAULT_MODEL, engine_config, llm_defaults, llm_namespace
@@ -40,9 +40,9 @@ class LLM:
       dtype: "auto" (bfloat16 on GPU/TPU and on CPUs with AVX-512 BF16 or AMX, else float32; `jaxinfer.platform.dtype.auto_dtype`, logged), "float32" or "bfloat16".
       tokenizer: a folder (or a model name under ``weights/``) to take the tokenizer and
         chat template from instead of the model's folder (or, with ``model_config``, a
-        `jaxinfer.tokenizer.Tokenizer` to use as is).
+        `jaxinfer.tokenizer.tokenizer.Tokenizer` to use as is).
       chat_template: a chat template for `chat`, replacing the tokenizer's: a file, a bundled
-        name (``"gemma3"``) or Jinja text (`jaxinfer.templates.load_chat_template`; vLLM's
+        name (``"gemma3"``) or Jinja text (`jaxinfer.tokenizer.templates.load_chat_template`; vLLM's
         ``chat_template``). Models without a template (pretrained base models such as
         ``gemma3-270m``) need one for `chat`.
       max_model_len: prompt + output limit (default min(4096, the model's context)).
@@ -97,7 +97,7 @@ class LLM:
         EngineConfig(model_path=str(model), dtype=dtype)  # a bad dtype is refused before JAX is asked
         SpeculativeConfig.from_value(speculative_config)  # and a bad speculative config
         if chat_template is not None:
-            from jaxinfer.templates import load_chat_template
+            from jaxinfer.tokenizer.templates import load_chat_template
 
             load_chat_template(chat_template)  # a bad value is refused before the weights load
         if tokenizer is not None and not isinstance(tokenizer, (str, Path)):  # a Tokenizer object (tests)

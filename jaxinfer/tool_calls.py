@@ -6,7 +6,7 @@ block per call. For a chat template with no tool support of its own (SmolLM2's r
 ``role`` and ``content``), `tools_system_text` describes the tools in the system turn,
 assistant ``tool_calls`` are rendered as those blocks, and ``tool`` results are wrapped in
 ``<tool_response>`` tags inside a ``tool`` turn. A template that takes ``tools`` itself gets
-them natively (`jaxinfer.chat`); its calls are parsed the same way.
+them natively (`jaxinfer.tokenizer.chat`); its calls are parsed the same way.
 
 ``tool_choice`` ``"required"`` or a named function is enforced by `tool_call_grammar` (a
 Lark grammar whose arguments are the function's JSON schema), so the arguments always

@@ -23,7 +23,7 @@ from jaxinfer.api.config import ServerConfig
 from jaxinfer.engine.async_engine import AsyncEngine
 from jaxinfer.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from jaxinfer.engine.llm_engine import LLMEngine
-from jaxinfer.tokenizer import Tokenizer
+from jaxinfer.tokenizer.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "test-model"

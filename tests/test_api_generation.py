@@ -221,7 +221,7 @@ def test_sc23_prompt_ids_smollm(api):
 def test_sc23_exactly_one_bos(tmp_path):
     from test_tokenizer import BOS_TEMPLATE, make_tiny_tokenizer
 
-    from jaxinfer.tokenizer import Tokenizer
+    from jaxinfer.tokenizer.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(make_tiny_tokenizer(tmp_path, True, BOS_TEMPLATE))
     bos = tok.bos_token_id
@@ -263,7 +263,7 @@ def test_sc24_generation_prompt_and_system(api):
 def test_sc24_system_merged_when_template_has_no_system_role(tmp_path, template, caplog):
     from test_tokenizer import make_tiny_tokenizer
 
-    from jaxinfer.tokenizer import Tokenizer
+    from jaxinfer.tokenizer.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(make_tiny_tokenizer(tmp_path, False, template))
     with caplog.at_level(logging.WARNING), running_app(
@@ -279,7 +279,7 @@ def test_sc24_system_merged_when_template_has_no_system_role(tmp_path, template,
 def test_sc24_startup_warning_for_template_without_generation_prompt(tmp_path, caplog):
     from test_tokenizer import NO_GEN_PROMPT_TEMPLATE, make_tiny_tokenizer
 
-    from jaxinfer.tokenizer import Tokenizer
+    from jaxinfer.tokenizer.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(make_tiny_tokenizer(tmp_path, False, NO_GEN_PROMPT_TEMPLATE))
     with caplog.at_level(logging.WARNING), running_app(

@@ -363,7 +363,7 @@ def test_chat_endpoint_against_the_api(tmp_path):
     from api_helpers import LiveServer, fake_engine, running_app, tokenizer
 
     from jaxinfer.bench import serve
-    from jaxinfer.chat import render_conversation
+    from jaxinfer.tokenizer.chat import render_conversation
 
     with running_app(fake_engine()) as (app, _), LiveServer(app) as srv:
         runs = serve.main(["--base-url", srv.url, "--model", "test-model", "--endpoint", "chat", "--num-requests", "3",

@@ -10,8 +10,8 @@ def test_host_modules_do_not_import_jax():
     assert_imports_no_jax("import jaxinfer.core.sched.scheduler, jaxinfer.core.sched.continuous, jaxinfer.core.sched.priority, "
                           "jaxinfer.core.stop, jaxinfer.engine.protocol, jaxinfer.core.kv_cache.block_manager, jaxinfer.runner.batch, "
                           "jaxinfer.layers.step_metadata, "
-                          "jaxinfer.runner.buckets, jaxinfer.core.request, jaxinfer.sampling_params, jaxinfer.tokenizer, "
-                          "jaxinfer.chat; import jaxinfer")
+                          "jaxinfer.runner.buckets, jaxinfer.core.request, jaxinfer.sampling_params, jaxinfer.tokenizer.tokenizer, "
+                          "jaxinfer.tokenizer.chat; import jaxinfer")
 
 
 def test_allocation_order_and_null_block():

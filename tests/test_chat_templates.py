@@ -12,10 +12,10 @@ import pytest
 from conftest import DATA, ROOT
 from helpers import assert_imports_no_jax
 from jaxinfer.engine.builder import apply_chat_template
-from jaxinfer.chat import render_conversation, supports_system_role
+from jaxinfer.tokenizer.chat import render_conversation, supports_system_role
 from jaxinfer.errors import RequestError
-from jaxinfer.templates import bundled_names, load_chat_template
-from jaxinfer.tokenizer import Tokenizer
+from jaxinfer.tokenizer.templates import bundled_names, load_chat_template
+from jaxinfer.tokenizer.tokenizer import Tokenizer
 from test_tokenizer import make_tiny_tokenizer
 
 GEMMA3_TEMPLATE = (DATA / "gemma3" / "chat_template.jinja").read_text()
@@ -39,7 +39,7 @@ def test_bundled_gemma3_is_the_reference_template():
 def test_bundled_templates_are_package_data():
     """Every bundled template is matched by the package-data globs (so wheels carry it)."""
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    globs = data["jaxinfer.templates"]
+    globs = data["jaxinfer.tokenizer.templates"]
     for name in bundled_names():
         assert any(Path(f"{name}.jinja").match(g) for g in globs), (name, globs)
 
@@ -87,7 +87,7 @@ def test_given_template_leaves_the_original_and_probes_its_own_system_role(bare_
     assert not supports_system_role(no_system) and supports_system_role(gemma)
     text, _ = render_conversation([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
                                   no_system)
-    assert text == "<|user|>be brief\n\nhi</s><|assistant|>"  # merged by jaxinfer.chat, not dropped
+    assert text == "<|user|>be brief\n\nhi</s><|assistant|>"  # merged by jaxinfer.tokenizer.chat, not dropped
 
 
 def test_chat_template_needs_a_tokenizer():
@@ -97,7 +97,7 @@ def test_chat_template_needs_a_tokenizer():
 
 
 def test_templates_import_no_jax():
-    assert_imports_no_jax("from jaxinfer.templates import load_chat_template\nload_chat_template('gemma3')")
+    assert_imports_no_jax("from jaxinfer.tokenizer.templates import load_chat_template\nload_chat_template('gemma3')")
 
 
 def test_llm_refuses_a_bad_chat_template_before_loading():

@@ -116,8 +116,8 @@ def test_think_times_are_seeded_and_within_their_ranges():
 
 
 def test_longest_context_bounds_the_rendered_last_prompt(smollm2_dir, codec):
-    from jaxinfer.chat import render_conversation
-    from jaxinfer.tokenizer import Tokenizer
+    from jaxinfer.tokenizer.chat import render_conversation
+    from jaxinfer.tokenizer.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(smollm2_dir)
     shape = cw.ChatShape(turns=3, system_tokens=32, user_tokens=24, answer_tokens=20)

@@ -20,7 +20,7 @@ from jaxinfer.weights.checkpoint import load_params, param_shapes, save_params
 from jaxinfer.config import ModelConfig
 from jaxinfer.weights.convert import build_tree, convert, main
 from jaxinfer.weights.sources import unpermute_qk
-from jaxinfer.tokenizer import Tokenizer
+from jaxinfer.tokenizer.tokenizer import Tokenizer
 from jaxinfer.weights.catalog import DEFAULT_GGUF_SHA256, resolve_model
 
 REPO = Path(__file__).resolve().parents[1]

@@ -44,7 +44,7 @@ def test_perplexity_matches_transformers(smollm2_dir, capsys):
     from helpers import hf_model
     from jaxinfer.weights.checkpoint import load_params
     from jaxinfer.config import ModelConfig
-    from jaxinfer.tokenizer import Tokenizer
+    from jaxinfer.tokenizer.tokenizer import Tokenizer
 
     args = ["--model", str(smollm2_dir), "--dtype", "float32", "--max-tokens", "512", "--window", "256"]
     assert main(["perplexity", *args]) == 0

@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 
 from api_helpers import MODEL, assert_error, fake_engine, running_app
 from jaxinfer.engine.builder import apply_chat_template
-from jaxinfer.chat import render_conversation
+from jaxinfer.tokenizer.chat import render_conversation
 from jaxinfer.config import ModelConfig
-from jaxinfer.tokenizer import Tokenizer
+from jaxinfer.tokenizer.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.real_model
 V = 262144  # Gemma 3's vocabulary

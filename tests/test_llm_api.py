@@ -123,7 +123,7 @@ def test_constructor_refuses_settings_that_cannot_work(kwargs):
 def test_chat_messages_are_checked_before_the_template(tmp_path):
     from test_tokenizer import BOS_TEMPLATE, make_tiny_tokenizer
 
-    from jaxinfer.tokenizer import Tokenizer
+    from jaxinfer.tokenizer.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(make_tiny_tokenizer(tmp_path, True, BOS_TEMPLATE))
     llm = LLM("tiny", max_model_len=128, max_num_seqs=4, max_num_batched_tokens=32, num_blocks=48, warmup=False,

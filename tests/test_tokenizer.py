@@ -14,7 +14,7 @@ import pytest
 
 from conftest import load_reference
 from helpers import assert_imports_no_jax
-from jaxinfer.tokenizer import IncrementalDetokenizer, Tokenizer
+from jaxinfer.tokenizer.tokenizer import IncrementalDetokenizer, Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 ORACLE = load_reference()["results"]
@@ -98,7 +98,7 @@ def reference(text: str, stop, include=False) -> str:
 
 def test_tokenizer_module_does_not_import_jax(tmp_path):
     tok_dir = make_tiny_tokenizer(tmp_path / "t", True, BOS_TEMPLATE)
-    assert_imports_no_jax("from jaxinfer.tokenizer import Tokenizer, IncrementalDetokenizer\n"
+    assert_imports_no_jax("from jaxinfer.tokenizer.tokenizer import Tokenizer, IncrementalDetokenizer\n"
                           f"t = Tokenizer.from_dir({str(tok_dir)!r})\n"
                           "ids = t.apply_chat_template([{'role': 'user', 'content': 'hi'}])\n"
                           "d = IncrementalDetokenizer(t, ids, stop=['x']); d.step(t.encode('hello', False)); d.flush()",

@@ -47,7 +47,7 @@ class ServerConfig:
       max_request_bytes: larger request bodies get 413 before they are parsed (None: no limit).
       parse_special_tokens_in_messages: map special-token strings typed inside chat message
         contents to control tokens (off: they are plain text, so a message cannot forge a
-        turn; `jaxinfer.chat`). Also applies to ``/tokenize`` with ``messages``.
+        turn; `jaxinfer.tokenizer.chat`). Also applies to ``/tokenize`` with ``messages``.
       instance_id: the ``x-jaxinfer-instance`` header every response carries (None: no header;
         ``server.py`` defaults it to ``hostname:port``).
     """

@@ -1,12 +1,12 @@
 """From a request's ``prompt`` / ``messages`` to the token ids the engine sees.
 
 Owns the prompt forms (text, texts, ids, lists of ids) and left truncation; chat
-conversations go through `jaxinfer.chat` (shared with `LLM.chat`). Contracts:
+conversations go through `jaxinfer.tokenizer.chat` (shared with `LLM.chat`). Contracts:
   * Text prompts are encoded with the tokenizer's special tokens (BOS if it adds one);
     token-id prompts are used verbatim (no BOS added or removed) (SC-07, SC-23).
   * Chat prompts are rendered, then encoded without added special tokens, so a template
     that writes BOS itself yields exactly one (SC-23). Special-token strings inside message
-    contents are plain text unless the server says otherwise (`jaxinfer.chat`); completion
+    contents are plain text unless the server says otherwise (`jaxinfer.tokenizer.chat`); completion
     prompts keep parsing them (their author writes the whole prompt).
   * A template that drops or rejects the system role gets the system text merged into the
     first user turn, never silently lost (SC-24).
@@ -20,7 +20,7 @@ import dataclasses
 import logging
 
 from jaxinfer.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
-from jaxinfer.chat import check_text, render_conversation, supports_system_role
+from jaxinfer.tokenizer.chat import check_text, render_conversation, supports_system_role
 from jaxinfer.errors import RequestError
 
 logger = logging.getLogger(__name__)
@@ -61,13 +61,13 @@ def completion_prompts(req: CompletionRequest, tokenizer) -> list[Prompt]:
 def chat_prompt(req: ChatCompletionRequest | list[ChatMessage], tokenizer, *, add_generation_prompt: bool = True,
                 continue_final_message: bool = False, tools: list[dict] | None = None,
                 parse_special: bool = False) -> Prompt:
-    """Render a conversation with the chat template and encode it (`jaxinfer.chat`).
+    """Render a conversation with the chat template and encode it (`jaxinfer.tokenizer.chat`).
 
     Args:
       tools: tool definitions offered to the model (OpenAI dicts), or None.
       parse_special: special-token strings in message contents become control tokens.
     Raises:
-      RequestError (param ``messages``): see `jaxinfer.chat.render_conversation`.
+      RequestError (param ``messages``): see `jaxinfer.tokenizer.chat.render_conversation`.
     """
     messages = req.messages if isinstance(req, ChatCompletionRequest) else req
     convo = [_message_dict(m) for m in messages]

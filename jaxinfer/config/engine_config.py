@@ -191,7 +191,7 @@ class EngineConfig:
     entry points ``server.py`` and `LLM` default to it). ``tokenizer``: a folder or a name under ``weights/`` to load the
     tokenizer and chat template from instead of the model's folder (None: the model's).
     ``chat_template``: a ``--chat-template`` value (a file, a bundled name such as ``gemma3``, or
-    Jinja text: `jaxinfer.templates.load_chat_template`) that replaces the tokenizer's template.
+    Jinja text: `jaxinfer.tokenizer.templates.load_chat_template`) that replaces the tokenizer's template.
     ``quantization``: None, or ``"int8"`` (``--quantization``): the float weights are
     quantized to int8 with group scales (64 inputs per scale) as they are loaded (`jaxinfer.layers.quantization.int8`).
     ``speculative``: speculative decoding (`jaxinfer.spec_decode.SpeculativeConfig`), None = off.

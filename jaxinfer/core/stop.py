@@ -2,7 +2,7 @@
 
 Every stop rule lives here (`check_stop`), called once per sampled token by
 `jaxinfer.core.sched.scheduler.Scheduler.update`. Stop strings are matched on the decoded text by
-the engine's incremental detokenizer (`jaxinfer.tokenizer.IncrementalDetokenizer`); the
+the engine's incremental detokenizer (`jaxinfer.tokenizer.tokenizer.IncrementalDetokenizer`); the
 scheduler asks for that match through a callback and passes it in. Plain Python; no JAX
 import.
 """

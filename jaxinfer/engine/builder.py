@@ -276,7 +276,7 @@ def load_tokenizer(path_or_name: str | Path, weights_dir: str = "weights"):
     Raises:
       ValueError: neither a folder with tokenizer files nor such a name.
     """
-    from jaxinfer.tokenizer import Tokenizer
+    from jaxinfer.tokenizer.tokenizer import Tokenizer
 
     for folder in (Path(path_or_name), Path(weights_dir) / str(path_or_name)):
         if folder.is_dir() and has_tokenizer(folder):
@@ -286,15 +286,15 @@ def load_tokenizer(path_or_name: str | Path, weights_dir: str = "weights"):
 
 
 def apply_chat_template(tokenizer, spec: str | None):
-    """``tokenizer`` with the template of a ``--chat-template`` value (`jaxinfer.templates.load_chat_template`),
-    as a new `jaxinfer.tokenizer.Tokenizer` (the given one is unchanged); ``spec`` None: ``tokenizer`` itself.
+    """``tokenizer`` with the template of a ``--chat-template`` value (`jaxinfer.tokenizer.templates.load_chat_template`),
+    as a new `jaxinfer.tokenizer.tokenizer.Tokenizer` (the given one is unchanged); ``spec`` None: ``tokenizer`` itself.
 
     Raises:
       ValueError: ``spec`` is not a file, a bundled name or template text; or the model has no tokenizer.
     """
     if spec is None:
         return tokenizer
-    from jaxinfer.templates import load_chat_template
+    from jaxinfer.tokenizer.templates import load_chat_template
 
     template = load_chat_template(spec)
     if tokenizer is None:
@@ -386,7 +386,7 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
     Args:
       params: the weights as ``jax.Array``s, on the default device (``mesh`` None) or
         placed with `jaxinfer.distributed.sharding.param_shardings` on ``mesh``.
-      tokenizer: a `jaxinfer.tokenizer.Tokenizer` or None.
+      tokenizer: a `jaxinfer.tokenizer.tokenizer.Tokenizer` or None.
       mesh: the replica's mesh (`jaxinfer.distributed.sharding.replica_meshes`), or None for one device.
       progress: ``progress(done, total)`` for the warm-up (`WarmupProgress`), or None.
       on_planned: called with the pool's block count and the runner's execution plan once

@@ -92,7 +92,7 @@ class LLMEngine:
       model_config: the model's hyperparameters.
       runner: executes `StepInputs` and returns sampler outputs (numpy).
       num_blocks: KV pool size including the null block.
-      tokenizer: optional `jaxinfer.tokenizer.Tokenizer` (text, stop strings, logprob text).
+      tokenizer: optional `jaxinfer.tokenizer.tokenizer.Tokenizer` (text, stop strings, logprob text).
       proposer_factory: ``layout -> proposer`` when ``config.speculative`` names a draft
         model (`jaxinfer.spec_decode.draft_model`; ngram builds its own).
       grammar: the `SharedGrammar` to compile constraints with (replicas share one), or

@@ -57,7 +57,7 @@ class OutputProcessor:
         """Start the incremental detokenizer of a new request (when there is a tokenizer)."""
         if self.tokenizer is None:
             return
-        from jaxinfer.tokenizer import IncrementalDetokenizer
+        from jaxinfer.tokenizer.tokenizer import IncrementalDetokenizer
 
         p = req.params
         self.detokenizers[req.request_id] = IncrementalDetokenizer(

@@ -55,7 +55,7 @@ class SharedGrammar:
     compiled for one is in the cache of all.
 
     Args:
-      tokenizer: a `jaxinfer.tokenizer.Tokenizer`, or None (then `get` raises).
+      tokenizer: a `jaxinfer.tokenizer.tokenizer.Tokenizer`, or None (then `get` raises).
       vocab_size: the model's logit rows. eos_token_ids: the ids that end generation.
     """
 
@@ -103,7 +103,7 @@ class Engine(Protocol):
 
     Attributes:
       config, model_config: its configuration and model hyperparameters.
-      tokenizer: a `jaxinfer.tokenizer.Tokenizer`, or None.
+      tokenizer: a `jaxinfer.tokenizer.tokenizer.Tokenizer`, or None.
     """
 
     config: EngineConfig

@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 def bundled_names() -> list[str]:
-    """Names of the bundled templates (file stems of ``jaxinfer/templates/*.jinja``), sorted."""
+    """Names of the bundled templates (file stems of ``jaxinfer/tokenizer/templates/*.jinja``), sorted."""
     return sorted(p.name.removesuffix(".jinja") for p in resources.files(__name__).iterdir()
                   if p.name.endswith(".jinja"))
 

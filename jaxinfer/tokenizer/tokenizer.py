@@ -89,7 +89,7 @@ class Tokenizer:
 
     def with_chat_template(self, template: str) -> "Tokenizer":
         """A tokenizer like this one whose chat template is ``template`` (Jinja text, e.g. from
-        `jaxinfer.templates.load_chat_template`), replacing its own if any (vLLM's
+        `jaxinfer.tokenizer.templates.load_chat_template`), replacing its own if any (vLLM's
         ``--chat-template``). This one is left unchanged; the vocabulary is shared, not copied.
 
         Raises:

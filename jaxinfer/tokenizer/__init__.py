@@ -1,0 +1,1 @@
+"""jaxinfer.tokenizer.tokenizer: see docs/architecture.md."""
