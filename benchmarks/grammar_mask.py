@@ -39,8 +39,8 @@ def _stats(samples: list[float]) -> dict:
 
 
 def bench_llguidance(tok, vocab: int, rows: int, ids: list[int]) -> dict:
-    from jaxinfer.grammar import GrammarEngine
-    from jaxinfer.structured_outputs import StructuredOutputsParams
+    from jaxinfer.structured_outputs.grammar import GrammarEngine
+    from jaxinfer.structured_outputs.params import StructuredOutputsParams
 
     g = GrammarEngine(tok, vocab, {tok.eos_token_id})
     c = StructuredOutputsParams(json=SCHEMA)

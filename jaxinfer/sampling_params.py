@@ -12,7 +12,7 @@ import numbers
 from typing import Mapping
 
 from jaxinfer.errors import RequestError
-from jaxinfer.structured_outputs import StructuredOutputsParams
+from jaxinfer.structured_outputs.params import StructuredOutputsParams
 
 
 MAX_STOP_STRINGS = 64
@@ -59,7 +59,7 @@ class SamplingParams:
       priority: scheduling priority, lower is served first (vLLM's convention); only
         ``--scheduling-policy priority`` uses it. Any integer; default 0.
       structured_outputs: a constraint the output must match (JSON schema, regex, choice,
-        grammar; `jaxinfer.structured_outputs.StructuredOutputsParams` or its dict form),
+        grammar; `jaxinfer.structured_outputs.params.StructuredOutputsParams` or its dict form),
         enforced by a token mask in the sampler; None = unconstrained.
     """
 

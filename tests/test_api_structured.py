@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api_helpers import MODEL, assert_error, fake_engine, running_app, tokenizer
-from jaxinfer import tool_calls
+from jaxinfer.structured_outputs import tool_calls
 
 C = 256
 MSGS = [{"role": "user", "content": "hi"}]

@@ -138,7 +138,7 @@ DEFS_TOOLS = [
 def test_enforced_tool_call_resolves_the_parameters_own_refs(llm, name):
     """A function's parameters may use ``$defs`` / ``#`` references: they resolve inside the
     call grammar, and the arguments validate against the function's own schema."""
-    from jaxinfer import tool_calls
+    from jaxinfer.structured_outputs import tool_calls
 
     schema = next(t for t in DEFS_TOOLS if t["function"]["name"] == name)["function"]["parameters"]
     p = SamplingParams(temperature=1.0, max_tokens=120,
@@ -154,7 +154,7 @@ def test_enforced_tool_call_resolves_the_parameters_own_refs(llm, name):
 def test_single_call_grammar_allows_exactly_one_call(llm):
     """``parallel_tool_calls: false`` with ``tool_choice: required``: one call of any tool, then
     the grammar admits only the end."""
-    from jaxinfer import tool_calls
+    from jaxinfer.structured_outputs import tool_calls
 
     p = SamplingParams(temperature=1.0, max_tokens=120,
                        structured_outputs={"grammar": tool_calls.tool_call_grammar(DEFS_TOOLS, single=True)})

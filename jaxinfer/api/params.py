@@ -9,15 +9,15 @@ k alternatives; ``top_logprobs`` without ``logprobs: true`` is a 400.
 Structured outputs come from at most one of ``response_format`` (``json_object`` /
 ``json_schema``), vLLM's ``structured_outputs``, and (chat) ``tool_choice`` ``"required"``
 or a named function, which constrain the answer to tool-call blocks
-(`jaxinfer.tool_calls.tool_call_grammar`). Errors in them name the field the client sent.
+(`jaxinfer.structured_outputs.tool_calls.tool_call_grammar`). Errors in them name the field the client sent.
 """
 from __future__ import annotations
 
-from jaxinfer import tool_calls
+from jaxinfer.structured_outputs import tool_calls
 from jaxinfer.api.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
 from jaxinfer.errors import RequestError
 from jaxinfer.sampling_params import SamplingParams
-from jaxinfer.structured_outputs import StructuredOutputsParams
+from jaxinfer.structured_outputs.params import StructuredOutputsParams
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 

@@ -7,7 +7,7 @@ gained since the last chunk: text difference, its tokens' logprobs, finish reaso
 shrinks, so streamed text concatenated equals the non-streamed text (SC-10).
 
 A chat request with tools (``tool_choice`` not ``none``) has its answer parsed for
-tool-call blocks (`jaxinfer.tool_calls`): calls become ``message.tool_calls`` with
+tool-call blocks (`jaxinfer.structured_outputs.tool_calls`): calls become ``message.tool_calls`` with
 ``finish_reason: "tool_calls"``. Streamed, an answer that starts as a call block is held
 back until it ends, then sent as one ``delta.tool_calls`` chunk (each call's id, name and
 whole arguments) with the finish reason; any other answer streams as text.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxinfer import tool_calls
+from jaxinfer.structured_outputs import tool_calls
 from jaxinfer.api import logprobs as lp
 from jaxinfer.api import protocol as P
 from jaxinfer.outputs import RequestOutput

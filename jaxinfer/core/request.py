@@ -48,7 +48,7 @@ class Request:
       arrival_time, deadline: ``time.monotonic()`` seconds; deadline None = none.
       max_queue_wait_deadline: monotonic time after which a still-waiting request is
         rejected (None = wait forever).
-      matcher: the grammar state of a structured-output request (`jaxinfer.grammar`), or None.
+      matcher: the grammar state of a structured-output request (`jaxinfer.structured_outputs.grammar`), or None.
       prompt_logprobs: with ``params.prompt_logprobs``, one item per prompt position
         recorded so far: None for position 0, then ``{token_id: Logprob}``.
       draft_token_ids: speculative draft tokens verified in the current step (set by

@@ -69,7 +69,7 @@ def check_prompt(ids: list[int], params: SamplingParams, *, vocab_size: int, con
       vocab_size: the model's vocabulary size V (ids must lie in [0, V)).
       config: the engine configuration (``max_model_len``, logit-bias and logprobs limits).
       block_manager: the KV pool (its usable blocks bound prompt + max_tokens).
-      grammar_engine: returns the `jaxinfer.grammar.GrammarEngine`; a structured-output
+      grammar_engine: returns the `jaxinfer.structured_outputs.grammar.GrammarEngine`; a structured-output
         request compiles its grammar here (then cached), so a bad grammar is refused at entry.
     Raises:
       RequestError: empty prompt, ids outside the vocabulary, prompt or prompt + max_tokens

@@ -13,7 +13,7 @@ Lifecycle of a request:
      tokens, stop rules, incremental detokenization and stop strings, logprobs; prompt logprobs
      of the prompt positions the step computed, `jaxinfer.core.prompt_logprobs`). A step with structured-output
      rows also has a **mask** phase between pack and call: the grammar engine
-     (`jaxinfer.grammar`) fills those rows' token bitmask, and update advances their
+     (`jaxinfer.structured_outputs.grammar`) fills those rows' token bitmask, and update advances their
      matchers (a matcher whose grammar is complete finishes its request with ``stop``).
   4. A finished request (stop, length, abort, timeout, rejected) frees its blocks in the
      step it ends and is reported once with ``finished=True``.
@@ -225,7 +225,7 @@ class LLMEngine:
         self.scheduler.add_request(req)
 
     def grammar_engine(self):
-        """The `jaxinfer.grammar.GrammarEngine` of this model (made once, on first use; thread-safe).
+        """The `jaxinfer.structured_outputs.grammar.GrammarEngine` of this model (made once, on first use; thread-safe).
 
         Raises:
           RequestError: the engine has no tokenizer (structured outputs need one).

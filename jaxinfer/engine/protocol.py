@@ -7,7 +7,7 @@ data-parallel replicas) and `Engine`, a `typing.Protocol` that
 `jaxinfer.engine.llm_engine.LLMEngine` (one replica) and `jaxinfer.engine.dp_router.DataParallelRouter`
 (several) both implement in full: nothing reads an engine's internals (scheduler,
 runner, stats) through it, and the gauges and counters come from one `snapshot`.
-Plain Python; no JAX import (`jaxinfer.grammar` is imported on first use).
+Plain Python; no JAX import (`jaxinfer.structured_outputs.grammar` is imported on first use).
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ class RequestSpec:
 
 
 class SharedGrammar:
-    """One `jaxinfer.grammar.GrammarEngine` for a tokenizer, made on first use (thread-safe).
+    """One `jaxinfer.structured_outputs.grammar.GrammarEngine` for a tokenizer, made on first use (thread-safe).
     Data-parallel replicas hold one (same tokenizer, vocabulary and EOS ids), so a constraint
     compiled for one is in the cache of all.
 
@@ -72,7 +72,7 @@ class SharedGrammar:
                     if self._args[0] is None:
                         raise RequestError("structured outputs need the model's tokenizer",
                                            param="structured_outputs")
-                    from jaxinfer.grammar import GrammarEngine
+                    from jaxinfer.structured_outputs.grammar import GrammarEngine
 
                     self._engine = GrammarEngine(*self._args)
         return self._engine
@@ -140,7 +140,7 @@ class Engine(Protocol):
         """Compile every shape ahead of time; returns seconds spent."""
 
     def grammar_engine(self):
-        """The `jaxinfer.grammar.GrammarEngine` that compiles this engine's structured-output
+        """The `jaxinfer.structured_outputs.grammar.GrammarEngine` that compiles this engine's structured-output
         constraints (made once, on first use; thread-safe, so a front end may compile a
         request's constraint in its own thread before `add_requests`, and the engine thread
         then finds it in the grammar cache).

@@ -45,7 +45,7 @@ class StepInputs:
         likewise sends penalty state only for the requests that need it), the
         structured-output bitmask only in steps where some row has a grammar matcher
         (``req.matcher``; all ones here, the engine fills the constrained rows with
-        `jaxinfer.grammar.GrammarEngine.fill_bitmask`)
+        `jaxinfer.structured_outputs.grammar.GrammarEngine.fill_bitmask`)
         (`jaxinfer.layers.step_metadata.SamplingMetadata`), the sampler's only other input.
       prompt_targets: [T] int32 the prompt token each packed token's logits score (-1 for
         none), only in steps where a row needs prompt logprobs

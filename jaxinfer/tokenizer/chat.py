@@ -3,7 +3,7 @@
 Owns the chat roles (``developer`` is ``system``; ``tool`` results), text-part flattening,
 the Unicode check, system messages for templates without a system role (merged into the
 first user turn, never silently lost: serving case SC-24), tools and tool calls for
-templates without tool support (`jaxinfer.tool_calls`), and the template call. A
+templates without tool support (`jaxinfer.structured_outputs.tool_calls`), and the template call. A
 conversation is rendered once and encoded without added special tokens, so a template
 that writes BOS itself yields exactly one (SC-23; also how transformers tokenizes chats).
 
@@ -19,7 +19,7 @@ import functools
 import json
 import re
 
-from jaxinfer import tool_calls
+from jaxinfer.structured_outputs import tool_calls
 from jaxinfer.errors import RequestError
 
 SYSTEM_PROBE = "jaxinfer-system-probe-7f3a"

@@ -4,7 +4,7 @@ Owns the constraint kinds and their translation to one llguidance grammar string
 ``json`` (a JSON schema, or ``True`` / ``json_object`` for any JSON object), ``regex``,
 ``choice`` (one of a list of strings), ``grammar`` (Lark, as llguidance reads it; EBNF in
 GBNF form is converted). Exactly one kind per request. Plain Python: the grammar engine
-(`jaxinfer.grammar`) compiles the string; invalid constraints are `RequestError` naming
+(`jaxinfer.structured_outputs.grammar`) compiles the string; invalid constraints are `RequestError` naming
 ``structured_outputs`` (or the alias the API passes).
 
 Reference: vLLM ``StructuredOutputsParams``; llguidance's grammar formats

@@ -37,7 +37,7 @@ import threading
 import numpy as np
 
 from jaxinfer.errors import RequestError
-from jaxinfer.structured_outputs import StructuredOutputsParams
+from jaxinfer.structured_outputs.params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 

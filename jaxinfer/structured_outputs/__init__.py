@@ -1,0 +1,1 @@
+"""jaxinfer.structured_outputs.params: see docs/architecture.md."""
