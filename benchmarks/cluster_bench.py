@@ -8,7 +8,7 @@ and a KV pool of about ``--cache-sessions`` sessions per instance; ``travel6``, 
 configuration measured) with any shape flag on top. With consistent hashing on
 ``X-Session-Id`` each turn lands on the instance that served the previous one, whose prefix
 cache holds the history; with round robin it usually does not. For each routing mode the
-script starts a fresh cluster (`jaxinfer.cluster.Cluster`: ``--instances`` servers with prefix
+script starts a fresh cluster (`jaxinfer.cluster.launcher.Cluster`: ``--instances`` servers with prefix
 caching on, HAProxy in front) and measures:
 
 * prefix-cache hit rate, token-weighted: the increase of ``jaxinfer_prefix_cache_hits_total``
@@ -51,7 +51,7 @@ from machine_info import device_label  # noqa: E402
 
 from jaxinfer.bench import chat_workload as cw  # noqa: E402
 from jaxinfer.bench import metadata  # noqa: E402
-from jaxinfer.cluster import Cluster  # noqa: E402
+from jaxinfer.cluster.launcher import Cluster  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BLOCK_SIZE = 16  # server.py's --block-size default

@@ -9,7 +9,7 @@ import pytest
 
 from api_helpers import REPO
 from helpers import tiny_config
-from jaxinfer import haproxy_runtime
+from jaxinfer.cluster import haproxy_runtime
 
 
 def haproxy_or_skip() -> None:

@@ -24,8 +24,8 @@ import pytest
 
 from api_helpers import REPO, free_port, wait_until
 from cluster_helpers import haproxy_or_skip, server_env, tiny_server_args
-from jaxinfer.cluster import Cluster
-from jaxinfer.haproxy_config import HealthCheck
+from jaxinfer.cluster.launcher import Cluster
+from jaxinfer.cluster.haproxy_config import HealthCheck
 
 pytestmark = pytest.mark.slow  # eight server starts, three of them one after another: 2-4 min on 2 busy cores
 
@@ -173,7 +173,7 @@ def test_cli_prints_where_things_listen_restarts_and_stops_cleanly(tmp_path, smo
     haproxy_or_skip()
     port = free_port()
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "jaxinfer.cluster", "--instances", "1", "--port", str(port), "--base-port",
+    cmd = [sys.executable, "-m", "jaxinfer.cluster.launcher", "--instances", "1", "--port", str(port), "--base-port",
            str(free_port()), "--run-dir", str(run), *tiny_server_args(tmp_path)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=server_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -187,7 +187,7 @@ def test_cli_prints_where_things_listen_restarts_and_stops_cleanly(tmp_path, smo
         r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
                        json={"model": "tiny", "prompt": "hi", "max_tokens": 1})
         assert r.status_code == 200 and port_of(r.headers["x-jaxinfer-instance"]) == int(old["url"].rsplit(":", 1)[1])
-        restart = subprocess.run([sys.executable, "-m", "jaxinfer.cluster", "--rolling-restart", "--port", str(port),
+        restart = subprocess.run([sys.executable, "-m", "jaxinfer.cluster.launcher", "--rolling-restart", "--port", str(port),
                                   "--run-dir", str(run), "--timeout", "240"], cwd=REPO, capture_output=True,
                                  text=True, timeout=260)
         assert restart.returncode == 0, restart.stdout + restart.stderr

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from jaxinfer import cluster, cluster_cli
+from jaxinfer.cluster import launcher as cluster
+from jaxinfer.cluster import cli as cluster_cli
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from api_helpers import REPO, model_config
-from jaxinfer import cluster_cli, plan
+from jaxinfer import plan
+from jaxinfer.cluster import cli as cluster_cli
 from jaxinfer.config import args as engine_args
 from jaxinfer.config import QUANTIZATIONS, EngineConfig
 from jaxinfer.config.args import DEFAULT_MODEL, FLAGS, add_engine_args, engine_config, flag, llm_defaults

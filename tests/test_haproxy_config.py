@@ -1,4 +1,4 @@
-"""`jaxinfer.haproxy_config` and `jaxinfer.haproxy_runtime` without any server: the committed
+"""`jaxinfer.cluster.haproxy_config` and `jaxinfer.cluster.haproxy_runtime` without any server: the committed
 ``deploy/haproxy.cfg`` is the renderer's output, HAProxy itself accepts what is rendered, and a
 missing HAProxy that cannot be installed is a clear error, and HAProxy hands each event of a
 stream on at once (against a few-line upstream). Routing behaviour is tested against real
@@ -18,8 +18,8 @@ import time
 import pytest
 
 from api_helpers import REPO, free_port
-from jaxinfer import haproxy_config as hc
-from jaxinfer import haproxy_runtime as hx
+from jaxinfer.cluster import haproxy_config as hc
+from jaxinfer.cluster import haproxy_runtime as hx
 
 THREE = ["127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"]
 

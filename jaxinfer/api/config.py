@@ -41,7 +41,7 @@ class ServerConfig:
         request on it loses that request (HAProxy drops the client's connection unanswered
         and leaves the retry to the client). With uvicorn's default 5 s behind HAProxy reusing
         connections, one of six cluster benchmark runs lost a request that way; the rendered
-        HAProxy config now opens a connection per request (`jaxinfer.haproxy_config`).
+        HAProxy config now opens a connection per request (`jaxinfer.cluster.haproxy_config`).
       retry_after: the least ``Retry-After`` (seconds) on 429; the engine suggests more when
         its measured admission rate says the queue needs longer (`jaxinfer.engine.drain_rate`).
       max_request_bytes: larger request bodies get 413 before they are parsed (None: no limit).

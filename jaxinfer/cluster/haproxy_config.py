@@ -106,7 +106,7 @@ def render_config(upstreams: list[Upstream], *, bind: str = "127.0.0.1:8000", ba
 
 
 def _global(admin_socket: str | None) -> str:
-    lines = ["# jaxinfer behind HAProxy (rendered by jaxinfer.haproxy_config; docs/deploy.md explains it)",
+    lines = ["# jaxinfer behind HAProxy (rendered by jaxinfer.cluster.haproxy_config; docs/deploy.md explains it)",
              "global",
              "    maxconn 4096",
              f"    tune.bufsize {BUFSIZE}  # the part of a request body the `user` lookup can see"]
@@ -178,11 +178,11 @@ def _stats(stats_bind: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m jaxinfer.haproxy_config HOST:PORT... [--bind ...]``: print a configuration for
+    """``python -m jaxinfer.cluster.haproxy_config HOST:PORT... [--bind ...]``: print a configuration for
     servers anywhere (docs/deploy.md). Server names are ``inst1``, ``inst2``... in order."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m jaxinfer.haproxy_config", description=main.__doc__.split("(")[0],
+    p = argparse.ArgumentParser(prog="python -m jaxinfer.cluster.haproxy_config", description=main.__doc__.split("(")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("servers", nargs="+", metavar="HOST:PORT", help="the jaxinfer servers, in order")
     p.add_argument("--bind", default="127.0.0.1:8000", help="where HAProxy listens")

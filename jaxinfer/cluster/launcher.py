@@ -3,9 +3,9 @@
 Owns the single-machine cluster: it starts N ``server.py`` processes on loopback ports
 (``--base-port``, then +1, ...), waits until each is warm (``GET /health`` 200), then starts
 HAProxy in front of them on ``--host:--port`` (127.0.0.1:8000) with the configuration of
-`jaxinfer.haproxy_config` (consistent hashing on ``X-Session-Id`` / the ``user`` field / the
+`jaxinfer.cluster.haproxy_config` (consistent hashing on ``X-Session-Id`` / the ``user`` field / the
 client address, active checks on ``/health``). It prints where everything listens and
-writes its state under ``--run-dir``; its command line is `jaxinfer.cluster_cli`. Ctrl+C or
+writes its state under ``--run-dir``; its command line is `jaxinfer.cluster.cli`. Ctrl+C or
 SIGTERM stops it all cleanly: HAProxy stops
 accepting and finishes its open connections, the servers drain their in-flight requests.
 
@@ -38,10 +38,10 @@ from typing import Callable
 
 import httpx
 
-from jaxinfer import haproxy_runtime as hx
-from jaxinfer.haproxy_config import BACKEND, BALANCES, HealthCheck, Upstream, render_config
+from jaxinfer.cluster import haproxy_runtime as hx
+from jaxinfer.cluster.haproxy_config import BACKEND, BALANCES, HealthCheck, Upstream, render_config
 
-SERVER_SCRIPT = Path(__file__).resolve().parents[1] / "server.py"
+SERVER_SCRIPT = Path(__file__).resolve().parents[2] / "server.py"
 OWN_SERVER_FLAGS = ("--host", "--port", "--instance-id")  # the launcher sets these per instance
 MAX_SOCKET_PATH = 97  # HAProxy 2.6 refuses a longer ``stats socket`` path ("too long (max 97)")
 
@@ -163,7 +163,7 @@ class Cluster:
           ClusterError: the balancer's (or stats) address is taken, an instance exited or stayed
             unready past ``ready_timeout`` (its log's last lines are in the message), or HAProxy
             did not come up.
-          jaxinfer.haproxy_runtime.HAProxyError: HAProxy missing and not installable.
+          jaxinfer.cluster.haproxy_runtime.HAProxyError: HAProxy missing and not installable.
         """
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.state_path.unlink(missing_ok=True)  # a stale one would point --rolling-restart at a dead pid
@@ -269,7 +269,7 @@ class Cluster:
         raise ClusterError(f"haproxy did not see {sorted(names)} up within {timeout:g} s")
 
     def server_stats(self) -> dict[str, dict[str, str]]:
-        """HAProxy's ``show stat`` rows of the instances, by name (`jaxinfer.haproxy_runtime.server_stats`)."""
+        """HAProxy's ``show stat`` rows of the instances, by name (`jaxinfer.cluster.haproxy_runtime.server_stats`)."""
         return hx.server_stats(self.admin_socket, BACKEND)
 
     # ----- changes while running -------------------------------------------------------------
@@ -398,7 +398,7 @@ def _tail(path: Path, lines: int = 15) -> str:
 # ----- command line ---------------------------------------------------------------------------
 
 
-if __name__ == "__main__":  # the command line lives in jaxinfer.cluster_cli
-    from jaxinfer.cluster_cli import main
+if __name__ == "__main__":  # the command line lives in jaxinfer.cluster.cli
+    from jaxinfer.cluster.cli import main
 
     sys.exit(main())

@@ -1,10 +1,10 @@
-"""The command line of `jaxinfer.cluster`: ``python -m jaxinfer.cluster --instances N [server flags]``.
+"""The command line of `jaxinfer.cluster.launcher`: ``python -m jaxinfer.cluster --instances N [server flags]``.
 
 Owns the flags (the launcher's own; every other one is checked with ``server.py``'s parser,
 built from `jaxinfer.config.args.FLAGS`, and passed to each instance), the foreground loop that watches the children and runs a
 rolling restart on SIGHUP, and ``--rolling-restart``, which signals a running launcher (found
 through its ``state.json``) and waits until it reports the restart done. The processes
-themselves are `jaxinfer.cluster.Cluster`'s.
+themselves are `jaxinfer.cluster.launcher.Cluster`'s.
 """
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ import threading
 import time
 from pathlib import Path
 
-from jaxinfer import haproxy_runtime as hx
-from jaxinfer.cluster import SERVER_SCRIPT, Cluster, ClusterError, default_run_dir
+from jaxinfer.cluster import haproxy_runtime as hx
+from jaxinfer.cluster.launcher import SERVER_SCRIPT, Cluster, ClusterError, default_run_dir
 from jaxinfer.config.args import HelpFormatter, flag
-from jaxinfer.haproxy_config import BALANCES
+from jaxinfer.cluster.haproxy_config import BALANCES
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""The HAProxy binary and its runtime API, as the cluster launcher (`jaxinfer.cluster`) uses them.
+"""The HAProxy binary and its runtime API, as the cluster launcher (`jaxinfer.cluster.launcher`) uses them.
 
 Owns: finding ``haproxy`` (and installing it with the system package manager when it is
 missing), checking a configuration file, and the admin socket's commands (``set server

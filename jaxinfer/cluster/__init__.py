@@ -1,0 +1,1 @@
+"""jaxinfer.cluster.launcher: see docs/architecture.md."""
