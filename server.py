@@ -6,14 +6,14 @@ that is done. SIGTERM drains: new requests get 503 + Retry-After (the listener s
 until the drain ends), in-flight ones get ``--shutdown-timeout`` seconds to finish, then the
 process exits (status 0); the log says how many were in flight and how the drain ended. An
 engine step that raises fails every request in flight and ends the process with status 1
-within 5 s (`jaxinfer.api.engine_death`; docs/api.md's fault policy). Start-up logs one line of
+within 5 s (`jaxinfer.entrypoints.openai.engine_death`; docs/api.md's fault policy). Start-up logs one line of
 effective settings and the warm-up's progress.
 Flags map one-to-one onto `EngineConfig` / `CacheConfig` / `SchedulerConfig` / `ServerConfig`;
 the engine's are declared once, in `jaxinfer.config.args` (shared with `LLM` and the planner).
 Binds 127.0.0.1 unless ``--host`` says otherwise. ``--model`` may be repeated: one engine
-(one KV pool) per model, with the KV budget split between them (`jaxinfer.served_models`);
+(one KV pool) per model, with the KV budget split between them (`jaxinfer.entrypoints.served_models`);
 ``--fallback-model`` and ``--degrade-ttft-slo`` turn on graceful degradation
-(`jaxinfer.api.degrade`).
+(`jaxinfer.entrypoints.openai.degrade`).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import socket
 import threading
 import types
 
-from jaxinfer.api.lifecycle import listen_socket, serve, uvicorn_config  # noqa: F401 - part of this script's API
+from jaxinfer.entrypoints.openai.lifecycle import listen_socket, serve, uvicorn_config  # noqa: F401 - part of this script's API
 from jaxinfer.config.args import DEFAULT_MODEL, HelpFormatter, add_engine_args, engine_config, parallel_config
 from jaxinfer.config.args import parse_bytes  # noqa: F401 - part of this script's API
 
@@ -42,13 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def served_specs(args):
-    """The `jaxinfer.served_models.ModelSpec` of each model the flags name, before the KV split.
+    """The `jaxinfer.entrypoints.served_models.ModelSpec` of each model the flags name, before the KV split.
 
     Raises:
       ValueError: more names than models, duplicate served names, or degradation flags
         given without each other.
     """
-    from jaxinfer.served_models import model_specs
+    from jaxinfer.entrypoints.served_models import model_specs
 
     if (args.fallback_model is None) != (args.degrade_ttft_slo is None):
         raise ValueError("--fallback-model and --degrade-ttft-slo go together (give both or neither)")
@@ -66,7 +66,7 @@ def model_args(args, spec) -> argparse.Namespace:
 
 
 def server_config(args):
-    from jaxinfer.api.config import ServerConfig
+    from jaxinfer.entrypoints.openai.config import ServerConfig
 
     name = served_specs(args)[0].name
     instance_id = f"{socket.gethostname()}:{args.port}" if args.instance_id is None else args.instance_id
@@ -156,7 +156,7 @@ def kv_split(args):
     """Each model's `ModelSpec` with its share of the KV budget (logged when there are several)."""
     from jaxinfer.engine.builder import cpu_default_kv_bytes
     from jaxinfer.config import DEFAULT_GPU_MEMORY_UTILIZATION
-    from jaxinfer.served_models import describe_split, split_kv_budget
+    from jaxinfer.entrypoints.served_models import describe_split, split_kv_budget
 
     specs = served_specs(args)
     # on a CPU the default budget is shared by the engine's CPU devices (jaxinfer.engine.builder.kv_pool_budget)
@@ -183,8 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_libraries(args.log_level)
     check_models(parser, args)
-    from jaxinfer.api.app import create_app
-    from jaxinfer.api.model_registry import ModelRegistry, ServedModel
+    from jaxinfer.entrypoints.openai.app import create_app
+    from jaxinfer.entrypoints.openai.model_registry import ModelRegistry, ServedModel
     from jaxinfer.engine.async_engine import AsyncEngine
 
     from jaxinfer.distributed import multihost as distributed

@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import jax
 
-    from jaxinfer.plan import load_config
+    from jaxinfer.entrypoints.plan import load_config
     from jaxinfer.models.params import init_params
 
     model_config = load_config(args.config, args.layers or None)

@@ -11,7 +11,7 @@ engine (`jaxinfer.LLM`):
     from the file, so the comparison is engine against engine);
   * ``decode_tok_s_1`` / ``decode_tok_s_32``: decode-only throughput at 1 and 32 sequences
     (`benchmarks/offline_throughput.decode_only`);
-  * ``perplexity``: `jaxinfer.eval.perplexity` through the same engine (GPL-3's first
+  * ``perplexity``: `jaxinfer.entrypoints.eval.perplexity` through the same engine (GPL-3's first
     ``--ppl-tokens`` tokens in 1024-token windows; 8192 as ``python -m jaxinfer.eval``);
   * ``serving``: 32 clients x 512 in / 256 out against ``server.py`` with the same flags
     (`benchmarks/compare.py`'s ``fixed`` scenario, ``--serving-requests`` requests), for the
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from jaxinfer import LLM, SamplingParams  # noqa: E402
 from jaxinfer.engine.builder import kv_bytes_per_block, plan_num_blocks  # noqa: E402
 from jaxinfer.config import CacheConfig  # noqa: E402
-from jaxinfer.eval import perplexity  # noqa: E402
+from jaxinfer.entrypoints.eval import perplexity  # noqa: E402
 
 CONFIGS = {  # name: (dtype, quantization, kv_cache_dtype)
     "f32": ("float32", None, "auto"),
@@ -50,7 +50,7 @@ CONFIGS = {  # name: (dtype, quantization, kv_cache_dtype)
     "int8-both": ("float32", "int8", "int8"),
 }
 AGREE_TOKENS = 16
-PPL_WINDOW = 1024  # perplexity window (tokens), as `jaxinfer.eval`'s default
+PPL_WINDOW = 1024  # perplexity window (tokens), as `jaxinfer.entrypoints.eval`'s default
 
 
 def _sibling(name: str):

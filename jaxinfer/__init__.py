@@ -11,7 +11,7 @@ __all__ = ["LLM", "SamplingParams"]
 
 def __getattr__(name):
     if name == "LLM":  # lazy: importing jaxinfer must not pull in JAX for host-side users
-        from jaxinfer.llm import LLM
+        from jaxinfer.entrypoints.llm import LLM
 
         return LLM
     raise AttributeError(name)

@@ -6,7 +6,7 @@ offending ``param``); `QueueFullError` is overload (HTTP 429 with Retry-After).
 A request whose prompt (or prompt + ``max_tokens``) cannot fit in the context the server
 holds (``max_model_len``, or the whole KV pool when smaller) carries
 ``code = CONTEXT_LENGTH_EXCEEDED``, OpenAI's code for it, and a message naming
-`SHORTEN_HINT`'s remedies, offline (`jaxinfer.llm.LLM`) and over HTTP alike.
+`SHORTEN_HINT`'s remedies, offline (`jaxinfer.entrypoints.llm.LLM`) and over HTTP alike.
 """
 from __future__ import annotations
 

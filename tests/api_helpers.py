@@ -18,8 +18,8 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from fakes import FakeRunner
-from jaxinfer.api.app import create_app
-from jaxinfer.api.config import ServerConfig
+from jaxinfer.entrypoints.openai.app import create_app
+from jaxinfer.entrypoints.openai.config import ServerConfig
 from jaxinfer.engine.async_engine import AsyncEngine
 from jaxinfer.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from jaxinfer.engine.llm_engine import LLMEngine

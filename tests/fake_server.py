@@ -14,7 +14,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import server  # noqa: E402
 from api_helpers import fake_engine, server_config  # noqa: E402
-from jaxinfer.api.app import create_app  # noqa: E402
+from jaxinfer.entrypoints.openai.app import create_app  # noqa: E402
 from jaxinfer.engine.async_engine import AsyncEngine  # noqa: E402
 from jaxinfer.engine.dp_router import DataParallelRouter  # noqa: E402
 

@@ -142,7 +142,7 @@ def test_text_offsets_count_characters_not_token_pieces():
     """A token holding part of a character (byte-level BPE splits an emoji) adds no character:
     each offset is the length of the text the tokens before it complete, never past the text,
     and a stream's chunks (one `TextOffsets` carried across them) give the same offsets."""
-    from jaxinfer.api import logprobs as lp
+    from jaxinfer.entrypoints.openai import logprobs as lp
     from jaxinfer.outputs import Logprob
 
     tok = tokenizer()

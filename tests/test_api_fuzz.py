@@ -11,7 +11,7 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 from api_helpers import fake_engine, server_config  # noqa: E402
-from jaxinfer.api.app import create_app  # noqa: E402
+from jaxinfer.entrypoints.openai.app import create_app  # noqa: E402
 from jaxinfer.engine.async_engine import AsyncEngine  # noqa: E402
 
 ASYNC_ENGINE = AsyncEngine(lambda: fake_engine(max_model_len=128, num_blocks=129, max_queue_len=16))

@@ -24,7 +24,7 @@ import pytest
 from api_helpers import (REPO, LiveServer, assert_error, expected_ids, fake_engine, free_port, parse_metrics,
                          server_config, sse_events, tokenizer, wait_until)
 from fakes import FakeRunner
-from jaxinfer.api.app import create_app
+from jaxinfer.entrypoints.openai.app import create_app
 from jaxinfer.engine.async_engine import AsyncEngine
 
 

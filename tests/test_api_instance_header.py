@@ -1,4 +1,4 @@
-"""``x-jaxinfer-instance`` (`jaxinfer.api.instance_header`): every response of a server names
+"""``x-jaxinfer-instance`` (`jaxinfer.entrypoints.openai.instance_header`): every response of a server names
 its instance (``--instance-id``, default ``hostname:port``), whatever answered it."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from api_helpers import REPO, LiveServer, fake_engine, server_config, wait_until
-from jaxinfer.api.app import create_app
+from jaxinfer.entrypoints.openai.app import create_app
 from jaxinfer.engine.async_engine import AsyncEngine
 
 sys.path.insert(0, str(REPO))

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from api_helpers import LiveServer, fake_engine, server_config
-from jaxinfer.api.app import create_app
+from jaxinfer.entrypoints.openai.app import create_app
 from jaxinfer.engine.async_engine import AsyncEngine
 
 

@@ -21,9 +21,9 @@ from api_helpers import V, assert_error, client, expected_ids, fake_engine, serv
 from fakes import FakeRunner
 from helpers import tiny_config
 from jaxinfer import LLM
-from jaxinfer.api.app import create_app
-from jaxinfer.api.degrade import SERVED_BY_HEADER
-from jaxinfer.api.model_registry import ModelRegistry, ServedModel
+from jaxinfer.entrypoints.openai.app import create_app
+from jaxinfer.entrypoints.openai.degrade import SERVED_BY_HEADER
+from jaxinfer.entrypoints.openai.model_registry import ModelRegistry, ServedModel
 from jaxinfer.engine.async_engine import AsyncEngine
 from jaxinfer.runner.model_runner import CompileCounter
 from jaxinfer.models.params import init_params

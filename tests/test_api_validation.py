@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from api_helpers import (MODEL, REFERENCE, V, assert_alive, assert_error, expected_ids, fake_engine,
                          fake_reference_text, metric, running_app, tokenizer)
-from jaxinfer.api import prompts
+from jaxinfer.entrypoints.openai import prompts
 
 C = 256  # max_model_len
 

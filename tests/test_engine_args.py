@@ -9,12 +9,12 @@ import sys
 import pytest
 
 from api_helpers import REPO, model_config
-from jaxinfer import plan
+from jaxinfer.entrypoints import plan
 from jaxinfer.cluster import cli as cluster_cli
 from jaxinfer.config import args as engine_args
 from jaxinfer.config import QUANTIZATIONS, EngineConfig
 from jaxinfer.config.args import DEFAULT_MODEL, FLAGS, add_engine_args, engine_config, flag, llm_defaults
-from jaxinfer.llm import LLM, OFFLINE_MAX_QUEUE_LEN
+from jaxinfer.entrypoints.llm import LLM, OFFLINE_MAX_QUEUE_LEN
 
 sys.path.insert(0, str(REPO))
 import server  # noqa: E402

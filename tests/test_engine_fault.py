@@ -24,8 +24,8 @@ import pytest
 from api_helpers import REPO, V, assert_error, fake_engine, free_port, sse_events, wait_until
 from fakes import FakeRunner
 from helpers import http_healthy
-from jaxinfer.api import engine_death
-from jaxinfer.api.model_registry import ModelRegistry, ServedModel
+from jaxinfer.entrypoints.openai import engine_death
+from jaxinfer.entrypoints.openai.model_registry import ModelRegistry, ServedModel
 from jaxinfer.engine.async_engine import AsyncEngine, EngineDeadError, RequestSpec
 from jaxinfer.engine.fault_injection import ENV_VAR, InjectedStepFault, StepFault
 from jaxinfer.sampling_params import SamplingParams

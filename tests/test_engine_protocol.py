@@ -108,11 +108,11 @@ def test_router_describes_its_replicas(router):
 
 def test_router_hands_out_one_grammar_engine_and_constraints_compile_off_the_engine_thread():
     """Behind the router, the API's worker thread compiles a request's constraint
-    (`jaxinfer.api.serving._compile_grammar`, no ``hasattr``): both replicas find it in their
+    (`jaxinfer.entrypoints.openai.serving._compile_grammar`, no ``hasattr``): both replicas find it in their
     cache, so the engine thread (here: this one, adding and stepping) compiles nothing."""
     import threading
 
-    from jaxinfer.api.serving import _compile_grammar
+    from jaxinfer.entrypoints.openai.serving import _compile_grammar
 
     shared = SharedGrammar(tokenizer(), V, frozenset((EOS, EOS_B)))
     router = DataParallelRouter([fake_engine(grammar=shared), fake_engine(grammar=shared)])

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from jaxinfer.eval import DEFAULT_TEXT, main, windows
+from jaxinfer.entrypoints.eval import DEFAULT_TEXT, main, windows
 
 
 class CharTokenizer:

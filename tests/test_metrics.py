@@ -27,8 +27,8 @@ from api_helpers import EOS, REPO, V, client, fake_engine, running_app
 from fakes import FakeRunner
 from jaxinfer.bench.metadata import parse_metrics as bench_parse_metrics
 from jaxinfer.bench.serve import step_mean_fragmentation
-from jaxinfer.api.metrics import _COUNTERS, Metrics
-from jaxinfer.api.model_registry import ModelRegistry
+from jaxinfer.entrypoints.openai.metrics import _COUNTERS, Metrics
+from jaxinfer.entrypoints.openai.model_registry import ModelRegistry
 from jaxinfer.engine.dp_router import DataParallelRouter
 from jaxinfer.engine.protocol import RequestSpec
 from jaxinfer.sampling_params import SamplingParams

@@ -33,7 +33,7 @@ import pytest
 from api_helpers import free_port, wait_until
 from helpers import tiny_config
 
-from jaxinfer.api import engine_death
+from jaxinfer.entrypoints.openai import engine_death
 from jaxinfer.engine.fault_injection import ENV_VAR as FAIL_STEP_VAR
 
 ROOT = Path(__file__).resolve().parents[1]

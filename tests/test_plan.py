@@ -10,7 +10,7 @@ import jax
 import pytest
 from helpers import tiny_config
 
-from jaxinfer import plan
+from jaxinfer.entrypoints import plan
 from jaxinfer.distributed import sharding
 from jaxinfer.engine.builder import kv_bytes_per_block, plan_num_blocks
 from jaxinfer.config import CacheConfig, ModelConfig

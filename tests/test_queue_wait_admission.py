@@ -16,7 +16,7 @@ import pytest
 
 from api_helpers import LiveServer, fake_engine, parse_metrics, running_app, wait_until
 from jaxinfer.engine import admission
-from jaxinfer.api.config import QUEUE_WAIT_EXPIRY_FACTOR, ServerConfig
+from jaxinfer.entrypoints.openai.config import QUEUE_WAIT_EXPIRY_FACTOR, ServerConfig
 from jaxinfer.errors import QueueFullError
 from jaxinfer.engine.ttft_estimator import TTFTEstimator
 

@@ -161,7 +161,7 @@ def test_counters_and_metrics(llm):
     assert snap.spec_num_draft_tokens - before.spec_num_draft_tokens >= acc
     assert snap.spec_mean_acceptance_length == pytest.approx(1 + snap.spec_num_accepted_tokens / snap.spec_num_drafts)
 
-    from jaxinfer.api.metrics import _EngineCollector
+    from jaxinfer.entrypoints.openai.metrics import _EngineCollector
 
     reg = CollectorRegistry()
     reg.register(_EngineCollector([SimpleNamespace(name="tiny", async_engine=SimpleNamespace(is_healthy=True, engine=e))]))

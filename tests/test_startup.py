@@ -14,7 +14,7 @@ from api_helpers import fake_engine
 from api_helpers import tokenizer as api_tokenizer
 from helpers import tiny_config
 from jaxinfer import LLM, SamplingParams
-from jaxinfer import llm as llm_mod
+from jaxinfer.entrypoints import llm as llm_mod
 from jaxinfer.engine.builder import (cpu_default_kv_bytes, kv_pool_budget, load_model, max_concurrency_at_full_length,
                               resolve_dtype)
 from jaxinfer.config import CacheConfig, EngineConfig

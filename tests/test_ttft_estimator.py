@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from jaxinfer.served_models import ModelSpec, describe_split, model_specs, split_kv_budget
+from jaxinfer.entrypoints.served_models import ModelSpec, describe_split, model_specs, split_kv_budget
 from jaxinfer.engine.ttft_estimator import TTFTEstimator
 
 
@@ -145,4 +145,4 @@ def test_kv_budget_is_split_evenly_and_described():
 def test_estimator_and_split_import_no_jax():
     from helpers import assert_imports_no_jax
 
-    assert_imports_no_jax("import jaxinfer.engine.ttft_estimator, jaxinfer.served_models")
+    assert_imports_no_jax("import jaxinfer.engine.ttft_estimator, jaxinfer.entrypoints.served_models")

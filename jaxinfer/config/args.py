@@ -4,7 +4,7 @@ Owns the table of ``server.py``'s flags (name, type, default, choices, help, gro
 `EngineConfig` field or `LLM` keyword each one sets), `DEFAULT_MODEL`, `parse_bytes` (the
 one reading of a memory size on every command line), `add_engine_args` (the flags of some
 groups onto a parser: ``server.py``, ``python -m jaxinfer.plan``), `llm_defaults` (the
-defaults of `jaxinfer.llm.LLM`'s keywords) and `engine_config` / `parallel_config` (flags ->
+defaults of `jaxinfer.entrypoints.llm.LLM`'s keywords) and `engine_config` / `parallel_config` (flags ->
 configuration, for ``server.py`` and `LLM` alike). The cluster launcher checks its
 pass-through flags with ``server.py``'s parser, built here. Plain Python: no JAX import.
 """
@@ -59,7 +59,7 @@ class Flag:
         (``action="bool"``: ``argparse.BooleanOptionalAction``, ``--x`` / ``--no-x``).
       field: the `EngineConfig` field it sets, dotted for a sub-config (``"cache.block_size"``),
         or None (a server setting, or one handled by name: model, speculative config).
-      llm: the `jaxinfer.llm.LLM` keyword that takes it, or None (server only).
+      llm: the `jaxinfer.entrypoints.llm.LLM` keyword that takes it, or None (server only).
     """
 
     name: str
@@ -248,7 +248,7 @@ def add_engine_args(parser: argparse.ArgumentParser, groups: Iterable[str] = tup
 
 
 def llm_defaults() -> dict[str, Any]:
-    """``{LLM keyword: default}`` of the flags `jaxinfer.llm.LLM` takes (`Flag.llm`)."""
+    """``{LLM keyword: default}`` of the flags `jaxinfer.entrypoints.llm.LLM` takes (`Flag.llm`)."""
     return {f.llm: f.default for f in FLAGS if f.llm is not None}
 
 

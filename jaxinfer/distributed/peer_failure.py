@@ -12,7 +12,7 @@ rule that replaces both:
   and SSE error events), give the answers `EXIT_GRACE_S` to go out, and leave with
   ``os._exit(EXIT_STATUS)``: no ``atexit`` hook and no collective can hold the process.
 * `tell_peers`: only tell the peers (the leader's engine died: the leader ends itself
-  through `jaxinfer.api.engine_death`, its followers at once on the news).
+  through `jaxinfer.entrypoints.openai.engine_death`, its followers at once on the news).
 * `install_exit_guard`: an ``atexit`` hook (it runs before JAX's own, ``atexit`` being
   last-in first-out) that turns any exit without a clean `mark_clean_exit` (an uncaught
   exception on a follower, ``sys.exit`` after a failed start-up) into `fail`.
@@ -95,7 +95,7 @@ def fail(reason: str, status: int = EXIT_STATUS) -> None:
 
 def tell_peers(reason: str) -> None:
     """Tell the other processes of the job that this one fails, and why, without ending
-    this one (its own bounded exit is under way: `jaxinfer.api.engine_death` on the
+    this one (its own bounded exit is under way: `jaxinfer.entrypoints.openai.engine_death` on the
     leader). They end on the news (their step channel's reader calls `fail`). Best effort,
     bounded (`jaxinfer.distributed.step_channel.StepChannel.send_error`); a no-op on one process."""
     with _lock:

@@ -16,7 +16,7 @@ Threading contract:
   * If the engine raises, the thread marks itself dead (the fault policy of docs/api.md):
     every request in flight or queued fails with `EngineDeadError` (``in_flight``: HTTP
     500), new work is refused (HTTP 503), `is_healthy` turns False at once and the death
-    callbacks run (the server exits non-zero: `jaxinfer.api.engine_death`).
+    callbacks run (the server exits non-zero: `jaxinfer.entrypoints.openai.engine_death`).
     ``JAXINFER_FAIL_STEP=N`` makes the Nth step raise (`jaxinfer.engine.fault_injection`, a test hook).
     A step whose host-side preparation raised is not a death: the engine fails that
     step's requests itself (their outputs finish with ``failed``: HTTP 500) and goes on

@@ -1,5 +1,5 @@
 """The engine interface: what the front ends (`jaxinfer.engine.async_engine.AsyncEngine`,
-`jaxinfer.llm.LLM`, the metrics endpoint) may call on an engine.
+`jaxinfer.entrypoints.llm.LLM`, the metrics endpoint) may call on an engine.
 
 Owns `RequestSpec` (one request to add), `EngineDescription` (what the start-up log says
 of an engine), `SharedGrammar` (the grammar engine an engine hands out, one for all

@@ -28,7 +28,7 @@ class EngineSnapshot:
       kv_slots_filled: of those, slots holding a computed token's K/V.
       preemptions, prefix_cache_queries, prefix_cache_hits, prefix_cache_evictions, prompt_tokens,
       prefill_tokens, generation_tokens, compilations, timeouts, aborted: counters (see
-      `jaxinfer.api.metrics`).
+      `jaxinfer.entrypoints.openai.metrics`).
       finished: finish reason (``jaxinfer.core.request.FinishReason`` value) -> requests ended so.
       fragmentation_step_sum, fragmentation_steps: the per-step fragmentation samples
         (sum of ratios, number of steps) for a mean over an interval.

@@ -5,7 +5,7 @@ The app owns nothing global: its metrics registry, config and engine handles liv
 `AsyncEngine`) or several (a `ModelRegistry`, one engine each). The lifespan starts the
 engine threads if nobody did (loading and warm-up then run in the background while HTTP
 already answers ``/live``) and shuts them down on exit. Probes (``/health``, ``/live``) are kept out
-of the access log (`jaxinfer.api.access_log`).
+of the access log (`jaxinfer.entrypoints.openai.access_log`).
 """
 from __future__ import annotations
 
@@ -15,17 +15,17 @@ import logging
 
 from fastapi import FastAPI
 
-from jaxinfer.api import routes
-from jaxinfer.api.access_log import install_probe_filter
-from jaxinfer.api.body_limit import BodySizeLimit
-from jaxinfer.api.config import ServerConfig
-from jaxinfer.api.errors import install_error_handlers
-from jaxinfer.api.instance_header import InstanceHeader
-from jaxinfer.api.metrics import Metrics
-from jaxinfer.api.model_registry import ModelRegistry
-from jaxinfer.api.prompts import check_chat_template
-from jaxinfer.api.serving import ServingContext
-from jaxinfer.api.status_counter import ErrorResponseCounter
+from jaxinfer.entrypoints.openai import routes
+from jaxinfer.entrypoints.openai.access_log import install_probe_filter
+from jaxinfer.entrypoints.openai.body_limit import BodySizeLimit
+from jaxinfer.entrypoints.openai.config import ServerConfig
+from jaxinfer.entrypoints.openai.errors import install_error_handlers
+from jaxinfer.entrypoints.openai.instance_header import InstanceHeader
+from jaxinfer.entrypoints.openai.metrics import Metrics
+from jaxinfer.entrypoints.openai.model_registry import ModelRegistry
+from jaxinfer.entrypoints.openai.prompts import check_chat_template
+from jaxinfer.entrypoints.openai.serving import ServingContext
+from jaxinfer.entrypoints.openai.status_counter import ErrorResponseCounter
 from jaxinfer.engine.async_engine import AsyncEngine
 
 logger = logging.getLogger(__name__)

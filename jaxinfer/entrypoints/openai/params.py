@@ -14,7 +14,7 @@ or a named function, which constrain the answer to tool-call blocks
 from __future__ import annotations
 
 from jaxinfer.structured_outputs import tool_calls
-from jaxinfer.api.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
+from jaxinfer.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
 from jaxinfer.errors import RequestError
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.structured_outputs.params import StructuredOutputsParams

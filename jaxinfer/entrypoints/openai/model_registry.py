@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
-from jaxinfer.api.errors import APIError
+from jaxinfer.entrypoints.openai.errors import APIError
 from jaxinfer.engine.async_engine import AsyncEngine, EngineState
 
 

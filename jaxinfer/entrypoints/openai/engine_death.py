@@ -41,7 +41,7 @@ class ExitOnEngineDeath:
     """Stops ``server`` (a `uvicorn.Server`) when an engine of ``models`` dies.
 
     Args:
-      models: the server's `jaxinfer.api.model_registry.ModelRegistry`.
+      models: the server's `jaxinfer.entrypoints.openai.model_registry.ModelRegistry`.
       server: the uvicorn server (``should_exit`` is set to stop it).
       hard_exit: called with the exit status if the process is still up `EXIT_BOUND_S`
         seconds after the failure (``os._exit``; tests pass a stand-in).

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from jaxinfer.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from jaxinfer.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from jaxinfer.tokenizer.chat import check_text, render_conversation, supports_system_role
 from jaxinfer.errors import RequestError
 

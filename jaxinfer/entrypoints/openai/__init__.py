@@ -8,7 +8,7 @@ Modules, request order: ``protocol`` (pydantic bodies) -> ``routes`` (endpoints)
 ``app`` (`create_app`), ``lifecycle`` (the process around the app: socket, uvicorn, the SIGTERM
 drain). Contract: docs/api.md.
 """
-from jaxinfer.api.app import create_app
-from jaxinfer.api.config import ServerConfig
+from jaxinfer.entrypoints.openai.app import create_app
+from jaxinfer.entrypoints.openai.config import ServerConfig
 
 __all__ = ["create_app", "ServerConfig"]

@@ -120,7 +120,7 @@ def client_closed_error() -> APIError:
 
 def queue_wait_error(seconds: float | None, retry_after: float) -> APIError:
     """HTTP 429 ``queue_wait_expired`` for a queued request still unadmitted after ``seconds``
-    (`jaxinfer.api.config.ServerConfig.queue_wait_expiry`; None: not said); ``retry_after``
+    (`jaxinfer.entrypoints.openai.config.ServerConfig.queue_wait_expiry`; None: not said); ``retry_after``
     in seconds for the header."""
     waited = f" within {seconds:g} s" if seconds is not None else ""
     return APIError(429, f"the server is overloaded: the request was not admitted{waited}; retry later",

@@ -1,6 +1,6 @@
 """`ErrorResponseCounter`: an ASGI middleware that counts HTTP error responses by status.
 
-It sits outside every other middleware (413 from `jaxinfer.api.body_limit` included) and
+It sits outside every other middleware (413 from `jaxinfer.entrypoints.openai.body_limit` included) and
 looks only at the ``http.response.start`` message, so each response is counted exactly
 once, whichever handler produced it. An exception that escapes the app before a response
 started is counted as 500 (Starlette's outermost error middleware answers it). Errors sent

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from jaxinfer.api.model_registry import ModelRegistry, ServedModel
+from jaxinfer.entrypoints.openai.model_registry import ModelRegistry, ServedModel
 
 SERVED_BY_HEADER = "x-jaxinfer-served-by"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import codecs
 import functools
 
-from jaxinfer.api.protocol import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
+from jaxinfer.entrypoints.openai.protocol import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
 from jaxinfer.outputs import Logprob
 
 MIN_LOGPROB = -9999.0

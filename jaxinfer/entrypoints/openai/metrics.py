@@ -3,12 +3,12 @@
 Per-request histograms are observed by the HTTP layer when an engine request ends with
 ``stop`` or ``length`` (from the engine's ``time.monotonic`` timestamps: arrival, first
 scheduled, first token, finished); HTTP error statuses are counted by
-`jaxinfer.api.status_counter.ErrorResponseCounter`; engine state (queues, KV blocks,
+`jaxinfer.entrypoints.openai.status_counter.ErrorResponseCounter`; engine state (queues, KV blocks,
 counters) is read at scrape time from the engine's `snapshot()` (an `LLMEngine` and a
 data-parallel router alike) by a custom collector, so nothing is double-counted and the
 engine thread never touches prometheus. Every series carries ``model_name`` (vLLM's label
 name): the served model the series is about, one set of series per model when the server
-serves several (`jaxinfer.api.model_registry`). HTTP error responses are counted under
+serves several (`jaxinfer.entrypoints.openai.model_registry`). HTTP error responses are counted under
 the default (first) model, since a 404 or 413 may name no model. ``*_created`` series are
 disabled (process-wide, on import).
 
@@ -65,7 +65,7 @@ class Metrics:
     """The server's metrics.
 
     Args:
-      models: the served models (`jaxinfer.api.model_registry.ModelRegistry`), whose
+      models: the served models (`jaxinfer.entrypoints.openai.model_registry.ModelRegistry`), whose
         engines are read at scrape time; each name is a ``model_name`` label value.
     """
 

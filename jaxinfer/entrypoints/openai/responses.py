@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 
 from jaxinfer.structured_outputs import tool_calls
-from jaxinfer.api import logprobs as lp
-from jaxinfer.api import protocol as P
+from jaxinfer.entrypoints.openai import logprobs as lp
+from jaxinfer.entrypoints.openai import protocol as P
 from jaxinfer.outputs import RequestOutput
 
 

@@ -3,7 +3,7 @@
 Owns the request lifecycle on the asyncio side:
   1. Model lookup (404 ``model_not_found``) and readiness (503), prompt preparation and
      truncation, `SamplingParams` (400 on any invalid field, before any engine work);
-     then graceful degradation (`jaxinfer.api.degrade`) may move the request to the
+     then graceful degradation (`jaxinfer.entrypoints.openai.degrade`) may move the request to the
      fallback model, whose tokenizer prepares it again.
   2. Fan-out: ``n`` choices per prompt become independent engine requests (seeds
      ``seed + i``), added as one group (all admitted or none: 400 / 429).
@@ -33,15 +33,15 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from jaxinfer.engine import admission
-from jaxinfer.api import degrade
-from jaxinfer.api import params as params_mod
-from jaxinfer.api import prompts as prompts_mod
-from jaxinfer.api.config import ServerConfig
-from jaxinfer.api.errors import APIError, client_closed_error, from_exception, queue_wait_error, timeout_error
-from jaxinfer.api.metrics import Metrics
-from jaxinfer.api.model_registry import ModelRegistry, ServedModel
-from jaxinfer.api.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
-from jaxinfer.api.responses import ChatFormat, ChoiceCursor, CompletionFormat, usage
+from jaxinfer.entrypoints.openai import degrade
+from jaxinfer.entrypoints.openai import params as params_mod
+from jaxinfer.entrypoints.openai import prompts as prompts_mod
+from jaxinfer.entrypoints.openai.config import ServerConfig
+from jaxinfer.entrypoints.openai.errors import APIError, client_closed_error, from_exception, queue_wait_error, timeout_error
+from jaxinfer.entrypoints.openai.metrics import Metrics
+from jaxinfer.entrypoints.openai.model_registry import ModelRegistry, ServedModel
+from jaxinfer.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
+from jaxinfer.entrypoints.openai.responses import ChatFormat, ChoiceCursor, CompletionFormat, usage
 from jaxinfer.engine.async_engine import AsyncEngine, EngineNotReadyError, OutputStream, RequestSpec
 from jaxinfer.errors import QueueFullError
 from jaxinfer.outputs import RequestOutput

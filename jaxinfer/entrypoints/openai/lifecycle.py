@@ -1,6 +1,6 @@
 """The server process around the app: its listening socket, uvicorn's settings, the SIGTERM
 drain, and the exit when an engine never becomes ready. ``server.py`` builds the app and the
-engines and hands them to `serve`; `jaxinfer.api.engine_death` owns the exit when an engine
+engines and hands them to `serve`; `jaxinfer.entrypoints.openai.engine_death` owns the exit when an engine
 dies while serving."""
 from __future__ import annotations
 
@@ -105,8 +105,8 @@ def serve(app, models, config, sock: socket.socket | None = None) -> None:
     """
     import uvicorn
 
-    from jaxinfer.api.engine_death import ExitOnEngineDeath
-    from jaxinfer.api.model_registry import ModelRegistry
+    from jaxinfer.entrypoints.openai.engine_death import ExitOnEngineDeath
+    from jaxinfer.entrypoints.openai.model_registry import ModelRegistry
     from jaxinfer.engine.async_engine import AsyncEngine
 
     if isinstance(models, AsyncEngine):
@@ -150,7 +150,7 @@ def serve(app, models, config, sock: socket.socket | None = None) -> None:
 def exit_if_never_ready(models, server) -> None:
     """Stop serving when an engine fails before it was ever ready (bad weights, out of memory):
     such a server could never answer for that model, so it exits 1 instead of staying up
-    unready. An engine that dies later ends the process too (`jaxinfer.api.engine_death`)."""
+    unready. An engine that dies later ends the process too (`jaxinfer.entrypoints.openai.engine_death`)."""
     if not models.wait_ready():
         server.engine_failed_at_start = True
         server.should_exit = True

@@ -15,14 +15,14 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from jaxinfer.api import prompts as prompts_mod
-from jaxinfer.api import serving
-from jaxinfer.api.errors import APIError, from_exception
-from jaxinfer.api.model_registry import ServedModel
-from jaxinfer.api.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
+from jaxinfer.entrypoints.openai import prompts as prompts_mod
+from jaxinfer.entrypoints.openai import serving
+from jaxinfer.entrypoints.openai.errors import APIError, from_exception
+from jaxinfer.entrypoints.openai.model_registry import ServedModel
+from jaxinfer.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                    CompletionResponse, DetokenizeRequest, DetokenizeResponse, ErrorResponse,
                                    ModelCard, ModelList, TokenizeRequest, TokenizeResponse)
-from jaxinfer.api.serving import ServingContext
+from jaxinfer.entrypoints.openai.serving import ServingContext
 from jaxinfer.engine.async_engine import EngineState
 from jaxinfer.errors import RequestError
 

@@ -1,0 +1,1 @@
+"""jaxinfer.entrypoints: see docs/architecture.md."""

@@ -1,0 +1,219 @@
+"""Memory planner: will a model fit, and how many sequences can it serve at once?
+
+``python -m jaxinfer.plan --model configs/llama-3-70b.json --devices 8 --device-memory 80GB
+--tensor-parallel-size 8 --dtype bfloat16 --max-model-len 4096``
+
+Works from shapes only (``jax.eval_shape`` of the parameter init, `jaxinfer.distributed.sharding`'s
+partition specs): nothing is allocated and no accelerator is needed. Per device of a
+TP group it reports the weight bytes, the KV bytes per block, the KV blocks that fit
+after the reserve, and the largest number of concurrent full-length sequences. The
+arithmetic is `jaxinfer.engine.builder`'s (``kv_bytes_per_block``, ``kv_budget_bytes``), the
+same that sizes the KV pool of a running engine:
+
+  weights/device = sum over params of prod(per-device shard shape) * itemsize
+  KV/block/device = 2 * L * block_size * K_dev * H * itemsize  (K_dev = K/TP, or K)
+  blocks = floor((memory * (1 - reserve) - weights/device) / (KV/block/device))
+  sequences/replica = floor((blocks - 1) / ceil(max_model_len / block_size))
+  (block 0 is the null block). ``--kv-reserve-fraction`` (default 0.5) is the share of
+  device memory kept for activations, compiler scratch and the runtime; a conservative
+  planning figure (the engine itself uses ``--gpu-memory-utilization`` and an activation estimate).
+Memory sizes as ``server.py`` reads them (`jaxinfer.config.args.parse_bytes`, powers of 1024):
+``80GB`` = ``80GiB`` = 80 * 2**30 bytes, or a plain byte count.
+
+When a plan does not fit, the CLI tries the other tensor-parallel sizes that split both the
+query heads and the KV heads evenly (the divisors of ``gcd(N, K)``: other sizes replicate
+attention and the KV cache on every device, `jaxinfer.distributed.sharding`) and names the smallest
+that fits (`smallest_fitting_tp`), also when it needs more devices than ``--devices``;
+or says that none does.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+
+from jaxinfer.config import BLOCK_SIZE, DTYPES, ModelConfig
+from jaxinfer.config.args import add_engine_args, parse_bytes
+
+DEFAULT_RESERVE = 0.5
+# server.py's flags the planner takes (`jaxinfer.config.args.FLAGS`: same names, types, choices)
+PLAN_FLAGS = ("dtype", "quantization", "block_size", "kv_cache_dtype", "max_model_len", "tensor_parallel_size",
+              "data_parallel_size")
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Per-device memory of one configuration (bytes; blocks include the null block)."""
+
+    tensor_parallel_size: int
+    data_parallel_size: int
+    dtype: str
+    device_memory: int
+    kv_reserve_fraction: float
+    total_param_bytes: int
+    weight_bytes_per_device: int
+    replicated_axes: tuple[str, ...]
+    kv_bytes_per_block_per_device: int
+    kv_budget_bytes_per_device: int
+    num_blocks: int  # per replica, null block included; 0 when the weights do not fit
+    block_size: int
+    max_model_len: int
+    blocks_per_sequence: int
+    max_concurrent_sequences: int  # per replica, each at max_model_len tokens
+    quantization: str | None = None  # weights: None (dtype) or "int8"
+    kv_cache_dtype: str = "auto"  # KV: "auto" (dtype), "int8" or "fp8"
+
+    @property
+    def fits(self) -> bool:
+        return self.max_concurrent_sequences >= 1
+
+
+def plan_memory(cfg: ModelConfig, *, dtype: str = "bfloat16", tensor_parallel_size: int = 1,
+                data_parallel_size: int = 1, device_memory: int, kv_reserve_fraction: float = DEFAULT_RESERVE,
+                block_size: int = BLOCK_SIZE, max_model_len: int | None = None, quantization: str | None = None,
+                kv_cache_dtype: str = "auto") -> MemoryPlan:
+    """Plan memory for ``cfg`` on devices of ``device_memory`` bytes (module docstring).
+    ``quantization`` "int8" plans int8 weights with their scales (`jaxinfer.layers.quantization.int8`);
+    ``kv_cache_dtype`` "int8" / "fp8" an 8-bit KV cache (`jaxinfer.layers.attention.kv_quant`).
+
+    Raises:
+      ValueError: reserve fraction outside [0, 1).
+    """
+    from jaxinfer.engine.builder import kv_budget_bytes, kv_bytes_per_block
+    from jaxinfer.models.params import abstract_params
+    from jaxinfer.distributed.sharding import per_device_param_bytes, replicated_axes
+
+    if not 0.0 <= kv_reserve_fraction < 1.0:
+        raise ValueError(f"kv_reserve_fraction must be in [0, 1), got {kv_reserve_fraction}")
+    tp = tensor_parallel_size
+    max_model_len = max_model_len or min(4096, cfg.max_position_embeddings)
+    import jax
+
+    if quantization is not None:
+        cfg = dataclasses.replace(cfg, quantization=quantization)
+    total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract_params(cfg, dtype)))
+    weights = per_device_param_bytes(cfg, dtype, tp)
+    per_block = kv_bytes_per_block(cfg, block_size, dtype, tp, kv_cache_dtype)
+    budget = kv_budget_bytes(device_memory, 1.0 - kv_reserve_fraction, weights)
+    blocks = max(0, budget // per_block)
+    per_seq = math.ceil(max_model_len / block_size)
+    return MemoryPlan(tp, data_parallel_size, dtype, device_memory, kv_reserve_fraction, int(total), weights,
+                      tuple(replicated_axes(cfg, tp)), per_block, budget, blocks, block_size, max_model_len, per_seq,
+                      max(0, blocks - 1) // per_seq, quantization, kv_cache_dtype)
+
+
+def head_divisible_tp_sizes(cfg: ModelConfig) -> list[int]:
+    """Tensor-parallel sizes that split the query and KV heads evenly: the divisors of
+    ``gcd(num_attention_heads, num_key_value_heads)``, ascending."""
+    g = math.gcd(cfg.num_attention_heads, cfg.num_key_value_heads)
+    return [t for t in range(1, g + 1) if g % t == 0]
+
+
+def smallest_fitting_tp(cfg: ModelConfig, *, max_tp: int | None = None, **plan_kw) -> MemoryPlan | None:
+    """The plan of the smallest head-divisible TP size (`head_divisible_tp_sizes`) that
+    fits at least one full-length sequence per replica, or None if none does.
+
+    Args:
+      max_tp: try sizes up to this one only (None: every head-divisible size).
+      plan_kw: `plan_memory`'s keywords other than ``tensor_parallel_size``
+        (``data_parallel_size`` is set to 1: the question is the size of one replica).
+    """
+    plan_kw = {k: v for k, v in plan_kw.items() if k not in ("tensor_parallel_size", "data_parallel_size")}
+    for tp in head_divisible_tp_sizes(cfg):
+        if max_tp is not None and tp > max_tp:
+            break
+        p = plan_memory(cfg, tensor_parallel_size=tp, **plan_kw)
+        if p.fits:
+            return p
+    return None
+
+
+def suggestion(cfg: ModelConfig, best: MemoryPlan | None, devices: int) -> str:
+    """One line for a plan that does not fit: the smallest TP size that would (`smallest_fitting_tp`)."""
+    sizes = head_divisible_tp_sizes(cfg)
+    if best is None:
+        return (f"no tensor-parallel size that divides the {cfg.num_attention_heads} query and "
+                f"{cfg.num_key_value_heads} KV heads (tried {', '.join(map(str, sizes))}) fits: use devices with "
+                "more memory or a shorter --max-model-len")
+    tp = best.tensor_parallel_size
+    more = f", more devices than --devices {devices}" if tp > devices else ""
+    return (f"smallest tensor-parallel size that fits: --tensor-parallel-size {tp}{more} "
+            f"({best.max_concurrent_sequences:,} sequences of {best.max_model_len} tokens per replica)")
+
+
+def format_plan(p: MemoryPlan, name: str = "") -> str:
+    """Human-readable lines for a plan."""
+    gib = lambda b: f"{b / 2**30:,.2f} GiB"  # noqa: E731
+    lines = [
+        f"model {name}: {p.total_param_bytes:,} parameter bytes ({p.quantization or p.dtype}); "
+        f"TP {p.tensor_parallel_size} x DP {p.data_parallel_size}",
+        f"device memory: {p.device_memory:,} B ({gib(p.device_memory)}), reserve {p.kv_reserve_fraction:.0%}",
+        f"weights per device: {p.weight_bytes_per_device:,} B ({gib(p.weight_bytes_per_device)})",
+        f"replicated (TP does not divide): {', '.join(p.replicated_axes) or 'none'}",
+        f"KV bytes per block per device: {p.kv_bytes_per_block_per_device:,} B (block size {p.block_size}, "
+        f"kv_cache_dtype {p.kv_cache_dtype})",
+        f"KV budget per device: {p.kv_budget_bytes_per_device:,} B ({gib(max(p.kv_budget_bytes_per_device, 0))})",
+        f"KV blocks per replica (incl. null block): {p.num_blocks:,}",
+        f"max concurrent sequences at {p.max_model_len} tokens ({p.blocks_per_sequence} blocks each): "
+        f"{p.max_concurrent_sequences:,} per replica, {p.max_concurrent_sequences * p.data_parallel_size:,} in all",
+    ]
+    if not p.fits:
+        lines.append("DOES NOT FIT: not even one full-length sequence")
+    return "\n".join(lines)
+
+
+def load_config(path: str, num_hidden_layers: int | None = None) -> ModelConfig:
+    """A HF ``config.json`` file, or a model folder holding one; ``num_hidden_layers`` overrides
+    the depth (benchmarks on a few layers of a large layout)."""
+    p = Path(path)
+    if num_hidden_layers is None:
+        return ModelConfig.from_dir(p) if p.is_dir() else ModelConfig.from_dict(json.loads(p.read_text()))
+    raw = json.loads((p / "config.json" if p.is_dir() else p).read_text())
+    return ModelConfig.from_dict({**raw, "num_hidden_layers": num_hidden_layers})
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m jaxinfer.plan", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="HF config.json path or model folder")
+    ap.add_argument("--devices", type=int, required=True, help="devices available")
+    ap.add_argument("--device-memory", required=True, help="memory of one device (80GB, 80GiB, bytes)")
+    add_engine_args(ap, ("model", "cache", "scheduler", "parallel"), only=PLAN_FLAGS, titled=False, overrides={
+        "dtype": dict(default="bfloat16", choices=tuple(d for d in DTYPES if d != "auto"),
+                      help="weights, activations and KV cache (default: bfloat16)"),
+        "data_parallel_size": dict(default=None, help="default: devices // TP")})
+    ap.add_argument("--kv-reserve-fraction", type=float, default=DEFAULT_RESERVE,
+                    help="fraction of device memory kept for activations/runtime (default %(default)s)")
+    ap.add_argument("--json", action="store_true", help="print the plan as JSON")
+    args = ap.parse_args(argv)
+    tp = args.tensor_parallel_size
+    dp = args.data_parallel_size or max(1, args.devices // tp)
+    if tp * dp > args.devices:
+        ap.error(f"TP {tp} x DP {dp} needs {tp * dp} devices; --devices is {args.devices}")
+    cfg = load_config(args.model)
+    plan = plan_memory(cfg, dtype=args.dtype, tensor_parallel_size=tp, data_parallel_size=dp,
+                       device_memory=parse_bytes(args.device_memory), kv_reserve_fraction=args.kv_reserve_fraction,
+                       block_size=args.block_size, max_model_len=args.max_model_len,
+                       quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
+    extra = {"fits": plan.fits}
+    if not plan.fits:
+        best = smallest_fitting_tp(cfg, dtype=args.dtype, device_memory=parse_bytes(args.device_memory),
+                                   kv_reserve_fraction=args.kv_reserve_fraction, block_size=args.block_size,
+                                   max_model_len=args.max_model_len, quantization=args.quantization,
+                                   kv_cache_dtype=args.kv_cache_dtype)
+        extra["suggested_tensor_parallel_size"] = best.tensor_parallel_size if best else None
+        extra["suggestion"] = suggestion(cfg, best, args.devices)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(plan) | extra, indent=2))
+    else:
+        print(format_plan(plan, args.model))
+        if not plan.fits:
+            print(extra["suggestion"])
+    return 0 if plan.fits else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
