@@ -1,1 +1,3 @@
-"""jaxinfer.tokenizer.tokenizer: see docs/architecture.md."""
+"""Text in and out: `tokenizer` (the tokenizer wrapper and the streaming detokenizer), `chat`
+(conversations to prompts) and `templates` (the bundled chat templates).
+"""

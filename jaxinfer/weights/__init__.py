@@ -1,1 +1,4 @@
-"""jaxinfer.weights.catalog: see docs/architecture.md."""
+"""Checkpoints: `catalog` (the built-in models and model names to folders), `checkpoint` (the
+orbax ``params/`` folder), `convert` (GGUF or Hugging Face -> a jaxinfer folder,
+``python -m jaxinfer.convert``) and `sources` (reading the two source formats).
+"""

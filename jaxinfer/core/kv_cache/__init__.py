@@ -1,1 +1,3 @@
-"""jaxinfer.core.kv_cache: see docs/architecture.md."""
+"""The paged KV cache's host side: `block_manager` owns the blocks (free list, reference counts,
+the prefix cache); the device arrays are the runner's.
+"""

@@ -1,1 +1,4 @@
-"""jaxinfer.kernels.cpu: see docs/architecture.md."""
+"""C++ kernels for XLA:CPU as FFI custom calls: `build` (the one loader: switch, compiler,
+cached build, registration), one binding module per kernel (`attention`, `amx`, `int8`,
+`gemv`, `argmax`) and their sources under ``csrc/`` (the ``.cc`` and ``.h`` files).
+"""
