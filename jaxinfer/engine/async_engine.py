@@ -44,6 +44,7 @@ from jaxinfer.engine import request_log
 from jaxinfer.engine.protocol import Engine, RequestSpec  # noqa: F401 - RequestSpec is part of this API
 from jaxinfer.errors import QueueFullError, RequestError
 from jaxinfer.engine.fault_injection import StepFault
+from jaxinfer.engine.output_stream import ACCEPTED, OutputStream
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.engine.ttft_estimator import TTFTEstimator
 
@@ -84,56 +85,6 @@ class EngineDeadError(RuntimeError):
         super().__init__(message)
         self.message = message
         self.in_flight = in_flight
-
-
-_ACCEPTED = object()  # first item of a stream when the engine took its requests
-
-
-class OutputStream:
-    """The asyncio side of a group of engine requests (one HTTP request, ``n`` choices).
-
-    The engine thread puts ``_ACCEPTED`` or an exception first (consumed by
-    `AsyncEngine.add`), then cumulative `RequestOutput`s of the group's requests, in order,
-    or an exception if the engine dies.
-    """
-
-    def __init__(self, request_ids: list[str], loop: asyncio.AbstractEventLoop):
-        self.request_ids = list(request_ids)
-        self.loop = loop
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.unfinished = set(request_ids)
-        self.failed = False
-
-    @property
-    def finished(self) -> bool:
-        """True when every request of the group has ended (or the stream failed)."""
-        return not self.unfinished or self.failed
-
-    def put_batch(self, items: list) -> None:  # runs on the event loop
-        for item in items:
-            self.queue.put_nowait(item)
-
-    async def next_batch(self) -> list[RequestOutput]:
-        """Wait for news, then take all that is queued: the newest output per request,
-        in first-seen order (outputs are cumulative, so nothing is lost).
-
-        Raises:
-          EngineDeadError: the engine died.
-        """
-        items = [await self.queue.get()]
-        while not self.queue.empty():
-            items.append(self.queue.get_nowait())
-        latest: dict[str, RequestOutput] = {}
-        for item in items:
-            if isinstance(item, BaseException):
-                self.failed = True
-                raise item
-            if item is _ACCEPTED:
-                continue
-            latest[item.request_id] = item
-            if item.finished:
-                self.unfinished.discard(item.request_id)
-        return list(latest.values())
 
 
 class AsyncEngine:
@@ -391,7 +342,7 @@ class AsyncEngine:
             self.ttft.on_added(spec.request_id, len(spec.prompt_token_ids), spec.params.max_tokens)
             if self.log_requests:
                 request_log.log_added(spec.request_id, len(spec.prompt_token_ids), spec.params)
-        self._post([(stream, _ACCEPTED)])
+        self._post([(stream, ACCEPTED)])
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         items = []

@@ -394,8 +394,10 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
       draft: keyword arguments of `jaxinfer.spec_decode.draft_model.build_draft_proposer`
         beyond the engine's own (a draft model for speculative decoding), or None.
       grammar: a `jaxinfer.engine.protocol.SharedGrammar` shared with other replicas, or None.
-    Multi-process: the runner is `jaxinfer.distributed.multihost.step_runner`'s (the leader's broadcasts).
       plan: the runner's `jaxinfer.platform.execution_plan.ExecutionPlan`; None: `resolve_plan` (once, here).
+
+    Multi-process: the runner is `jaxinfer.distributed.multihost.step_runner`'s (the leader's broadcasts).
+
     Raises:
       ValueError: the KV budget holds fewer than 2 blocks.
     """
@@ -428,16 +430,20 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
                          kv_cache_dtype=config.cache.kv_cache_dtype, plan=plan)
     if jax.process_count() > 1:
         runner = distributed.step_runner(runner)
-    factory = None
-    if draft is not None:
-        from jaxinfer.spec_decode.draft_model import build_draft_proposer
-
-        def factory(layout):
-            return build_draft_proposer(config.speculative, model_config, num_blocks, config.cache.block_size,
-                                        config.dtype, backend, layout, **draft)
+    factory = None if draft is None else _draft_factory(config, model_config, num_blocks, backend, draft)
     engine = LLMEngine(config, model_config, runner, num_blocks, tokenizer, proposer_factory=factory,
                        grammar=grammar, kv_cache_description=why, mesh=mesh)
     if config.warmup:
         engine.warmup(progress=progress)
     return engine
 
+
+def _draft_factory(config: EngineConfig, model_config: ModelConfig, num_blocks: int, backend: str, draft: dict):
+    """``factory(layout)`` -> the draft model's proposer for the engine's batch layout
+    (`jaxinfer.spec_decode.draft_model.build_draft_proposer`, with ``draft``'s own keywords)."""
+    from jaxinfer.spec_decode.draft_model import build_draft_proposer
+
+    def factory(layout):
+        return build_draft_proposer(config.speculative, model_config, num_blocks, config.cache.block_size,
+                                    config.dtype, backend, layout, **draft)
+    return factory

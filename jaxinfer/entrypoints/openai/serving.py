@@ -42,7 +42,8 @@ from jaxinfer.entrypoints.openai.metrics import Metrics
 from jaxinfer.entrypoints.openai.model_registry import ModelRegistry, ServedModel
 from jaxinfer.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
 from jaxinfer.entrypoints.openai.responses import ChatFormat, ChoiceCursor, CompletionFormat, usage
-from jaxinfer.engine.async_engine import AsyncEngine, EngineNotReadyError, OutputStream, RequestSpec
+from jaxinfer.engine.async_engine import AsyncEngine, EngineNotReadyError, RequestSpec
+from jaxinfer.engine.output_stream import OutputStream
 from jaxinfer.errors import QueueFullError
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.sampling_params import SamplingParams, choice_seed
