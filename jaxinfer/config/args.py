@@ -15,6 +15,7 @@ import dataclasses
 import re
 from typing import Any, Callable, Iterable
 
+from jaxinfer.core.sched.registry import SCHEDULING_POLICIES
 from jaxinfer.config import (ATTENTION_BACKENDS, BLOCK_SIZE, BLOCK_SIZES, DEFAULT_GPU_MEMORY_UTILIZATION, DTYPES,
                              KV_CACHE_DTYPES, QUANTIZATIONS, CacheConfig, EngineConfig, ModelConfig, ParallelConfig,
                              SchedulerConfig)
@@ -156,7 +157,7 @@ FLAGS: tuple[Flag, ...] = (
         "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' (docs/speculative_decoding.md; default: off)")),
     _F("--max-queue-len", "scheduler", type=int, default=256, field="scheduler.max_queue_len", llm="max_queue_len",
        help="requests waiting beyond the free sequence slots (--max-num-seqs) before 429"),
-    _F("--scheduling-policy", "scheduler", default="fcfs", choices=("fcfs", "priority"),
+    _F("--scheduling-policy", "scheduler", default="fcfs", choices=tuple(SCHEDULING_POLICIES),
        field="scheduler.scheduling_policy", llm="scheduling_policy", help=(
            "admission order: first come first served, or by the request's `priority` (lower first, then "
            "arrival); under memory pressure the worst priority is preempted")),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from jaxinfer.core.sched.registry import SCHEDULING_POLICIES
 from jaxinfer.layers.attention.registry import ATTENTION_BACKENDS
 from jaxinfer.sampling_params import is_integer
 from jaxinfer.spec_decode.config import SpeculativeConfig
@@ -131,8 +132,9 @@ class SchedulerConfig:
                              f"{self.prefill_budget_while_decoding}")
         if self.scheduler not in ("continuous", "static"):
             raise ValueError(f"scheduler must be 'continuous' or 'static', got {self.scheduler!r}")
-        if self.scheduling_policy not in ("fcfs", "priority"):
-            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {', '.join(map(repr, SCHEDULING_POLICIES))}, got "
+                             f"{self.scheduling_policy!r}")
         if self.priority_aging_s is not None and self.scheduling_policy != "priority":
             raise ValueError("priority_aging_s applies to scheduling_policy 'priority' only (with 'fcfs' nothing "
                              "reads it)")

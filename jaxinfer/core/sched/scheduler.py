@@ -225,15 +225,10 @@ class Scheduler(abc.ABC):
 
 def make_scheduler(config: SchedulerConfig, cache_config: CacheConfig, block_manager: BlockManager,
                    cache_salt: bytes = b"") -> Scheduler:
-    """The policy ``config`` names: ``scheduler="static"`` -> `StaticScheduler`; else
-    ``scheduling_policy`` ``"fcfs"`` -> `ContinuousScheduler`, ``"priority"`` ->
-    `PriorityScheduler`."""
-    from jaxinfer.core.sched.continuous import ContinuousScheduler
-    from jaxinfer.core.sched.priority import PriorityScheduler
-    from jaxinfer.core.sched.static import StaticScheduler
+    """The policy ``config`` names (`jaxinfer.core.sched.registry`): ``scheduler="static"`` ->
+    `StaticScheduler`; else its ``scheduling_policy`` (``"fcfs"`` -> `ContinuousScheduler`,
+    ``"priority"`` -> `PriorityScheduler`)."""
+    from jaxinfer.core.sched.registry import policy_class
 
-    if config.scheduler == "static":
-        cls = StaticScheduler
-    else:
-        cls = PriorityScheduler if config.scheduling_policy == "priority" else ContinuousScheduler
+    cls = policy_class("static" if config.scheduler == "static" else config.scheduling_policy)
     return cls(config, cache_config, block_manager, cache_salt)
