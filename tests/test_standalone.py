@@ -28,8 +28,8 @@ OUTSIDE_PATHS = re.compile("|".join([
 # "session" alone is a user concept (X-Session-Id routing); the team's own work sessions are not
 INTERNAL_WORDING = re.compile(r"\b(" + "brief" + r"|(this|previous|next|last|later|earlier|a work) " + "session"
                               + r"s?|" + "lent" + r")\b", re.IGNORECASE)
-CODE_AND_DOCS = ("jaxinfer/", "tests/", "benchmarks/", "docs/", "notebooks/", "jaxinfer.kernels.pallas/", "configs/")
-USER_DOCS = ("README.md", "weights/README.md", "jaxinfer.kernels.pallas/README.md", "tests/data/README.md")
+CODE_AND_DOCS = ("jaxinfer/", "tests/", "benchmarks/", "docs/", "notebooks/", "configs/")
+USER_DOCS = ("README.md", "weights/README.md", "jaxinfer/kernels/pallas/README.md", "tests/data/README.md")
 
 
 def git(*args: str, cwd: Path = REPO) -> str:
