@@ -13,7 +13,7 @@ Scenarios (closed loop; prompts are random token ids; ``ignore_eos`` so lengths 
   * ``c128``: 128 clients, 512 / 256; the KV pool holds all 128 (continuous batching should
     serve every one of them; static batching reserves ``max_model_len`` per member, so only
     ``pool / max_model_len`` of them fit and the rest fail with 503).
-  * ``brief128``: the design brief's scene, ``c128``'s load against jaxinfer on ``server.py``'s
+  * ``defaults128``: the design's headline scene, ``c128``'s load against jaxinfer on ``server.py``'s
     defaults alone (no ``--max-num-seqs``, queue, KV or ``--jaxinfer-args`` flags), beside
     static batching (its usual flags, the default KV pool) and llama.cpp; its acceptance lines
     (issue 50): 0 failed requests, fragmentation <= 2%, output tok/s >= ``fixed``'s.
@@ -375,7 +375,7 @@ def main(argv=None) -> dict:
             _write_scenario_plot(out, scen.name, labels)
     result["ratios"] = ratios(result["scenarios"])
     result["acceptance"] = (acceptance(result["scenarios"], result["ratios"])
-                            + compare_scenarios.brief_acceptance(result["scenarios"]))
+                            + compare_scenarios.defaults128_acceptance(result["scenarios"]))
     meta["elapsed_s"] = time.monotonic() - t_start
     report.write_json(out / "compare.json", result)
     (out / "compare.md").write_text(compare_markdown(result) + compare_scenarios.errors_markdown(result["scenarios"]))

@@ -1,8 +1,8 @@
 """The serving comparison's scenario table: `Scenario` and `scenarios` (each scenario's clients,
 workload and systems; ``--quick`` shrinks them), and what a scenario asks of a jaxinfer server's
 sizing: `num_blocks` (one KV budget for every jaxinfer configuration) and `queue_limits`; and
-`errors_by_kind` / `errors_markdown` / `brief_acceptance`, what compare.json and compare.md
-say about failed requests and the design brief's scene (``brief128``).
+`errors_by_kind` / `errors_markdown` / `defaults128_acceptance`, what compare.json and compare.md
+say about failed requests and the design's headline scene (``defaults128``).
 
 What each scenario measures is described in `compare.py`'s module docstring; `compare.py` runs
 them. Plain Python (the load generator's `jaxinfer.bench.workloads`); no JAX import.
@@ -40,8 +40,8 @@ class Scenario:
     @property
     def server_defaults(self) -> bool:
         """jaxinfer runs with ``server.py``'s defaults only (no sizing, queue or tuning flags):
-        the design brief's scene as a new user meets it (issue 50)."""
-        return self.name in (BRIEF, FLOOD)
+        the design's headline scene as a new user meets it (issue 50)."""
+        return self.name in (DEFAULTS128, FLOOD)
 
     @property
     def same_kv_budget(self) -> bool:
@@ -56,9 +56,9 @@ class Scenario:
         return self.name in ("overload", "degradation")
 
 
-BRIEF = "brief128"  # the design brief's scene: 128 clients, 512 / 256, jaxinfer with server defaults
-FLOOD = "flood1024"  # 8x the brief's clients on server defaults: fast 429s, nothing else (run when named)
-SCENARIOS = ("single", "fixed8", "fixed", "sharegpt", "c128", BRIEF, FLOOD, "overload", "priority", "priority-fcfs",
+DEFAULTS128 = "defaults128"  # the design's headline scene: 128 clients, 512 / 256, jaxinfer with server defaults
+FLOOD = "flood1024"  # 8x the headline scene's clients on server defaults: fast 429s, nothing else (run when named)
+SCENARIOS = ("single", "fixed8", "fixed", "sharegpt", "c128", DEFAULTS128, FLOOD, "overload", "priority", "priority-fcfs",
              "json8", "grounded1", "degradation", "sampled")
 PRIORITY_SCENARIOS = ("priority", "priority-fcfs")  # the interactive / batch mix (benchmarks/priority_mix.py)
 # the others run when named
@@ -100,7 +100,7 @@ def scenarios(a) -> dict[str, Scenario]:
                  ("jaxinfer", "jaxinfer-static", "jaxinfer-before", "llamacpp", "hf-transformers")),
         Scenario("c128", c128, c128, wl(num_requests=max(a.num_requests, c128), **fixed),
                  ("jaxinfer", "jaxinfer-static")),
-        Scenario(BRIEF, c128, c128, wl(num_requests=max(a.num_requests, c128), **fixed),
+        Scenario(DEFAULTS128, c128, c128, wl(num_requests=max(a.num_requests, c128), **fixed),
                  ("jaxinfer", "jaxinfer-static", "llamacpp")),
         Scenario(FLOOD, 8 * c128, 8 * c128, wl(num_requests=8 * c128, **fixed), ("jaxinfer",)),
         Scenario("overload", 4 * a.concurrency, a.concurrency, wl(num_requests=2 * a.num_requests, **fixed),
@@ -180,21 +180,21 @@ def flood_fields(requests: list[dict], metrics_after: dict | None) -> dict:
             "kv_idle_after": None if free is None or total is None else free == total}
 
 
-def brief_acceptance(result_scenarios: dict) -> list[dict]:
-    """Issue 50's lines for the brief's scene (jaxinfer on server defaults): 0 failed requests,
+def defaults128_acceptance(result_scenarios: dict) -> list[dict]:
+    """Issue 50's lines for the headline scene (jaxinfer on server defaults): 0 failed requests,
     KV fragmentation <= 2%, output tok/s >= the 32-client (``fixed``) figure of the same run."""
-    e = result_scenarios.get(BRIEF, {}).get("jaxinfer")
+    e = result_scenarios.get(DEFAULTS128, {}).get("jaxinfer")
     fixed = result_scenarios.get("fixed", {}).get("jaxinfer")
     errors = None if e is None else e["counts"]["total"] - e["counts"]["ok"]
     frag = None if e is None else e.get("kv_fragmentation")
     ratio = None if e is None or fixed is None or not fixed["output_throughput_tok_s"] else (
         e["output_throughput_tok_s"] / fixed["output_throughput_tok_s"])
-    lines = [("brief's scene, server defaults: 0 failed requests", "jaxinfer errors", "<= 0", errors, 0, "max"),
-             ("brief's scene, server defaults: KV fragmentation <= 2%", "jaxinfer kv_fragmentation", "<= 0.02",
+    lines = [("headline scene, server defaults: 0 failed requests", "jaxinfer errors", "<= 0", errors, 0, "max"),
+             ("headline scene, server defaults: KV fragmentation <= 2%", "jaxinfer kv_fragmentation", "<= 0.02",
               frag, 0.02, "max"),
-             ("brief's scene, server defaults: output tok/s >= 32 clients'", "brief128/fixed output_throughput",
+             ("headline scene, server defaults: output tok/s >= 32 clients'", "defaults128/fixed output_throughput",
               ">= 1", ratio, 1.0, "min")]
-    out = [{"line": text, "scenario": BRIEF, "quantity": qty, "target": target, "value": v,
+    out = [{"line": text, "scenario": DEFAULTS128, "quantity": qty, "target": target, "value": v,
             "pass": None if v is None else (v >= t if kind == "min" else v <= t)}
            for text, qty, target, v, t, kind in lines]
     return out + _flood_acceptance(result_scenarios.get(FLOOD, {}).get("jaxinfer"))

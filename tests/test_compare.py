@@ -164,9 +164,9 @@ def test_priority_mix_smoke_against_the_api():
 def test_compare_plan_selects_systems_per_scenario():
     compare = load_benchmark("compare")
     runs = {s.name: systems for s, systems in compare.plan(compare.parse_args([]))}
-    assert list(runs) == ["single", "fixed8", "fixed", "sharegpt", "c128", "brief128", "overload", "priority",
+    assert list(runs) == ["single", "fixed8", "fixed", "sharegpt", "c128", "defaults128", "overload", "priority",
                           "priority-fcfs", "json8"]
-    assert runs["brief128"] == ["jaxinfer", "jaxinfer-static", "llamacpp"] and "flood1024" not in runs
+    assert runs["defaults128"] == ["jaxinfer", "jaxinfer-static", "llamacpp"] and "flood1024" not in runs
     flood = compare.scenarios(compare.parse_args([]))["flood1024"]
     assert (flood.clients, flood.workload.num_requests, flood.systems, flood.server_defaults) == (
         1024, 1024, ("jaxinfer",), True)
@@ -385,14 +385,14 @@ def test_priority_mix_warms_both_classes_then_starts_batch_before_interactive(mo
     assert measured[5] < measured[0] and measured[0] - measured[5] >= 0.04
 
 
-def test_brief_scene_runs_jaxinfer_on_server_defaults_beside_static():
-    """brief128 (issue 50): jaxinfer gets no sizing, queue or tuning flag; static batching keeps
+def test_headline_scene_runs_jaxinfer_on_server_defaults_beside_static():
+    """defaults128 (issue 50): jaxinfer gets no sizing, queue or tuning flag; static batching keeps
     its own flags and, like jaxinfer, the default KV pool."""
     import server
 
     compare = load_benchmark("compare")
     a = compare.parse_args(["--jaxinfer-args", "--watermark 0.05", "--max-num-batched-tokens", "256"])
-    scen = compare.scenarios(a)["brief128"]
+    scen = compare.scenarios(a)["defaults128"]
     assert (scen.clients, scen.workload.input_len, scen.workload.output_len) == (128, 512, 256)
     cmd = compare.server_command("jaxinfer", 8000, a, scen)
     assert cmd[2:] == ["--port", "8000", "--model", a.model, "--shutdown-timeout", "5", "--log-level", "warning"]
@@ -402,7 +402,7 @@ def test_brief_scene_runs_jaxinfer_on_server_defaults_beside_static():
     assert overload[overload.index("--max-num-seqs") + 1] == str(a.concurrency)  # excess clients queue for a slot
 
 
-def test_errors_by_kind_and_brief_acceptance():
+def test_errors_by_kind_and_defaults128_acceptance():
     sc = load_benchmark("compare_scenarios")
     reqs = [{"outcome": "ok"}, {"outcome": "http_429", "error": '{"error": {"code": "queue_full"}}'},
             {"outcome": "http_429", "error": '{"error": {"code": "queue_wait_expired"}}'},
@@ -410,20 +410,20 @@ def test_errors_by_kind_and_brief_acceptance():
     kinds = sc.errors_by_kind(reqs)
     assert {k: v for k, v in kinds.items() if v} == {"queue_full": 1, "queue_wait_expired": 1, "http_429_other": 1,
                                                      "http_5xx": 1, "client_timeout": 1}
-    brief = {"counts": {"total": 128, "ok": 128}, "kv_fragmentation": 0.01, "output_throughput_tok_s": 700.0,
+    defaults = {"counts": {"total": 128, "ok": 128}, "kv_fragmentation": 0.01, "output_throughput_tok_s": 700.0,
              "errors_by_kind": dict.fromkeys(sc.ERROR_KINDS, 0)}
     fixed = {"counts": {"total": 128, "ok": 128}, "output_throughput_tok_s": 627.0}
-    lines = sc.brief_acceptance({"brief128": {"jaxinfer": brief}, "fixed": {"jaxinfer": fixed}})
+    lines = sc.defaults128_acceptance({"defaults128": {"jaxinfer": defaults}, "fixed": {"jaxinfer": fixed}})
     assert [ln["pass"] for ln in lines] == [True, True, True, None, None]  # the flood was not run
-    assert [ln["pass"] for ln in sc.brief_acceptance({})] == [None] * 5
+    assert [ln["pass"] for ln in sc.defaults128_acceptance({})] == [None] * 5
     refused = [{"outcome": "http_429", "error": "queue_full", "retry_after": 41.0}] * 3
     flood = {"errors_by_kind": sc.errors_by_kind(refused + reqs[:1]),
              **sc.flood_fields(refused, {"jaxinfer_kv_blocks_free": 10.0, "jaxinfer_kv_blocks_total": 10.0})}
-    assert [ln["pass"] for ln in sc.brief_acceptance({"flood1024": {"jaxinfer": flood}})][3:] == [True, True]
+    assert [ln["pass"] for ln in sc.defaults128_acceptance({"flood1024": {"jaxinfer": flood}})][3:] == [True, True]
     flood = {"errors_by_kind": kinds, **sc.flood_fields(reqs, {"jaxinfer_kv_blocks_free": 9.0,
                                                                "jaxinfer_kv_blocks_total": 10.0})}
-    lines = sc.brief_acceptance({"flood1024": {"jaxinfer": flood}})[3:]
+    lines = sc.defaults128_acceptance({"flood1024": {"jaxinfer": flood}})[3:]
     assert [(ln["value"], ln["pass"]) for ln in lines] == [(5, False), (0, False)]  # 5xx, time-out, 3 x no Retry-After
-    assert "No request failed" in sc.errors_markdown({"brief128": {"jaxinfer": brief}})
+    assert "No request failed" in sc.errors_markdown({"defaults128": {"jaxinfer": defaults}})
     md = sc.errors_markdown({"overload": {"jaxinfer": {"errors_by_kind": kinds}}})
     assert "| overload | jaxinfer | 1 | 1 | 1 | 0 | 1 | 1 | 0 | 0 |" in md

@@ -21,7 +21,7 @@ DTYPES = ("auto", "float32", "bfloat16")
 QUANTIZATIONS = ("int8",)  # weight quantizations (--quantization; None: the dtype's float weights)
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")  # --kv-cache-dtype ("auto": the model dtype)
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
-# Sequence slots when ``max_num_seqs`` is left unset: the design brief's scene (128 concurrent
+# Sequence slots when ``max_num_seqs`` is left unset: the design's headline scene (128 concurrent
 # clients) runs at once instead of in waves of 32, whose fourth wave waited past the queue
 # bound. TGI answers 429 only past 128 concurrent requests (``max_concurrent_requests``);
 # vLLM's CPU server default is 128 too. Slots beyond what the KV pool holds cost nothing:
