@@ -39,10 +39,7 @@ def by_model_type(model_type: Any) -> ModelFamily:
     Raises:
       ValueError: an unregistered name (the message lists the supported ones).
     """
-    family = _BY_MODEL_TYPE.get(model_type)
-    if family is None:
-        raise ValueError(f"model_type {model_type!r} is not supported; supported: {', '.join(model_types())}")
-    return family
+    return _lookup(_BY_MODEL_TYPE, model_type, "model_type")
 
 
 def by_gguf_architecture(arch: Any) -> ModelFamily:
@@ -51,9 +48,13 @@ def by_gguf_architecture(arch: Any) -> ModelFamily:
     Raises:
       ValueError: an unregistered name (the message lists the supported ones).
     """
-    family = _BY_GGUF.get(arch)
+    return _lookup(_BY_GGUF, arch, "GGUF architecture")
+
+
+def _lookup(table: dict[str, ModelFamily], name: Any, what: str) -> ModelFamily:
+    family = table.get(name)
     if family is None:
-        raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: {', '.join(gguf_architectures())}")
+        raise ValueError(f"{what} {name!r} is not supported; supported: {', '.join(table)}")
     return family
 
 
