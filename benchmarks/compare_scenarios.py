@@ -173,8 +173,8 @@ def flood_fields(requests: list[dict], metrics_after: dict | None) -> dict:
     """compare.json fields of a run for the flood's acceptance: 429s that carried no
     ``Retry-After``, and whether the KV pool was idle when the load ended (every usable block
     free; None when the server's metrics were not read)."""
-    free = (metrics_after or {}).get("jaxinfer_kv_blocks_free")
-    total = (metrics_after or {}).get("jaxinfer_kv_blocks_total")
+    free = (metrics_after or {}).get("kv_blocks_free")  # as `jaxinfer.bench.metadata.parse_metrics` names them
+    total = (metrics_after or {}).get("kv_blocks_total")
     return {"http_429_without_retry_after": sum(r["outcome"] == "http_429" and r.get("retry_after") is None
                                                 for r in requests),
             "kv_idle_after": None if free is None or total is None else free == total}

@@ -418,12 +418,16 @@ def test_errors_by_kind_and_defaults128_acceptance():
     assert [ln["pass"] for ln in sc.defaults128_acceptance({})] == [None] * 5
     refused = [{"outcome": "http_429", "error": "queue_full", "retry_after": 41.0}] * 3
     flood = {"errors_by_kind": sc.errors_by_kind(refused + reqs[:1]),
-             **sc.flood_fields(refused, {"jaxinfer_kv_blocks_free": 10.0, "jaxinfer_kv_blocks_total": 10.0})}
+             **sc.flood_fields(refused, {"kv_blocks_free": 10.0, "kv_blocks_total": 10.0})}
     assert [ln["pass"] for ln in sc.defaults128_acceptance({"flood1024": {"jaxinfer": flood}})][3:] == [True, True]
-    flood = {"errors_by_kind": kinds, **sc.flood_fields(reqs, {"jaxinfer_kv_blocks_free": 9.0,
-                                                               "jaxinfer_kv_blocks_total": 10.0})}
+    flood = {"errors_by_kind": kinds, **sc.flood_fields(reqs, {"kv_blocks_free": 9.0,
+                                                               "kv_blocks_total": 10.0})}
     lines = sc.defaults128_acceptance({"flood1024": {"jaxinfer": flood}})[3:]
     assert [(ln["value"], ln["pass"]) for ln in lines] == [(5, False), (0, False)]  # 5xx, time-out, 3 x no Retry-After
     assert "No request failed" in sc.errors_markdown({"defaults128": {"jaxinfer": defaults}})
+    # the names a run records: jaxinfer.bench.metadata.parse_metrics of the server's /metrics
+    from jaxinfer.bench.metadata import parse_metrics
+    after = parse_metrics("jaxinfer_kv_blocks_free 7.0\njaxinfer_kv_blocks_total 7.0\n")
+    assert sc.flood_fields([], after)["kv_idle_after"] is True
     md = sc.errors_markdown({"overload": {"jaxinfer": {"errors_by_kind": kinds}}})
     assert "| overload | jaxinfer | 1 | 1 | 1 | 0 | 1 | 1 | 0 | 0 |" in md
