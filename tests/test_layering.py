@@ -1,15 +1,11 @@
 """The package layering of docs/architecture.md, checked from the source's own imports.
 
 Reads every module of ``jaxinfer`` (and ``server.py``) with `ast`, module-level and
-function-level imports alike, and checks the table:
-
-- ``core`` and ``config`` import no JAX (also checked by importing them in a fresh
-  interpreter, so a JAX import two modules away fails too);
-- ``kernels`` import nothing of jaxinfer outside ``kernels``;
-- ``models`` import neither ``kernels`` nor ``platform``;
-- ``layers`` import neither ``runner`` nor ``engine``;
-- the front doors (``entrypoints``, ``server.py``) import neither ``runner`` nor ``layers``;
-- no import circle among modules (imports at module level, the ones that run on import).
+function-level imports alike, and checks the table `FORBIDDEN` (package -> packages it may not
+import; None: nothing of jaxinfer outside itself), that ``core`` and ``config`` import no JAX
+(also by importing them in a fresh interpreter, so a JAX import two modules away fails too),
+that the front doors (``entrypoints``, ``server.py``) import neither ``runner`` nor ``layers``,
+and that no module-level import circle exists.
 """
 from __future__ import annotations
 

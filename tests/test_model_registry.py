@@ -120,3 +120,24 @@ def test_gemma3_gguf_hooks(tmp_path):
     np.testing.assert_array_equal(got["model.norm.weight"], stored["output_norm.weight"] - np.float32(1))
     tree = build_tree(iter(got.items()), cfg, "float32")
     assert tree["layers"]["mlp_out_norm"]["scale"].shape == (2, 8)
+
+
+class ToyDecoder(LlamaForCausalLM):
+    """A family's own decoder class (here Llama's computation under another class)."""
+
+
+def test_the_runner_builds_the_familys_decoder():
+    """A family with its own decoder is served by it: the runner asks the registry."""
+    from jaxinfer.models.params import init_params
+    from jaxinfer.runner.model_runner import ModelRunner
+    from tests.helpers import tiny_config
+
+    fam = dataclasses.replace(llama_family.FAMILY, model_type="toydec", hf_architectures=("ToyDecForCausalLM",),
+                              gguf_architecture=None, decoder=f"{__name__}:ToyDecoder")
+    registry.register(fam)
+    try:
+        cfg = dataclasses.replace(tiny_config(), model_type="toydec")
+        runner = ModelRunner(cfg, init_params(cfg, "float32"), num_blocks=8, block_size=16)
+        assert type(runner.model) is ToyDecoder
+    finally:
+        registry.unregister("toydec")

@@ -19,7 +19,7 @@ def auto_dtype(platform: str) -> str:
       checkpoints;
     * ``"cpu"``: ``$JAXINFER_CPU_DTYPE`` when set (``float32`` or ``bfloat16``; the test suite
       pins float32 to compare with float32 references), else bfloat16 on a CPU with a
-      bfloat16 dot instruction (`jaxinfer.cpu_features.has_native_bf16`: AVX-512 BF16 or
+      bfloat16 dot instruction (`jaxinfer.platform.cpu_features.has_native_bf16`: AVX-512 BF16 or
       AMX), else float32. (vLLM's CPU backend defaults to bfloat16 on any AVX-512 CPU; this
       bfloat16 path was measured only where the instruction exists.) With such an
       instruction, bfloat16 serves faster here than float32 (96.0 against 71.6 output tok/s

@@ -28,6 +28,7 @@ from typing import Mapping
 
 import jax.numpy as jnp
 
+from jaxinfer.layers.attention.registry import ATTENTION_BACKENDS
 from jaxinfer.platform.cpu_features import host_cpu_flags
 
 # The environment switches of the C++ kernels: "0" turns one off (XLA's own ops run).
@@ -173,8 +174,8 @@ def resolve_plan(cfg, dtype, attention: str | None = None, *, block_size: int = 
     environ = os.environ if environ is None else environ
     flags = host_cpu_flags() if cpu_flags is None and platform == "cpu" else (cpu_flags or frozenset())
     attention = attention or default_attention_backend(platform)
-    if attention not in ("xla", "pallas"):
-        raise ValueError(f"unknown attention backend {attention!r} (expected 'xla' or 'pallas')")
+    if attention not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention backend {attention!r} (expected one of {', '.join(ATTENTION_BACKENDS)})")
     cpu = platform == "cpu"
     one_cpu = cpu and not sharded
     int8 = cfg.quantization == "int8"

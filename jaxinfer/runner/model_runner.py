@@ -47,7 +47,8 @@ from jaxinfer.config import ModelConfig
 from jaxinfer.layers.linear import PACKED_COLLECTION, get_linear_method
 from jaxinfer.layers import cpu_bf16
 from jaxinfer.models.layer_layout import unstack_layers
-from jaxinfer.models.llama import HIDDEN, LlamaForCausalLM, LMHead
+from jaxinfer.models import registry
+from jaxinfer.models.llama import HIDDEN, LMHead
 from jaxinfer.platform.execution_plan import ExecutionPlan, resolve_plan
 from jaxinfer.layers.sampler import prompt_logprobs, sample
 from jaxinfer.layers.step_metadata import SamplingMetadata
@@ -181,7 +182,8 @@ class ModelRunner:
                                           mesh=shardings[1].mesh if shardings else None,  # the KV cache's mesh
                                           native=plan.native_attention)
         self.linear = get_linear_method(plan.linear, plan.linear_fallback)
-        self.model = LlamaForCausalLM(cfg, attention, self.dtype, self.dtype, linear=self.linear)
+        decoder = registry.decoder_class(cfg)  # the family's decoder (`jaxinfer.models.registry`)
+        self.model = decoder(cfg, attention, self.dtype, self.dtype, linear=self.linear)
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_storage = KVStorage.select(self.dtype, plan.platform, kv_cache_dtype)  # the cache's format
         if shardings is not None:  # an 8-bit cache's scales [L, NB, bs, K] split like the values
@@ -204,7 +206,7 @@ class ModelRunner:
         out = {} if shardings is None else {"out_shardings": (rep, rep, shardings[1], shardings[1], rep)}
         step = functools.partial(self._model_step, native_ids=plan.native_argmax)
         self._jitted = jax.jit(functools.partial(step, self.model), donate_argnums=(1, 2), **out)
-        unrolled = LlamaForCausalLM(cfg, attention, self.dtype, self.dtype, scan_layers=False, linear=self.linear)
+        unrolled = decoder(cfg, attention, self.dtype, self.dtype, scan_layers=False, linear=self.linear)
         self._jitted_unrolled = jax.jit(functools.partial(step, unrolled), donate_argnums=(1, 2), **out)
         self._jitted_head = jax.jit(self._prompt_step, **({} if shardings is None else {"out_shardings": shardings[2]}))
 

@@ -1,8 +1,8 @@
 // Products against pre-packed bfloat16 weights on Intel AMX, or on VDPBF16PS (AVX-512 BF16) where
 // the CPU has no AMX, as XLA FFI custom
 // calls ("jaxinfer_amx_gemm", and "jaxinfer_amx_gated" for the gated MLP's first half, below).
-// Built and registered by jaxinfer/native_amx.py; called from jaxinfer/models/llama.py
-// (`_project`, `MLP`, `lm_head_logits`) for the layers' and the LM head's products, at any row
+// Built and registered by jaxinfer/kernels/cpu/amx.py; called through the amx_packed linear method
+// (jaxinfer/layers/linear_methods/) for the layers' and the LM head's products, at any row
 // count. One or two rows (one or two decoding streams) fill a sixteenth of an A tile, yet the tiles
 // read the weights faster than an AVX-512 BF16 loop streaming the same packed blocks (VDPBF16PS,
 // one block after another, 16-128 lines prefetched ahead): SmolLM2-135M's 30 layers and LM head,

@@ -1,7 +1,7 @@
 // The AMX tile configuration the kernels in this folder run under (amx_gemm.cc's products,
 // paged_decode.cc's prefill runs): all eight tiles 16 rows of 64 bytes, set for the length of a
 // work item and then undone, since XLA's own AMX kernels run on the same threads with theirs.
-// jaxinfer/native_build.py hashes this header with each source.
+// jaxinfer/kernels/cpu/build.py hashes this header with each source.
 #ifndef JAXINFER_NATIVE_AMX_TILES_H_
 #define JAXINFER_NATIVE_AMX_TILES_H_
 

@@ -1,5 +1,5 @@
 // Row-wise argmax of float32 logits on CPU, as an XLA FFI custom call ("jaxinfer_argmax"). Built
-// and registered by jaxinfer/native_argmax.py; called from jaxinfer/model_runner.py for the greedy
+// and registered by jaxinfer/kernels/cpu/argmax.py; called from jaxinfer/runner/model_runner.py for the greedy
 // token ids every step returns.
 //
 // Why: XLA:CPU (jax 0.10.2) lowers jnp.argmax to a variadic (value, index) reduce that read

@@ -1,5 +1,5 @@
 // Few-row products against bfloat16 weights on CPU, as XLA FFI custom calls. Built and
-// registered by jaxinfer/native_gemv.py; called from jaxinfer/models/cpu_bf16.py for the
+// registered by jaxinfer/kernels/cpu/gemv.py; called from jaxinfer/layers/cpu_bf16.py for the
 // one- and two-row products of one or two decoding streams where no packed weights are passed
 // (a CPU with neither AMX nor AVX-512 BF16; with either, amx_gemm.cc takes them over packed weights).
 //

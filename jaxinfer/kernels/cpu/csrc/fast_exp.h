@@ -1,6 +1,6 @@
 // exp(x) for the kernels in this folder (paged_decode.cc's softmax, amx_gemm.cc's gated
 // epilogue), scalar and 16 lanes. glibc's expf is a call per element (it was most of the
-// attention kernel's time) and does not vectorize. jaxinfer/native_build.py hashes this header
+// attention kernel's time) and does not vectorize. jaxinfer/kernels/cpu/build.py hashes this header
 // with each source.
 //
 // exp(x) = 2^n e^r with n = round(x log2 e) and r = x - n ln 2 (ln 2 in two parts, Cody-Waite),

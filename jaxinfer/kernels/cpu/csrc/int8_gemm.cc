@@ -1,7 +1,7 @@
 // Products against pre-packed int8 weights with group scales (`--quantization int8`), as an XLA
 // FFI custom call ("jaxinfer_int8_gemm"), on AVX-512 VNNI. Built and registered by
-// jaxinfer/native_int8.py; called through jaxinfer/native_amx.py's `matmul` from
-// jaxinfer/models/llama.py (`_project`, the fused q/k/v product, `lm_head_logits`), at any row count.
+// jaxinfer/kernels/cpu/int8.py; called through the int8_packed linear method
+// (jaxinfer/layers/linear_methods/: projections, the fused q/k/v product, the LM head), at any row count.
 //
 // Why: XLA:CPU (jax 0.10.2) does not fuse the int8 -> float convert and the group scales into
 // its dot. The int8 model's step dequantized every weight to the compute dtype, wrote it out and
@@ -54,7 +54,7 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int64_t kGroup = 64;  // inputs per weight scale (jaxinfer.models.quant.GROUP_SIZE)
+constexpr int64_t kGroup = 64;  // inputs per weight scale (jaxinfer.layers.quantization.int8.GROUP_SIZE)
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define JAXINFER_VNNI 1

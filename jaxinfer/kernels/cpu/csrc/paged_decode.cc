@@ -1,9 +1,9 @@
 // Paged attention on CPU (one query, or a run of a prompt chunk's queries, per work item), as an
 // XLA FFI custom call ("jaxinfer_paged_decode"). Built and registered by
-// jaxinfer/native_attention.py; called from jaxinfer/attention.py (_native_paged_attention) for
+// jaxinfer/kernels/cpu/attention.py; called from jaxinfer/layers/attention/xla.py (_native_paged_attention) for
 // every token of a step, decode and prefill alike, after the step's K/V were written: a "row"
 // below is one query with its own block table and the number of positions it sees (its position
-// + 1). Outputs are the (max, sum, weighted values) partial softmax; attention.py divides.
+// + 1). Outputs are the (max, sum, weighted values) partial softmax; xla.py divides.
 //
 // Why: XLA:CPU reads the pages in several passes (gather, transpose, tiny batched dots), and its
 // scores of a step's new tokens grow with the square of the step's tokens; this reads each key
@@ -536,7 +536,7 @@ bool amx_tiles_granted() {
 #endif
 
 // The bfloat16 run loop is used unless JAXINFER_NATIVE_AMX=0 (the switch of the packed products
-// too, jaxinfer/native_amx.py), read per call so that a process can compare both loops.
+// too, jaxinfer/kernels/cpu/amx.py), read per call so that a process can compare both loops.
 bool amx_attention_on() {
   const char* env = std::getenv("JAXINFER_NATIVE_AMX");
   if (env && env[0] == '0' && env[1] == '\0') return false;
@@ -900,7 +900,7 @@ ffi::Error check(const ffi::Buffer<ffi::F32>& q, const ffi::AnyBuffer& k_cache, 
 }
 
 // Both targets: check the shapes, then run the rows with the cache's element type. Float caches
-// come without scales; 8-bit caches (jaxinfer/kv_quant.py) with theirs.
+// come without scales; 8-bit caches (jaxinfer/layers/attention/kv_quant.py) with theirs.
 ffi::Error decode(ffi::ThreadPool& pool, const ffi::Buffer<ffi::F32>& q, const ffi::AnyBuffer& k_cache,
                   const ffi::AnyBuffer& v_cache, const uint16_t* k_scales, const uint16_t* v_scales,
                   const ffi::Buffer<ffi::S32>& layer, const ffi::Buffer<ffi::S32>& tables,

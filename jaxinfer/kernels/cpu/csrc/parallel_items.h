@@ -1,5 +1,5 @@
 // Work sharing over XLA's intra-op thread pool, for the FFI handlers in this folder
-// (paged_decode.cc, bf16_gemv.cc). jaxinfer/native_build.py hashes this header with each source.
+// (paged_decode.cc, bf16_gemv.cc). jaxinfer/kernels/cpu/build.py hashes this header with each source.
 #ifndef JAXINFER_NATIVE_PARALLEL_ITEMS_H_
 #define JAXINFER_NATIVE_PARALLEL_ITEMS_H_
 
