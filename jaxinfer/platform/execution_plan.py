@@ -80,11 +80,6 @@ class ExecutionPlan:
         """Whether the layers' products read weights packed once at load (`PACKED_METHODS`)."""
         return self.linear in PACKED_METHODS
 
-    @property
-    def unpacked_linear(self) -> str:
-        """The method of the layers that get no packed weights (the unrolled ones)."""
-        return self.linear_fallback if self.packed and self.linear_fallback else self.linear
-
     def describe(self) -> str:
         """One short line for the server's settings line, e.g. ``platform=cpu attention=xla+native
         linear=amx_packed(bf16_gemv) argmax=native unroll=0``."""
