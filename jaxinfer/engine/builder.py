@@ -427,7 +427,7 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
     backend = plan.attention
     runner = ModelRunner(model_config, params, num_blocks, config.cache.block_size, config.dtype, backend,
                          config.max_logprobs, config.return_logits, shardings=shardings,
-                         kv_cache_dtype=config.cache.kv_cache_dtype, plan=plan)
+                         kv_cache_dtype=config.cache.kv_cache_dtype, plan=plan, pooling=config.runner == "pooling")
     if jax.process_count() > 1:
         runner = distributed.step_runner(runner)
     factory = None if draft is None else _draft_factory(config, model_config, num_blocks, backend, draft)
