@@ -169,11 +169,9 @@ def prepare_rows(rows: list[Row], layout: BatchLayout, greedy: bool = False) -> 
     a["any_logprobs"][...] = any(p.logprobs is not None for p in sampled_rows)
     scored = [] if greedy else [(r.req, len(r.tokens)) for r in rows]  # a draft model scores no prompt
     inputs = _assemble(bucket, a, prompt_logprobs.step_targets(scored, bucket.num_tokens))
-    if not greedy:
-        pool = pooling.step_weights([(r.req, r.start, len(r.tokens)) for r in rows], bucket.num_tokens,
-                                    bucket.num_seqs)
-        if pool is not None:
-            inputs.pool_rows, inputs.pool_weights = pool
+    if not greedy and any(r.req.pooling is not None for r in rows):  # generate-only steps: no pooling input
+        inputs.pool_rows, inputs.pool_weights = pooling.step_weights(
+            [(r.req, r.start, len(r.tokens)) for r in rows], bucket.num_tokens, bucket.num_seqs)
     return inputs
 
 
