@@ -80,3 +80,70 @@ def assert_greedy_matches(got: list[int], want: list[int], margins: list[float],
             assert margins[i] < TIE, f"{what} step {i}: {g} != {w} (margin {margins[i]:.4f})"
             return
     assert len(got) == len(want), what
+
+
+# llama.cpp's per-layer GGUF names of the HF ones (gguf-py TENSOR_NAMES, qwen2 / qwen3 archs)
+_GGUF_LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+               "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+               "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+               "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+               "mlp.down_proj": "ffn_down"}
+_GGUF_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                "lm_head.weight": "output.weight"}
+
+
+def gguf_name(hf_name: str) -> str:
+    """The GGUF tensor name llama.cpp gives a Qwen2/Qwen3 HF tensor (no permutation: NeoX RoPE)."""
+    if hf_name in _GGUF_GLOBAL:
+        return _GGUF_GLOBAL[hf_name]
+    _, _, i, rest = hf_name.split(".", 3)
+    module, _, kind = rest.rpartition(".")
+    return f"blk.{i}.{_GGUF_LAYER[module]}.{kind}"
+
+
+def write_qwen_gguf(model, tokenizer_dir: Path, path: Path) -> Path:
+    """A float32 GGUF of a transformers Qwen2/Qwen3 model as llama.cpp's converter lays it out
+    (architecture ``qwen2`` / ``qwen3``, its metadata keys, ``gpt2`` BPE tokenizer from
+    ``tokenizer_dir``'s ``tokenizer.json``); a tied model has no ``output.weight``."""
+    import json
+
+    import gguf
+
+    c = model.config
+    arch = c.model_type
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    rope = c.rope_parameters
+    w.add_rope_freq_base(rope["rope_theta"])
+    if rope.get("rope_type") == "yarn":  # llama.cpp's keys for Qwen's yarn configs
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    tj = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    tokens = sorted(tj["model"]["vocab"], key=tj["model"]["vocab"].get)
+    special = {t["content"] for t in tj["added_tokens"]}
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]])
+    w.add_bos_token_id(c.bos_token_id)
+    w.add_eos_token_id(c.eos_token_id)
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        w.add_tensor(gguf_name(name), t.float().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

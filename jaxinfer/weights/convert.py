@@ -72,6 +72,23 @@ def build_tree(tensors: Iterator[tuple[str, np.ndarray]], cfg: ModelConfig, dtyp
     expected = set(_flatten_keys(param_shapes(cfg)["layers"]))  # the config's layer leaves (biases...)
     flat: dict[str, np.ndarray] = {}
     layers: dict[str, list] = {path: [None] * cfg.num_hidden_layers for path, _ in names.values() if path in expected}
+    try:
+        _place_all(tensors, names, layers, flat, cfg, dtype)
+    finally:  # a reader stopped by an error ends its progress bar now, before the error is shown
+        getattr(tensors, "close", lambda: None)()
+    for path, ws in layers.items():
+        missing = [i for i, w in enumerate(ws) if w is None]
+        if missing:
+            raise ValueError(f"layers {missing} have no {path}")
+        flat[f"layers/{path}"] = np.stack(ws)
+    tree = _unflatten(flat)
+    check_tree(tree, cfg)
+    return tree
+
+
+def _place_all(tensors, names, layers: dict[str, list], flat: dict[str, np.ndarray], cfg: ModelConfig,
+               dtype) -> None:
+    """Put each HF tensor in its layer slot (``layers``) or its whole-model leaf (``flat``)."""
     for name, w in tensors:
         m = _HF_LAYER_RE.fullmatch(name)
         if m and m.group(2) in names:
@@ -92,14 +109,6 @@ def build_tree(tensors: Iterator[tuple[str, np.ndarray]], cfg: ModelConfig, dtyp
                 flat["lm_head/kernel"] = w.T.astype(dtype)
         elif not name.endswith("rotary_emb.inv_freq"):
             raise ValueError(f"unsupported tensor {name!r}")
-    for path, ws in layers.items():
-        missing = [i for i, w in enumerate(ws) if w is None]
-        if missing:
-            raise ValueError(f"layers {missing} have no {path}")
-        flat[f"layers/{path}"] = np.stack(ws)
-    tree = _unflatten(flat)
-    check_tree(tree, cfg)
-    return tree
 
 
 def _reshape(w: np.ndarray, kind: str, cfg: ModelConfig) -> np.ndarray:

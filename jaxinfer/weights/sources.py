@@ -56,7 +56,7 @@ def gguf_config(reader) -> ModelConfig:
         "num_attention_heads": n_head,
         "num_key_value_heads": field(f"{arch}.attention.head_count_kv", n_head),
         "head_dim": field(f"{arch}.attention.key_length", d // n_head),
-        "rms_norm_eps": float(field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        "rms_norm_eps": _f32_decimal(field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         "max_position_embeddings": field(f"{arch}.context_length", 4096),
         "tie_word_embeddings": "output.weight" not in _tensor_names(reader),
         "bos_token_id": field("tokenizer.ggml.bos_token_id"),
@@ -68,6 +68,12 @@ def gguf_config(reader) -> ModelConfig:
         raise ValueError(f"GGUF RoPE scaling {scaling!r} of architecture {arch!r} is not supported; "
                          "convert the Hugging Face checkpoint instead")
     return ModelConfig.from_dict(hf)
+
+
+def _f32_decimal(v) -> float:
+    """A float32 GGUF value as the shortest decimal that is the same float32 (the 1e-6 a
+    config.json wrote, not 9.999999974752427e-07)."""
+    return float(str(np.float32(v)))
 
 
 def read_gguf(reader, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
@@ -104,15 +110,20 @@ def hf_config(src: Path) -> ModelConfig:
     """`ModelConfig` of a Hugging Face folder (``config.json`` + ``generation_config.json``).
 
     Raises:
-      ValueError: a ``model_type`` not in `jaxinfer.models.registry`, an unsupported RoPE
+      ValueError: a ``model_type`` not in `jaxinfer.models.registry`, ``architectures`` that
+        name none of its family's classes (a ``Qwen2ForSequenceClassification``), an unsupported RoPE
         scaling type (llama3, linear, dynamic and yarn are supported: `jaxinfer.config.model_config.RopeScaling`),
         biases, or family features that are not supported (`jaxinfer.config.model_config.ModelConfig.from_dict`).
     """
     d = json.loads((src / "config.json").read_text())
     try:
-        registry.by_model_type(d.get("model_type"))
+        family = registry.by_model_type(d.get("model_type"))
     except ValueError as e:
         raise ValueError(f"{src}: {e}") from e
+    archs = d.get("architectures") or []
+    if archs and not set(archs) & set(family.hf_architectures):
+        raise ValueError(f"{src}: architecture {', '.join(archs)} is not supported; model_type "
+                         f"{family.model_type!r} serves {', '.join(family.hf_architectures)}")
     if d.get("mlp_bias"):
         raise ValueError(f"{src}: MLP biases (mlp_bias) are not supported")
     gen = src / "generation_config.json"
