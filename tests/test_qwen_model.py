@@ -150,3 +150,45 @@ def test_tp2_and_pallas_match_transformers(qwen, backend, tp):
         bias = llm.engine.runner.params["layers"]["attn"]["k_bias" if cfg.qkv_bias else "k_norm"]
         bias = bias if cfg.qkv_bias else bias["scale"]
         assert len({s.device for s in bias.addressable_shards}) >= 2
+
+
+@pytest.mark.parametrize("dtype,quantization", [("float32", "int8"), ("bfloat16", None)])
+def test_packed_products_add_the_biases(qwen, dtype, quantization):
+    """Qwen2's q/k/v biases with the products this CPU packs (int8 weights: ``int8_packed``,
+    VNNI; bfloat16: ``amx_packed``, AMX or AVX-512 BF16; q/k/v as one fused product): the
+    same tokens as XLA's products over the same weights, logits within their rounding. The
+    biases stay float beside the packed (or int8) kernels."""
+    import dataclasses
+
+    import jax
+    from helpers import resolved_plan, unpacked
+
+    family, _, cfg, params, _ = qwen
+    if family != "qwen2":
+        pytest.skip("the biases are qwen2's")
+    qcfg = dataclasses.replace(cfg, quantization=quantization)
+    params = jax.tree.map(lambda x: np.asarray(x, jnp_dtype(dtype)), params)  # the engine takes them in its dtype
+    runs = {}
+    for packed in (True, False):
+        plan = resolved_plan(qcfg, dtype, None if packed else unpacked)
+        if packed and not plan.packed:
+            pytest.skip(f"no packed products for {dtype}/{quantization} on this CPU")
+        llm = LLM("tiny-qwen2-q", dtype=dtype, quantization=quantization, model_config=cfg, params=params, plan=plan,
+                  enable_prefix_caching=False, **{**ENGINE, "max_num_seqs": 4})
+        kept = llm.engine.runner.params["layers"]["attn"]
+        # float (bfloat16 stacks are held as their uint16 bits on CPU: `cpu_bf16`), never int8
+        assert {"q_bias", "k_bias", "v_bias"} <= set(kept) and kept["q_bias"].dtype.itemsize == jnp_dtype(dtype).itemsize
+        if packed:
+            assert "qkv_packed" in llm.engine.runner.amx["layers"]["attn"]
+        outs = llm.generate(prompts([5, 33], seed=6), GREEDY.replace(max_tokens=6))
+        runs[packed] = ([o.outputs[0].token_ids for o in outs], [np.stack(o.outputs[0].logits) for o in outs])
+    assert runs[True][0] == runs[False][0]
+    tol = 3e-3 if dtype == "float32" else 3e-2
+    for a, b in zip(runs[True][1], runs[False][1]):
+        assert np.abs(a - b).max() <= tol * np.abs(b).max()
+
+
+def jnp_dtype(name: str):
+    import jax.numpy as jnp
+
+    return jnp.dtype(name)
