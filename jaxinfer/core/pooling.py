@@ -61,10 +61,12 @@ def step_weights(rows: Sequence[tuple[Request, int, int]], num_tokens: int,
 def record(req: Request, pooled_row: np.ndarray, start: int, n: int) -> None:
     """Add one step's pooled row (its chunk from ``start``, ``n`` tokens) to the request's
     running state (`Request.pooled`); a chunk from position 0 restarts it."""
-    if req.pooling.pooling_type == "last" and start + n != req.num_prompt_tokens:
+    row = np.array(pooled_row, np.float64)
+    if req.pooling.pooling_type == "last":
+        if start + n == req.num_prompt_tokens:  # the chunk holding the last prompt token
+            req.pooled = row
         return
-    row = np.asarray(pooled_row, np.float64)
-    req.pooled = row.copy() if start == 0 or req.pooled is None else req.pooled + row
+    req.pooled = row if start == 0 or req.pooled is None else req.pooled + row
 
 
 def finalize(req: Request) -> np.ndarray:
