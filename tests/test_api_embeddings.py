@@ -153,3 +153,32 @@ def test_metrics_count_embedding_requests(api):
     before = metric(api.http, 'jaxinfer_prompt_tokens_total')
     assert embed(api, input=[1, 2, 3, 4]).status_code == 200
     assert metric(api.http, 'jaxinfer_prompt_tokens_total') == before + 4
+
+
+def test_full_queue_is_429_with_retry_after():
+    """Embedding inputs queue like generation requests: a group that does not fit the waiting
+    queue now is a 429 with Retry-After; the first group still completes and nothing is held."""
+    import asyncio
+
+    from api_helpers import await_until, client
+
+    engine = fake_engine(max_num_seqs=2, max_num_batched_tokens=CHUNK, max_queue_len=4, step_delay=0.05,
+                         engine_runner="pooling")
+    with running_app(engine) as (app, ae):
+        async def scenario():
+            async with client(app) as http:
+                first = asyncio.create_task(http.post("/v1/embeddings", json={"model": MODEL,
+                                                                            "input": [[i] * 90 for i in range(1, 5)]}))
+                assert await await_until(lambda: _waiting(engine), 5)
+                second = await http.post("/v1/embeddings", json={"model": MODEL, "input": [[1], [2], [3]]})
+                return await first, second
+
+        first, second = asyncio.run(scenario())
+        assert first.status_code == 200 and len(first.json()["data"]) == 4
+        assert_error(second, 429)
+        assert float(second.headers["retry-after"]) >= 1
+        assert engine.num_free_blocks == engine.num_total_blocks
+
+
+async def _waiting(engine) -> bool:
+    return engine.num_waiting + engine.num_running > 0
