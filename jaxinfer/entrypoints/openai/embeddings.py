@@ -30,7 +30,7 @@ from jaxinfer.errors import QueueFullError, RequestError
 from jaxinfer.pooling_params import PoolingParams
 from jaxinfer.sampling_params import SamplingParams
 
-ALIASES = {"prompt": "input", "n": "input"}  # engine params as this endpoint names them
+ALIASES = {"prompt": "input"}  # engine params as this endpoint names them
 
 
 def require_runner(engine, runner: str) -> None:
@@ -102,6 +102,10 @@ async def create_embedding(req: EmbeddingRequest, raw: Request, ctx):
         pooling = PoolingParams(dimensions=req.dimensions, normalize=req.normalize)
         pooling.check(engine.model_config.hidden_size)
         prompts = await asyncio.to_thread(input_prompts, req, engine.tokenizer)
+        limit = engine.config.scheduler.max_queue_len
+        if len(prompts) > limit:  # the engine's group bound, in this endpoint's words
+            raise RequestError(f"this request has {len(prompts)} inputs; the server queues at most {limit} "
+                               "(--max-queue-len)", param="input")
         params = SamplingParams(temperature=0.0, max_tokens=1, priority=req.priority or 0)
     except RequestError as exc:
         raise from_exception(exc, ALIASES) from exc
