@@ -92,34 +92,52 @@ def encode_vector(vec: np.ndarray, encoding_format: str) -> list[float] | str:
 
 async def create_embedding(req: EmbeddingRequest, raw: Request, ctx):
     """``POST /v1/embeddings`` (``ctx``: the app's `jaxinfer.entrypoints.openai.serving.ServingContext`)."""
-    from jaxinfer.entrypoints.openai import serving  # the shared admission and collection helpers
-
     received = time.monotonic()
     model = ctx.model(req.model)
     engine = ctx.engine(model)
     require_runner(engine, "pooling")
+    rid = f"embd-{uuid.uuid4().hex}"
+    specs = await _specs(req, engine, ctx.config, rid, received)
+    outputs = await _run(specs, model, raw, ctx)
+    fmt = req.encoding_format or "float"
+    data = [Embedding(index=i, embedding=encode_vector(outputs[s.request_id].pooled.data, fmt))
+            for i, s in enumerate(specs)]
+    tokens = sum(len(s.prompt_token_ids) for s in specs)
+    body = EmbeddingResponse(id=rid, created=int(time.time()), model=model.name, data=data,
+                             usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens))
+    return JSONResponse(body.model_dump())
+
+
+async def _specs(req: EmbeddingRequest, engine, config, rid: str, received: float) -> list[RequestSpec]:
+    """One pooling engine request per input (400 on anything invalid, before any engine work)."""
     try:
         pooling = PoolingParams(dimensions=req.dimensions, normalize=req.normalize)
         pooling.check(engine.model_config.hidden_size)
-        prompts = await asyncio.to_thread(input_prompts, req, engine.tokenizer)
+        prompts = await asyncio.to_thread(input_prompts, req, engine.tokenizer)  # off the event loop
         limit = engine.config.scheduler.max_queue_len
         if len(prompts) > limit:  # the engine's group bound, in this endpoint's words
             raise RequestError(f"this request has {len(prompts)} inputs; the server queues at most {limit} "
                                "(--max-queue-len)", param="input")
-        params = SamplingParams(temperature=0.0, max_tokens=1, priority=req.priority or 0)
+        params = SamplingParams(temperature=0.0, max_tokens=1, priority=req.priority or 0)  # orders it only
     except RequestError as exc:
         raise from_exception(exc, ALIASES) from exc
-    rid = f"embd-{uuid.uuid4().hex}"
-    timeout = req.request_timeout or ctx.config.request_timeout
+    timeout = req.request_timeout or config.request_timeout
     deadline = received + timeout if timeout else None
-    specs = [RequestSpec(f"{rid}-{i}", p.token_ids, params, prompt=p.text, deadline=deadline,
-                         max_queue_wait=ctx.config.queue_wait_expiry, arrival_time=received, pooling=pooling)
-             for i, p in enumerate(prompts)]
+    return [RequestSpec(f"{rid}-{i}", p.token_ids, params, prompt=p.text, deadline=deadline,
+                        max_queue_wait=config.queue_wait_expiry, arrival_time=received, pooling=pooling)
+            for i, p in enumerate(prompts)]
+
+
+async def _run(specs: list[RequestSpec], model, raw: Request, ctx) -> dict:
+    """Add the group (all or none: 400 / 429) and wait for every output; a client that goes away
+    aborts the group."""
+    from jaxinfer.entrypoints.openai import serving  # the shared admission and collection helpers
+
     ae = model.async_engine
     try:
         serving._check_wait(ae, specs, ctx.config)
         stream = await ae.add(specs)
-    except QueueFullError as exc:
+    except QueueFullError as exc:  # 429, counted and with Retry-After as for generation
         ctx.metrics.reject("queue_full", model.name)
         exc.retry_after = max(exc.retry_after, ctx.config.retry_after)
         raise from_exception(exc) from exc
@@ -128,14 +146,7 @@ async def create_embedding(req: EmbeddingRequest, raw: Request, ctx):
     abort = lambda: ae.abort(sorted(stream.unfinished))  # noqa: E731
     try:
         async with serving.abort_on_disconnect(raw, abort) as gone:
-            outputs = await serving._collect_unless_gone(stream, ctx, model, gone)
+            return await serving._collect_unless_gone(stream, ctx, model, gone)
     except BaseException:
         abort()
         raise
-    fmt = req.encoding_format or "float"
-    data = [Embedding(index=i, embedding=encode_vector(outputs[s.request_id].pooled.data, fmt))
-            for i, s in enumerate(specs)]
-    tokens = sum(len(p.token_ids) for p in prompts)
-    body = EmbeddingResponse(id=rid, created=int(time.time()), model=model.name, data=data,
-                             usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens))
-    return JSONResponse(body.model_dump())
