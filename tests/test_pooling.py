@@ -112,6 +112,16 @@ def test_blocks_are_freed_in_the_step_the_prefill_ends(llm):
     assert_idle(llm)
 
 
+def test_abort_mid_prefill_frees_blocks_and_returns_no_vector(llm):
+    e = llm.engine
+    e.add_requests([RequestSpec("a", list(range(240, 170, -1)), SamplingParams(), pooling=PoolingParams())])
+    assert e.step() == [] and e.num_free_blocks < e.num_total_blocks  # first of 3 chunks computed
+    e.abort_request("a")
+    (out,) = e.step()
+    assert out.finished and out.outputs[0].finish_reason == "abort" and out.pooled is None
+    assert_idle(llm)
+
+
 def test_last_pooling_uses_prefix_cache_hits(llm, hf_states):
     """``last`` needs the last token alone (always computed): a cached prefix is reused."""
     llm.encode(PROMPTS[3], use_tqdm=False)
