@@ -1,6 +1,9 @@
-"""Results handed back to callers, in vLLM's shape (`RequestOutput`, `CompletionOutput`).
+"""Results handed back to callers, in vLLM's shape (`RequestOutput`, `CompletionOutput`; for
+pooling requests `PoolingRequestOutput` / `EmbeddingRequestOutput`).
 
-Plain Python; no JAX import.
+The engine reports every request as a `RequestOutput`; a pooling request's carries its vector
+in ``pooled`` (a `PoolingOutput`), which the front doors turn into vLLM's pooling outputs
+(`PoolingRequestOutput.from_output`). Plain Python; no JAX import.
 """
 from __future__ import annotations
 
@@ -70,7 +73,8 @@ class RequestOutput:
     prompt position computed so far, None for position 0, then ``{token_id: Logprob}`` for
     the actual prompt token (with its rank) and the top alternatives; complete (one per
     prompt token) by the first output token. ``num_cached_tokens``: prompt tokens served
-    from the prefix cache."""
+    from the prefix cache. ``pooled``: a finished pooling request's vector (`PoolingOutput`;
+    its ``outputs[0]`` then has no tokens and ``finish_reason`` ``"stop"``), else None."""
 
     request_id: str
     prompt: str | None
@@ -80,3 +84,67 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    pooled: "PoolingOutput | None" = None
+
+
+@dataclasses.dataclass
+class PoolingOutput:
+    """The pooled vector of one request (vLLM's ``PoolingOutput``).
+
+    Attributes:
+      data: [d] float32 numpy array: the final hidden states pooled (``last`` or ``mean``), the
+        first ``dimensions`` values, L2-normalized unless ``normalize=False``
+        (`jaxinfer.core.pooling.finalize`).
+    """
+
+    data: object
+
+
+@dataclasses.dataclass
+class PoolingRequestOutput:
+    """A finished pooling request (vLLM's ``PoolingRequestOutput``)."""
+
+    request_id: str
+    outputs: PoolingOutput
+    prompt_token_ids: list[int]
+    finished: bool
+    num_cached_tokens: int = 0
+
+    @classmethod
+    def from_output(cls, out: RequestOutput) -> "PoolingRequestOutput":
+        """The pooling view of an engine `RequestOutput` whose ``pooled`` is set.
+
+        Raises:
+          ValueError: ``out`` is no finished pooling request's output.
+        """
+        if out.pooled is None:
+            raise ValueError(f"request {out.request_id} has no pooled output "
+                             f"(finish reason {out.outputs[0].finish_reason if out.outputs else None})")
+        return cls(out.request_id, out.pooled, out.prompt_token_ids, out.finished, out.num_cached_tokens)
+
+
+@dataclasses.dataclass
+class EmbeddingOutput:
+    """An embedding as a list of floats (vLLM's ``EmbeddingOutput``)."""
+
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclasses.dataclass
+class EmbeddingRequestOutput:
+    """A finished embedding request (vLLM's ``EmbeddingRequestOutput``, what ``LLM.embed`` returns)."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool
+    num_cached_tokens: int = 0
+
+    @classmethod
+    def from_base(cls, out: PoolingRequestOutput) -> "EmbeddingRequestOutput":
+        return cls(out.request_id, EmbeddingOutput([float(x) for x in out.outputs.data]), out.prompt_token_ids,
+                   out.finished, out.num_cached_tokens)

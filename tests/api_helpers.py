@@ -51,12 +51,14 @@ def model_config(eos=(EOS, EOS_B), vocab=V) -> ModelConfig:
 
 def fake_engine(*, num_blocks=257, max_model_len=256, max_num_seqs=8, max_num_batched_tokens=64, max_queue_len=64,
                 watermark=0.15, step_delay=0.0, runner=None, tok=None, vocab=V, eos=(EOS, EOS_B),
-                grammar=None) -> LLMEngine:
+                grammar=None, engine_runner="generate", pooling_type="last") -> LLMEngine:
     """An engine over `FakeRunner` (``num_blocks`` includes the null block); ``grammar``: a
-    `jaxinfer.engine.protocol.SharedGrammar` to share with other engines, or None."""
+    `jaxinfer.engine.protocol.SharedGrammar` to share with other engines, or None;
+    ``engine_runner``: the config's ``runner`` (``"pooling"``: an embeddings server)."""
     config = EngineConfig(model_path="fake", scheduler=SchedulerConfig(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-        max_queue_len=max_queue_len), cache=CacheConfig(num_blocks=num_blocks, watermark=watermark))
+        max_queue_len=max_queue_len), cache=CacheConfig(num_blocks=num_blocks, watermark=watermark),
+        runner=engine_runner, pooling_type=pooling_type)
     runner = runner or FakeRunner(vocab, step_delay=step_delay)
     return LLMEngine(config, model_config(eos, vocab), runner, num_blocks, tok or tokenizer(), grammar=grammar)
 

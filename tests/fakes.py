@@ -5,6 +5,8 @@ logit_bias names a token with bias >= 50 emits that token (so tests can force EO
 Prompt logprobs (steps with ``prompt_targets``) follow the same rule: after token t the
 model's top-N are t + 1, t + 2, ... with logprobs -0.5, -1.5, ...; any other token has rank
 N + 1 and logprob -N - 0.5.
+Pooling steps (``pool_rows`` set) return ``pooled``: the weighted per-row sums of `fake_hidden`,
+the fake final hidden state of each token (a function of the token id alone).
 Lets engine and server tests exercise scheduling, streaming and cancellation without
 compiling anything (`step_delay` simulates device time).
 """
@@ -15,8 +17,15 @@ import time
 import numpy as np
 
 
+def fake_hidden(token_ids, hidden_size: int = 8) -> np.ndarray:
+    """[T, D] float32: the fake runner's final hidden state of each token (1 .. 7 per value)."""
+    t = np.asarray(token_ids, np.int64)[:, None]
+    return (((t + 1) * (np.arange(hidden_size)[None, :] + 3)) % 7 + 1).astype(np.float32)
+
+
 class FakeRunner:
-    def __init__(self, vocab_size: int, step_delay: float = 0.0, max_logprobs: int = 20):
+    def __init__(self, vocab_size: int, step_delay: float = 0.0, max_logprobs: int = 20, hidden_size: int = 8):
+        self.hidden_size = hidden_size
         self.vocab_size = vocab_size
         self.step_delay = step_delay
         self.max_logprobs = max_logprobs
@@ -46,6 +55,11 @@ class FakeRunner:
                "top_ids": top.astype(np.int32), "top_logprobs": np.tile(-0.5 - np.arange(N, dtype=np.float32), (R, 1))}
         if inputs.prompt_targets is not None:
             out.update(self._prompt_logprobs(inputs.token_ids, inputs.prompt_targets))
+        if inputs.pool_rows is not None:
+            pooled = np.zeros((R + 1, self.hidden_size), np.float32)  # row R: padding, dropped
+            np.add.at(pooled, np.minimum(inputs.pool_rows, R),
+                      fake_hidden(inputs.token_ids, self.hidden_size) * inputs.pool_weights[:, None])
+            out["pooled"] = pooled[:R]
         return out
 
     def _prompt_logprobs(self, tokens: np.ndarray, targets: np.ndarray) -> dict[str, np.ndarray]:

@@ -2,6 +2,8 @@
 
 Bounded: a fixed number of Hypothesis examples per operation against a fake-runner engine.
 The only 5xx allowed is a 504 for a request that asked for a tiny ``request_timeout``.
+``/v1/embeddings`` is fuzzed a second time against a ``--runner pooling`` engine (the first
+app answers it 400), which must end alive with every KV block free.
 """
 from __future__ import annotations
 
@@ -10,40 +12,64 @@ import pytest
 schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-from api_helpers import fake_engine, server_config  # noqa: E402
+from api_helpers import fake_engine, server_config, wait_until  # noqa: E402
 from jaxinfer.entrypoints.openai.app import create_app  # noqa: E402
 from jaxinfer.engine.async_engine import AsyncEngine  # noqa: E402
 
 ASYNC_ENGINE = AsyncEngine(lambda: fake_engine(max_model_len=128, num_blocks=129, max_queue_len=16))
 APP = create_app(ASYNC_ENGINE, server_config())
+POOLING_ENGINE = AsyncEngine(lambda: fake_engine(max_model_len=128, num_blocks=129, max_queue_len=16,
+                                                 max_num_batched_tokens=32, engine_runner="pooling"))
+POOLING_APP = create_app(POOLING_ENGINE, server_config())
 
 
-async def app_without_lifespan(scope, receive, send):
+def without_lifespan(app):
     """The app, minus lifespan events: the test client opens and closes it per call, and
     the app's lifespan would shut the engine down each time (the fixture owns it here)."""
-    if scope["type"] == "lifespan":
-        while (await receive())["type"] != "lifespan.shutdown":
-            await send({"type": "lifespan.startup.complete"})
-        await send({"type": "lifespan.shutdown.complete"})
-        return
-    await APP(scope, receive, send)
+    async def wrapped(scope, receive, send):
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        await app(scope, receive, send)
+    return wrapped
 
 
-schema = schemathesis.openapi.from_asgi("/openapi.json", app_without_lifespan)
+schema = schemathesis.openapi.from_asgi("/openapi.json", without_lifespan(APP))
+pooling_schema = schemathesis.openapi.from_asgi("/openapi.json", without_lifespan(POOLING_APP)).include(
+    path="/v1/embeddings")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def engine_thread():
-    ASYNC_ENGINE.start()
-    assert ASYNC_ENGINE.ready_event.wait(30)
+    for ae in (ASYNC_ENGINE, POOLING_ENGINE):
+        ae.start()
+        assert ae.ready_event.wait(30)
     yield
     assert ASYNC_ENGINE.is_healthy  # nothing killed the engine
-    ASYNC_ENGINE.shutdown()
+    assert POOLING_ENGINE.is_healthy
+    engine = POOLING_ENGINE.engine
+    assert wait_until(lambda: not engine.has_unfinished_requests(), 10)
+    assert engine.num_free_blocks == engine.num_total_blocks  # no KV block leaked
+    for ae in (ASYNC_ENGINE, POOLING_ENGINE):
+        ae.shutdown()
 
 
 @schema.parametrize()
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 def test_no_server_errors(case):
+    check_response(case)
+
+
+@pooling_schema.parametrize()
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+def test_no_server_errors_from_embeddings(case):
+    check_response(case)
+
+
+def check_response(case):
+    """No 5xx but a requested 504; every error in the OpenAI envelope."""
     r = case.call()
     if r.status_code == 504:
         assert r.json()["error"]["type"] == "timeout"

@@ -16,6 +16,7 @@ import re
 from typing import Any, Callable, Iterable
 
 from jaxinfer.core.sched.registry import SCHEDULING_POLICIES
+from jaxinfer.pooling_params import POOLING_TYPES, RUNNERS, parse_pooling_type
 from jaxinfer.config import (ATTENTION_BACKENDS, BLOCK_SIZE, BLOCK_SIZES, DEFAULT_GPU_MEMORY_UTILIZATION, DTYPES,
                              KV_CACHE_DTYPES, QUANTIZATIONS, CacheConfig, EngineConfig, ModelConfig, ParallelConfig,
                              SchedulerConfig)
@@ -117,6 +118,18 @@ FLAGS: tuple[Flag, ...] = (
     _F("--quantization", "model", choices=QUANTIZATIONS, field="quantization", llm="quantization", help=(
         "int8: weights quantized to int8 with group scales (one per 64 inputs) as they load "
         "(docs/quantization.md; default: none)")),
+    _F("--runner", "model", default="generate", choices=RUNNERS, field="runner", llm="runner", help=(
+        "generate: text generation (/v1/completions, /v1/chat/completions); pooling: embeddings "
+        "(/v1/embeddings, LLM.embed) from the final hidden states, prefill only; each refuses the other's "
+        "endpoints with 400 (vLLM's --runner)")),
+    _F("--pooling-type", "model", type=str.lower, default="last", choices=POOLING_TYPES, field="pooling_type",
+       llm="pooling_type", help=(
+           "--runner pooling: last: the last prompt token's final hidden state (decoder embedding models); "
+           "mean: their mean over the prompt; the vector is L2-normalized (vLLM: --pooler-config "
+           "'{\"pooling_type\": \"MEAN\"}', also accepted here)")),
+    _F("--pooler-config", "model", metavar="JSON", help=(
+        "vLLM's spelling of --pooling-type: '{\"pooling_type\": \"MEAN\"}' (other keys are refused); "
+        "overrides --pooling-type (default: none)")),
     _F("--attention-backend", "model", choices=tuple(ATTENTION_BACKENDS), field="attention_backend",
        llm="attention_backend", help="default: pallas on GPU, xla elsewhere"),
     _F("--seed", "model", type=int, default=0, field="seed", llm="seed", help="seed of requests that give none"),
@@ -297,8 +310,36 @@ def engine_config(args, model_config: ModelConfig, **extra) -> EngineConfig:
     scheduler = _fields(args, "scheduler")
     if scheduler["max_model_len"] is None:
         scheduler["max_model_len"] = min(4096, model_config.max_position_embeddings)
+    own = _fields(args, "")
+    pooler = pooler_config(_value(args, flag("pooler_config")))
+    if pooler is not None:
+        own["pooling_type"] = pooler
     return EngineConfig(
         model_path=_value(args, flag("model")) or DEFAULT_MODEL, cache=CacheConfig(**_fields(args, "cache")),
         scheduler=SchedulerConfig(**scheduler), parallel=parallel_config(args),
-        speculative=SpeculativeConfig.from_value(_value(args, flag("speculative_config"))), **_fields(args, ""),
-        **extra)
+        speculative=SpeculativeConfig.from_value(_value(args, flag("speculative_config"))), **own, **extra)
+
+
+def pooler_config(value) -> str | None:
+    """The pooling type of a ``--pooler-config`` value (vLLM's JSON, ``{"pooling_type": "MEAN"}``;
+    a dict is taken as is), or None when not given.
+
+    Raises:
+      ValueError: not a JSON object, a key other than ``pooling_type``, an unknown type.
+    """
+    import json
+
+    if value is None:
+        return None
+    try:
+        d = json.loads(value) if isinstance(value, str) else value
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--pooler-config is not JSON: {exc}") from None
+    if not isinstance(d, dict) or set(d) - {"pooling_type"}:
+        raise ValueError(f"--pooler-config takes a JSON object with pooling_type only, got {value!r}")
+    if "pooling_type" not in d:
+        return None
+    try:
+        return parse_pooling_type(d["pooling_type"])
+    except ValueError as exc:
+        raise ValueError(f"--pooler-config: {exc}") from None

@@ -12,6 +12,7 @@ import math
 
 from jaxinfer.core.sched.registry import SCHEDULING_POLICIES
 from jaxinfer.layers.attention.registry import ATTENTION_BACKENDS
+from jaxinfer.pooling_params import POOLING_TYPES, RUNNERS
 from jaxinfer.sampling_params import is_integer
 from jaxinfer.spec_decode.config import SpeculativeConfig
 
@@ -197,6 +198,11 @@ class EngineConfig:
     ``quantization``: None, or ``"int8"`` (``--quantization``): the float weights are
     quantized to int8 with group scales (64 inputs per scale) as they are loaded (`jaxinfer.layers.quantization.int8`).
     ``speculative``: speculative decoding (`jaxinfer.spec_decode.SpeculativeConfig`), None = off.
+    ``runner``: ``"generate"`` (text generation) or ``"pooling"`` (``--runner pooling``, vLLM's name:
+    embeddings; warm-up also compiles the pooling pass, and the front doors serve embeddings and
+    refuse generation); ``pooling_type``: how a pooling request pools the final hidden states,
+    ``"last"`` (the last prompt token's, the default for decoder embedding models) or ``"mean"``
+    (`jaxinfer.core.pooling`).
     """
 
     model_path: str
@@ -214,8 +220,14 @@ class EngineConfig:
     chat_template: str | None = None
     quantization: str | None = None
     speculative: SpeculativeConfig | None = None
+    runner: str = "generate"
+    pooling_type: str = "last"
 
     def __post_init__(self) -> None:
+        if self.runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {self.runner!r}")
+        if self.pooling_type not in POOLING_TYPES:
+            raise ValueError(f"pooling_type must be one of {', '.join(POOLING_TYPES)}, got {self.pooling_type!r}")
         _check_int("seed", self.seed)
         if not 0 <= self.seed < 2**63:  # numpy's default_rng takes no negative seed
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")

@@ -11,6 +11,7 @@ import dataclasses
 import enum
 import time
 
+from jaxinfer.pooling_params import PoolingParams
 from jaxinfer.sampling_params import SamplingParams
 
 
@@ -53,6 +54,10 @@ class Request:
         recorded so far: None for position 0, then ``{token_id: Logprob}``.
       draft_token_ids: speculative draft tokens verified in the current step (set by
         `jaxinfer.spec_decode.speculator.Speculator.attach`, cleared by the update); [] otherwise.
+      pooling: the resolved options of a pooling request (``max_tokens`` 0: it ends with its
+        prefill and returns a pooled vector, `jaxinfer.core.pooling`), or None for generation.
+      pooled: a pooling request's running pooled state [D] float64 (`jaxinfer.core.pooling.record`),
+        None before its first pooled chunk; its final vector once finished.
     """
 
     request_id: str
@@ -84,6 +89,8 @@ class Request:
     finished_time: float | None = None
     matcher: object | None = None  # llguidance matcher of a structured-output request (advanced per token)
     draft_token_ids: list[int] = dataclasses.field(default_factory=list)
+    pooling: PoolingParams | None = None
+    pooled: object | None = None  # numpy array (this module stays import-light)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -1,7 +1,7 @@
 """Admission checks: what `LLMEngine.check_requests` asks of a group before queueing any of it.
 
 Owns `check_ids` (duplicate ids), `check_prompt` (one prompt and its sampling options
-against the model and the KV pool) and `check_room` (the group size, room in the waiting
+against the model and the KV pool), `check_pooling_prompt` (the same for a pooling request) and `check_room` (the group size, room in the waiting
 queue), in the order `LLMEngine.check_requests` calls them; and `check_wait`, the HTTP
 layer's queue-wait bound (``--max-queue-wait``) on the estimated wait for a sequence slot,
 asked before a group is handed to the engine.
@@ -21,6 +21,7 @@ from jaxinfer.core.kv_cache.block_manager import BlockManager
 from jaxinfer.config import EngineConfig
 from jaxinfer.engine.protocol import RequestSpec
 from jaxinfer.errors import CONTEXT_LENGTH_EXCEEDED, SHORTEN_HINT, QueueFullError, RequestError
+from jaxinfer.pooling_params import PoolingParams
 from jaxinfer.sampling_params import SamplingParams
 
 
@@ -58,6 +59,38 @@ def check_room(group_size: int, *, max_queue_len: int, num_waiting: int, free_sl
         raise QueueFullError(f"waiting queue is full ({max_queue_len} requests)", retry_after=retry_after())
 
 
+def check_pooling_prompt(ids: list[int], pooling: PoolingParams, *, vocab_size: int, hidden_size: int,
+                         config: EngineConfig, block_manager: BlockManager) -> int:
+    """Check the prompt of a pooling request (prefill only); returns its ``max_tokens``: 0.
+
+    Its whole prompt is computed (in chunks of at most ``max_num_batched_tokens`` tokens), so
+    it may fill ``max_model_len`` (no token is generated) and must fit the KV pool.
+
+    Raises:
+      RequestError: empty prompt, ids outside the vocabulary, more than ``max_model_len``
+        tokens or than the whole pool holds (code ``context_length_exceeded``), ``dimensions``
+        over the hidden size.
+    """
+    limit = config.scheduler.max_model_len
+    _check_ids(ids, vocab_size)
+    if len(ids) > limit:
+        raise RequestError(f"input has {len(ids)} tokens; the limit is {limit} (max_model_len); {SHORTEN_HINT}",
+                           param="input", code=CONTEXT_LENGTH_EXCEEDED)
+    need = block_manager.blocks_needed(len(ids))
+    if need > block_manager.num_usable_blocks:
+        raise RequestError(f"input needs {need} KV blocks; the whole pool has {block_manager.num_usable_blocks}: "
+                           f"it can never fit; {SHORTEN_HINT}", param="input", code=CONTEXT_LENGTH_EXCEEDED)
+    pooling.check(hidden_size)
+    return 0
+
+
+def _check_ids(ids: list[int], vocab_size: int) -> None:
+    if len(ids) == 0:
+        raise RequestError("the prompt is empty (0 tokens)", param="prompt")
+    if any(not isinstance(t, (int, np.integer)) or isinstance(t, bool) or not 0 <= t < vocab_size for t in ids):
+        raise RequestError(f"prompt token ids must be integers in [0, {vocab_size})", param="prompt")
+
+
 def check_prompt(ids: list[int], params: SamplingParams, *, vocab_size: int, config: EngineConfig,
                  block_manager: BlockManager, grammar_engine: Callable[[], object]) -> int:
     """Check one prompt and its options; returns the effective ``max_tokens``.
@@ -77,10 +110,7 @@ def check_prompt(ids: list[int], params: SamplingParams, *, vocab_size: int, con
         token ids in the options, a bad grammar, too many logit_bias entries or logprobs.
     """
     limit = config.scheduler.max_model_len
-    if len(ids) == 0:
-        raise RequestError("the prompt is empty (0 tokens)", param="prompt")
-    if any(not isinstance(t, (int, np.integer)) or isinstance(t, bool) or not 0 <= t < vocab_size for t in ids):
-        raise RequestError(f"prompt token ids must be integers in [0, {vocab_size})", param="prompt")
+    _check_ids(ids, vocab_size)
     if len(ids) >= limit:
         raise RequestError(f"prompt has {len(ids)} tokens; the limit is {limit - 1} "
                            f"(max_model_len {limit}, at least one token must be generated); {SHORTEN_HINT}",

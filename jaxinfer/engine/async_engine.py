@@ -341,7 +341,7 @@ class AsyncEngine:
             self._streams[spec.request_id] = stream
             self.ttft.on_added(spec.request_id, len(spec.prompt_token_ids), spec.params.max_tokens)
             if self.log_requests:
-                request_log.log_added(spec.request_id, len(spec.prompt_token_ids), spec.params)
+                request_log.log_added(spec.request_id, len(spec.prompt_token_ids), spec.params, spec.pooling)
         self._post([(stream, ACCEPTED)])
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:

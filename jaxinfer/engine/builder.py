@@ -190,7 +190,8 @@ def settings_line(config: EngineConfig, backend: str, num_blocks: int, plan=None
     layout = f" tp={par.tensor_parallel_size} dp={par.data_parallel_size}" if par.world_size > 1 else ""
     spec = config.speculative
     extras = (f" quantization={config.quantization}" if config.quantization else "") + (
-        f" speculative={spec.method} k={spec.num_speculative_tokens}" if spec is not None else "")
+        f" speculative={spec.method} k={spec.num_speculative_tokens}" if spec is not None else "") + (
+        f" runner=pooling pooling_type={config.pooling_type}" if config.runner == "pooling" else "")
     return (f"model={config.model_path} dtype={config.dtype}{extras} kv_cache_dtype={cc.kv_cache_dtype} "
             f"backend={backend}{layout} "
             f"max_model_len={sc.max_model_len} max_num_seqs={sc.max_num_seqs} "
@@ -427,7 +428,7 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
     backend = plan.attention
     runner = ModelRunner(model_config, params, num_blocks, config.cache.block_size, config.dtype, backend,
                          config.max_logprobs, config.return_logits, shardings=shardings,
-                         kv_cache_dtype=config.cache.kv_cache_dtype, plan=plan)
+                         kv_cache_dtype=config.cache.kv_cache_dtype, plan=plan, pooling=config.runner == "pooling")
     if jax.process_count() > 1:
         runner = distributed.step_runner(runner)
     factory = None if draft is None else _draft_factory(config, model_config, num_blocks, backend, draft)

@@ -198,17 +198,32 @@ class LLMEngine:
           RequestError, QueueFullError: as `add_requests`.
         """
         admission.check_ids(specs, self.requests)
-        max_tokens = [admission.check_prompt(s.prompt_token_ids, s.params, vocab_size=self.model_config.vocab_size,
-                                             config=self.config, block_manager=self.block_manager,
-                                             grammar_engine=self.grammar_engine) for s in specs]
+        max_tokens = [self._check_prompt(s) for s in specs]
         admission.check_room(len(specs), max_queue_len=self.config.scheduler.max_queue_len,
                              num_waiting=self.num_waiting, free_slots=self.scheduler.free_slots,
                              retry_after=lambda: self._drain.seconds_to_drain(self.scheduler.num_queued,
                                                                                time.monotonic()))
         return max_tokens
 
+    def _check_prompt(self, spec: RequestSpec) -> int:
+        """One spec's prompt and options (`jaxinfer.engine.admission`); its effective ``max_tokens``."""
+        mc = self.model_config
+        if spec.pooling is not None:
+            return admission.check_pooling_prompt(spec.prompt_token_ids, self._pooling(spec), vocab_size=mc.vocab_size,
+                                                  hidden_size=mc.hidden_size, config=self.config,
+                                                  block_manager=self.block_manager)
+        return admission.check_prompt(spec.prompt_token_ids, spec.params, vocab_size=mc.vocab_size,
+                                      config=self.config, block_manager=self.block_manager,
+                                      grammar_engine=self.grammar_engine)
+
+    def _pooling(self, spec: RequestSpec):
+        """A pooling spec's options with the engine's defaults (``--pooling-type``, normalized)."""
+        return spec.pooling.resolved(self.config.pooling_type)
+
     def _enqueue(self, spec: RequestSpec, max_tokens: int) -> None:
         params = spec.params
+        if spec.pooling is not None:  # nothing is sampled: its row is a plain greedy one (no penalties, logprobs)
+            params = SamplingParams(temperature=0.0, max_tokens=None, priority=params.priority)
         seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63))
         now = time.monotonic()
         mqw = spec.max_queue_wait
@@ -217,7 +232,9 @@ class LLMEngine:
                       max_tokens=max_tokens, eos_token_ids=self.eos_token_ids, arrival_time=arrival,
                       deadline=spec.deadline, max_queue_wait_deadline=None if mqw is None else arrival + mqw)
         req.prompt = spec.prompt
-        if params.structured_outputs is not None:
+        if spec.pooling is not None:
+            req.pooling = self._pooling(spec)
+        elif params.structured_outputs is not None:
             req.matcher = self.grammar_engine().matcher(params.structured_outputs)
         self.requests[spec.request_id] = req
         self.output_processor.add(req)

@@ -17,8 +17,8 @@ from typing import Callable
 import numpy as np
 
 from jaxinfer.runner import batch as batch_mod
-from jaxinfer.core import prompt_logprobs
-from jaxinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from jaxinfer.core import pooling, prompt_logprobs
+from jaxinfer.outputs import CompletionOutput, PoolingOutput, RequestMetrics, RequestOutput
 from jaxinfer.core.request import FinishReason, Request
 from jaxinfer.core.sched.scheduler import SchedulerOutput
 
@@ -55,7 +55,7 @@ class OutputProcessor:
 
     def add(self, req: Request) -> None:
         """Start the incremental detokenizer of a new request (when there is a tokenizer)."""
-        if self.tokenizer is None:
+        if self.tokenizer is None or req.pooling is not None:  # a pooling request has no text
             return
         from jaxinfer.tokenizer.tokenizer import IncrementalDetokenizer
 
@@ -75,6 +75,8 @@ class OutputProcessor:
             for row in batch_mod.step_rows(sched):  # packed order (a request's verification rows too)
                 prompt_logprobs.record(row.req, result, offset, len(row.tokens), self.tokenizer)
                 offset += len(row.tokens)
+        if "pooled" in result:  # before update finishes the requests whose prompt this step ends
+            self._record_pooled(sched, result["pooled"])
         first_row, sampled = self._sampled(sched, result["token_ids"])
         before = {id(req): req.num_output_tokens for req, _ in sched.scheduled}
         got = self._scheduler().update(sched, sampled, self.text_stop)
@@ -91,6 +93,13 @@ class OutputProcessor:
                     req.logits.append(np.asarray(result["logits"][i + j]))
             outputs.append(self.finish(req) if req.is_finished else self.output(req))
         return outputs
+
+    @staticmethod
+    def _record_pooled(sched: SchedulerOutput, pooled) -> None:
+        """Add the step's pooled rows to their pooling requests' running state (`jaxinfer.core.pooling`)."""
+        for i, row in enumerate(batch_mod.step_rows(sched)):
+            if row.req.pooling is not None and not row.req.is_finished:
+                pooling.record(row.req, pooled[i], row.start, len(row.tokens))
 
     def _sampled(self, sched: SchedulerOutput, ids) -> tuple[dict[int, int], list]:
         """(first result row of each request by ``id(req)``, what each request sampled): one id
@@ -155,5 +164,8 @@ class OutputProcessor:
                                  req.num_preemptions)
         # position 0 has no logprob (None); a one-token prompt has nothing else to score
         prompt_lp = list(req.prompt_logprobs or [None]) if req.params.prompt_logprobs is not None else None
+        pooled = None
+        if req.pooling is not None and req.finish_reason == FinishReason.STOP and req.pooled is not None:
+            pooled = PoolingOutput(pooling.finalize(req))
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, [comp], req.is_finished, metrics,
-                             num_cached_tokens=req.num_cached_tokens, prompt_logprobs=prompt_lp)
+                             num_cached_tokens=req.num_cached_tokens, prompt_logprobs=prompt_lp, pooled=pooled)

@@ -19,6 +19,7 @@ from jaxinfer.config import EngineConfig, ModelConfig
 from jaxinfer.engine.snapshot import EngineSnapshot
 from jaxinfer.errors import RequestError
 from jaxinfer.outputs import RequestOutput
+from jaxinfer.pooling_params import PoolingParams
 from jaxinfer.sampling_params import SamplingParams
 
 
@@ -38,6 +39,9 @@ class RequestSpec:
         None (then: when the engine takes it). Its TTFT, queue time and end-to-end latency
         count from here, so the HTTP layer's part and the wait for the step in progress to end
         are in them, as in vLLM, whose API server stamps a request's arrival.
+      pooling: a pooling (embedding) request's options: it computes its prompt only and
+        returns a pooled vector (`RequestOutput.pooled`); ``params`` then only orders it
+        (``priority``). None: a generation request.
     """
 
     request_id: str
@@ -47,6 +51,7 @@ class RequestSpec:
     deadline: float | None = None
     max_queue_wait: float | None = None
     arrival_time: float | None = None
+    pooling: PoolingParams | None = None
 
 
 class SharedGrammar:

@@ -14,8 +14,13 @@ import time
 logger = logging.getLogger("jaxinfer.requests")
 
 
-def log_added(request_id: str, num_prompt_tokens: int, params) -> None:
-    """The line for an accepted request (``params``: its `SamplingParams`)."""
+def log_added(request_id: str, num_prompt_tokens: int, params, pooling=None) -> None:
+    """The line for an accepted request (``params``: its `SamplingParams`; ``pooling``: a pooling
+    request's `jaxinfer.pooling_params.PoolingParams`, logged instead of the sampling options)."""
+    if pooling is not None:
+        logger.info("request %s: %d prompt tokens, pooling (dimensions %s)", request_id, num_prompt_tokens,
+                    pooling.dimensions)
+        return
     logger.info("request %s: %d prompt tokens, max_tokens %s, temperature %g, top_p %g, seed %s", request_id,
                 num_prompt_tokens, params.max_tokens, params.temperature, params.top_p, params.seed)
 

@@ -3,7 +3,9 @@
 Builds an engine, submits a batch of prompts, steps until all finish (with a tqdm bar
 counting prompts, each done when all its ``n`` sequences are),
 and returns one `RequestOutput` per prompt in input order. ``n > 1`` fans out into
-independent engine requests (seeds ``seed + i``) merged back into one output.
+independent engine requests (seeds ``seed + i``) merged back into one output. With
+``runner="pooling"`` (vLLM's), `LLM.embed` returns one `EmbeddingRequestOutput` per prompt
+(`LLM.encode`: `PoolingRequestOutput`) and ``generate`` / ``chat`` refuse, as in vLLM.
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from jaxinfer.config import EngineConfig, ParallelConfig
 from jaxinfer.config.args import DEFAULT_MODEL, engine_config, llm_defaults, llm_namespace
 from jaxinfer.engine.protocol import RequestSpec
 from jaxinfer.errors import RequestError
-from jaxinfer.outputs import RequestOutput
+from jaxinfer.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
+from jaxinfer.pooling_params import PoolingParams
 from jaxinfer.sampling_params import SamplingParams, choice_seed, is_integer
 from jaxinfer.spec_decode import SpeculativeConfig
 
@@ -70,6 +73,9 @@ class LLM:
       speculative_config: speculative decoding, as vLLM's: a dict (or JSON string) such as
         ``{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
         "prompt_lookup_min": 2}`` (`jaxinfer.spec_decode.SpeculativeConfig`); None = off.
+      runner: "generate" (default) or "pooling": `embed` / `encode` from the final hidden states
+        (prefill only; vLLM's ``runner``); pooling_type: "last" (default) or "mean"
+        (`jaxinfer.core.pooling`).
       engine_kwargs: model_config/params/tokenizer to skip loading (tests).
     """
 
@@ -86,7 +92,8 @@ class LLM:
                  block_size: int = _D["block_size"], use_tqdm: bool = True, scheduler: str = _D["scheduler"],
                  scheduling_policy: str = _D["scheduling_policy"], priority_aging_s: float | None = None,
                  quantization: str | None = None, kv_cache_dtype: str = _D["kv_cache_dtype"],
-                 speculative_config=None, **engine_kwargs):
+                 speculative_config=None, runner: str = _D["runner"], pooling_type: str = _D["pooling_type"],
+                 **engine_kwargs):
         from jaxinfer.engine.builder import load_model, load_tokenizer, resolve_dtype
         from jaxinfer.weights.catalog import default_weights_dir
 
@@ -94,7 +101,8 @@ class LLM:
         flags = {k: v for k, v in locals().items() if k in _D}  # the table's keywords, as given
         flags.update(model=str(model))
         parallel = ParallelConfig(tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size)
-        EngineConfig(model_path=str(model), dtype=dtype)  # a bad dtype is refused before JAX is asked
+        # a bad dtype, runner or pooling type is refused before JAX is asked
+        EngineConfig(model_path=str(model), dtype=dtype, runner=runner, pooling_type=pooling_type)
         SpeculativeConfig.from_value(speculative_config)  # and a bad speculative config
         if chat_template is not None:
             from jaxinfer.tokenizer.templates import load_chat_template
@@ -119,6 +127,41 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    @property
+    def runner(self) -> str:
+        """``"generate"`` or ``"pooling"`` (the engine's ``runner``)."""
+        return self.engine.config.runner
+
+    def embed(self, prompts: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]],
+              pooling_params: PoolingParams | None = None, use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
+        """Embed a batch of prompts (strings or token-id lists); one output per prompt, in order
+        (vLLM's ``LLM.embed``): the pooled final hidden states (``pooling_type``), L2-normalized
+        unless ``pooling_params.normalize`` is False, truncated to ``pooling_params.dimensions``.
+
+        Raises:
+          ValueError: this LLM was not built with ``runner="pooling"``.
+          RequestError: a prompt is invalid (too long, ids outside the vocabulary, ``dimensions``
+            over the hidden size); nothing is submitted then.
+        """
+        return [EmbeddingRequestOutput.from_base(o) for o in self.encode(prompts, pooling_params, use_tqdm)]
+
+    def encode(self, prompts, pooling_params: PoolingParams | None = None,
+               use_tqdm: bool = True) -> list[PoolingRequestOutput]:
+        """`embed`, returning vLLM's `PoolingRequestOutput` (the vector as a float32 array)."""
+        if self.runner != "pooling":
+            raise ValueError("LLM.embed/encode need a pooling model: LLM(..., runner=\"pooling\")")
+        params = pooling_params if pooling_params is not None else PoolingParams()
+        if not isinstance(params, PoolingParams):
+            raise TypeError(f"pooling_params must be PoolingParams, got {type(params).__name__}")
+        items = [(p if isinstance(p, str) else None, self._encode(p)) for p in self._prompt_list(prompts)]
+        outs = self._run(items, SamplingParams(temperature=0.0), use_tqdm, pooling=params)
+        return [PoolingRequestOutput.from_output(o) for o in outs]
+
+    def _check_generate(self) -> None:
+        if self.runner == "pooling":
+            raise ValueError("this LLM serves embeddings (runner=\"pooling\"): use LLM.embed; generate and "
+                             "chat need runner=\"generate\"")
+
     def generate(self, prompts: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
@@ -129,15 +172,22 @@ class LLM:
 
         Raises:
           RequestError: a prompt is invalid (nothing is submitted then).
+          ValueError: this LLM was built with ``runner="pooling"``.
         """
+        self._check_generate()
+        items = [(p if isinstance(p, str) else None, self._encode(p)) for p in self._prompt_list(prompts)]
+        return self._run(items, sampling_params, use_tqdm, priority)
+
+    @staticmethod
+    def _prompt_list(prompts) -> list:
+        """One prompt (a string or a list of token ids) or a list of those, as a list."""
         if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
                                         and not isinstance(prompts[0], (str, list, tuple))):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)):
             raise TypeError("prompts must be a string, a list of token ids, or a list of those; got "
                             f"{type(prompts).__name__}")
-        items = [(p if isinstance(p, str) else None, self._encode(p)) for p in prompts]
-        return self._run(items, sampling_params, use_tqdm, priority)
+        return list(prompts)
 
     def chat(self, messages, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True,
@@ -149,7 +199,9 @@ class LLM:
 
         Raises:
           RequestError: an empty conversation or a malformed message (param ``messages``).
+          ValueError: this LLM was built with ``runner="pooling"``.
         """
+        self._check_generate()
         if isinstance(messages, dict):
             raise RequestError("messages must be a list of message dicts (one conversation) or a list of those; "
                                "got one dict: wrap it in a list", param="messages")
@@ -179,7 +231,8 @@ class LLM:
             return [int(t) for t in prompt]
         raise TypeError(f"a prompt must be a string or a list of int token ids, got {prompt!r:.80}")
 
-    def _run(self, items, sampling_params, use_tqdm: bool, priority=None) -> list[RequestOutput]:
+    def _run(self, items, sampling_params, use_tqdm: bool, priority=None,
+             pooling: PoolingParams | None = None) -> list[RequestOutput]:
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
@@ -198,13 +251,14 @@ class LLM:
             if len(priority) != len(items):
                 raise ValueError(f"{len(priority)} priorities for {len(items)} prompts: give one each")
             sampling_params = [dataclasses.replace(sp, priority=p) for sp, p in zip(sampling_params, priority)]
-        ids = self._submit(items, sampling_params)
+        ids = self._submit(items, sampling_params, pooling)
         mine = {r for rids in ids for r in rids}
         prompt_of = {r: i for i, rids in enumerate(ids) for r in rids}
         left = [len(rids) for rids in ids]  # unfinished sequences per prompt
         finished: dict[str, RequestOutput] = {}
         try:
-            with tqdm(total=len(ids), desc="Generating", unit="prompt", disable=not use_tqdm) as bar:
+            desc = "Generating" if pooling is None else "Embedding"
+            with tqdm(total=len(ids), desc=desc, unit="prompt", disable=not use_tqdm) as bar:
                 while len(finished) < len(mine):
                     for out in self.engine.step():
                         if out.finished and out.request_id in mine and out.request_id not in finished:
@@ -219,8 +273,9 @@ class LLM:
             raise
         return [self._merge(items[i], [finished[r] for r in rids]) for i, rids in enumerate(ids)]
 
-    def _submit(self, items, params_list) -> list[list[str]]:
-        """Add every prompt's ``n`` sequences as one group (all or none)."""
+    def _submit(self, items, params_list, pooling: PoolingParams | None = None) -> list[list[str]]:
+        """Add every prompt's ``n`` sequences as one group (all or none); ``pooling``: as
+        pooling requests."""
         specs, ids = [], []
         for (text, toks), sp in zip(items, params_list):
             rids = []
@@ -228,7 +283,7 @@ class LLM:
                 rid = f"offline-{self._counter}"
                 self._counter += 1
                 child = sp if sp.n == 1 else dataclasses.replace(sp, n=1, seed=choice_seed(sp.seed, j))
-                specs.append(RequestSpec(rid, toks, child, prompt=text))
+                specs.append(RequestSpec(rid, toks, child, prompt=text, pooling=pooling))
                 rids.append(rid)
             ids.append(rids)
         self.engine.add_requests(specs)
@@ -243,5 +298,6 @@ class LLM:
             c.index = j
             comps.append(c)
         return RequestOutput(first.request_id, item[0], first.prompt_token_ids, comps, True, first.metrics,
-                             num_cached_tokens=first.num_cached_tokens, prompt_logprobs=first.prompt_logprobs)
+                             num_cached_tokens=first.num_cached_tokens, prompt_logprobs=first.prompt_logprobs,
+                             pooled=first.pooled)
 

@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from jaxinfer.core import prompt_logprobs
+from jaxinfer.core import pooling, prompt_logprobs
 from jaxinfer.runner.buckets import Bucket, BucketLadders
 from jaxinfer.layers.step_metadata import AttentionMetadata, SamplingMetadata, from_arrays, to_arrays
 
@@ -50,6 +50,9 @@ class StepInputs:
       prompt_targets: [T] int32 the prompt token each packed token's logits score (-1 for
         none), only in steps where a row needs prompt logprobs
         (`jaxinfer.core.prompt_logprobs.step_targets`); neither model nor sampler sees it.
+      pool_rows, pool_weights: [T] int32 / [T] float32, only in steps with a pooling row
+        (`jaxinfer.core.pooling.step_weights`): the row each packed token's final hidden state
+        adds to (R for none) and its weight; the runner's pooling pass reads them.
     """
 
     bucket: Bucket
@@ -57,12 +60,15 @@ class StepInputs:
     attention: AttentionMetadata
     sampling: SamplingMetadata
     prompt_targets: np.ndarray | None = None
+    pool_rows: np.ndarray | None = None
+    pool_weights: np.ndarray | None = None
 
     def to_arrays(self) -> dict[str, np.ndarray]:
-        """token_ids, every present metadata field and ``prompt_targets`` (when set) as one
-        flat name -> array dict: the multi-process step stream. Followers must run the same
-        computations as the leader, the prompt-logprobs pass included."""
-        extra = {} if self.prompt_targets is None else {"prompt_targets": self.prompt_targets}
+        """token_ids, every present metadata field, ``prompt_targets`` and the pooling
+        inputs (when set) as one flat name -> array dict: the multi-process step stream.
+        Followers must run the same computations as the leader, the prompt-logprobs and
+        pooling passes included."""
+        extra = {k: v for k in _OPTIONAL if (v := getattr(self, k)) is not None}
         return {"token_ids": self.token_ids, **to_arrays(self.attention), **to_arrays(self.sampling), **extra}
 
     @classmethod
@@ -73,7 +79,10 @@ class StepInputs:
           KeyError / TypeError: a required field is missing.
         """
         return cls(bucket, arrays["token_ids"], from_arrays(AttentionMetadata, arrays),
-                   from_arrays(SamplingMetadata, arrays), arrays.get("prompt_targets"))
+                   from_arrays(SamplingMetadata, arrays), **{k: arrays.get(k) for k in _OPTIONAL})
+
+
+_OPTIONAL = ("prompt_targets", "pool_rows", "pool_weights")  # StepInputs' fields sent only when set
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,13 +152,13 @@ def prepare_rows(rows: list[Row], layout: BatchLayout, greedy: bool = False) -> 
     num_rows = len(rows)
     num_tokens = sum(len(r.tokens) for r in rows)
     bucket = layout.ladders.round_up(num_tokens, num_rows, _rows_width(rows, layout))
-    sampled_rows = [] if greedy else [r.req.params for r in rows]
+    sampled_rows = [] if greedy else [r.req.params for r in rows if r.req.pooling is None]
     a = _empty_arrays(bucket, layout, penalties=any(p.has_penalties for p in sampled_rows),
                       mask=not greedy and any(r.req.matcher is not None for r in rows))
     offset = 0
     for i, row in enumerate(rows):
         _fill_tokens(a, i, offset, row, layout)
-        if not greedy:
+        if not greedy and row.req.pooling is None:  # a pooling row samples nothing: greedy defaults
             _fill_sampling(a, i, row, layout)
         offset += len(row.tokens)
     a["query_start_loc"][num_rows + 1:] = offset
@@ -159,7 +168,11 @@ def prepare_rows(rows: list[Row], layout: BatchLayout, greedy: bool = False) -> 
     a["any_sort"][...] = np.any((a["top_k"][:num_rows] < layout.vocab_size) | (a["top_p"][:num_rows] < 1.0))
     a["any_logprobs"][...] = any(p.logprobs is not None for p in sampled_rows)
     scored = [] if greedy else [(r.req, len(r.tokens)) for r in rows]  # a draft model scores no prompt
-    return _assemble(bucket, a, prompt_logprobs.step_targets(scored, bucket.num_tokens))
+    inputs = _assemble(bucket, a, prompt_logprobs.step_targets(scored, bucket.num_tokens))
+    if not greedy and any(r.req.pooling is not None for r in rows):  # generate-only steps: no pooling input
+        inputs.pool_rows, inputs.pool_weights = pooling.step_weights(
+            [(r.req, r.start, len(r.tokens)) for r in rows], bucket.num_tokens, bucket.num_seqs)
+    return inputs
 
 
 def empty_inputs(b: Bucket, layout: BatchLayout, penalties: bool = True, mask: bool = True) -> StepInputs:

@@ -13,7 +13,10 @@ made them: the runner never picks fields by name. Sampled ids come back to the h
 step. The model step also returns the final hidden states of every packed token [T, D]
 (left on device); in a step with prompt logprobs (`StepInputs.prompt_targets`), a third
 call per token count T runs the LM head over them (`jaxinfer.models.llama.LMHead`, then
-`jaxinfer.layers.sampler.prompt_logprobs`), read back with the sampled ids.
+`jaxinfer.layers.sampler.prompt_logprobs`), read back with the sampled ids. In a step with a
+pooling row (`StepInputs.pool_rows`), a call per bucket (T, R) sums the hidden states per row
+(`jaxinfer.layers.pooler.pool`) and reads back [R, D] as ``pooled`` (compiled at warm-up when
+the runner is a pooling one; a generate-only step runs neither pass).
 
 Which implementation runs each part of the step (attention kernel, linear method, argmax, bit
 storage, unrolling) is the `jaxinfer.platform.execution_plan.ExecutionPlan` the runner is given or resolves
@@ -50,6 +53,7 @@ from jaxinfer.models.layer_layout import unstack_layers
 from jaxinfer.models import registry
 from jaxinfer.models.llama import HIDDEN, LMHead
 from jaxinfer.platform.execution_plan import ExecutionPlan, resolve_plan
+from jaxinfer.layers.pooler import pool
 from jaxinfer.layers.sampler import prompt_logprobs, sample
 from jaxinfer.layers.step_metadata import SamplingMetadata
 
@@ -160,13 +164,16 @@ class ModelRunner:
       plan: the `jaxinfer.platform.execution_plan.ExecutionPlan` (tests pass ``dataclasses.replace`` of a
         resolved one); None: `jaxinfer.platform.execution_plan.resolve_plan` of these arguments. A given
         ``unroll_max_tokens`` overrides the plan's.
+      pooling: compile the pooling pass with every bucket (``--runner pooling``); without it a
+        pooling step compiles its pass on first use (with a warning).
     """
 
     def __init__(self, cfg: ModelConfig, params, num_blocks: int, block_size: int, dtype: str = "float32",
                  backend: str = "xla", max_logprobs: int = 20, return_logits: bool = False, shardings=None,
                  kv_cache_dtype: str = "auto", unroll_max_tokens: int | None = None,
-                 plan: ExecutionPlan | None = None):
+                 plan: ExecutionPlan | None = None, pooling: bool = False):
         CompileCounter.install()
+        self.pooling = pooling
         self.cfg = cfg
         self.dtype = jnp.dtype(dtype)
         if plan is None:
@@ -199,6 +206,7 @@ class ModelRunner:
         self._executables: dict[Bucket, object] = {}
         self._samplers: dict[int, object] = {}
         self._prompt_heads: dict[int, object] = {}  # T -> LM head + prompt logprobs over all T tokens
+        self._poolers: dict[tuple[int, int], object] = {}  # (T, R) -> the pooling pass
         self.num_compilations = 0
         self.compile_seconds = 0.0
         # sharded: KV stays in its sharding across steps; logits gathered for the sampler
@@ -287,6 +295,24 @@ class ModelRunner:
         for s in _sampler_variants(inputs_like.sampling):
             self._compile_sampler(bucket.num_seqs, s)
         self._compile_prompt_head(bucket.num_tokens)
+        if self.pooling:
+            self._compile_pooler(bucket.num_tokens, bucket.num_seqs)
+
+    def _compile_pooler(self, num_tokens: int, num_seqs: int) -> None:
+        """Compile the pooling pass for a (T, R) bucket (`jaxinfer.layers.pooler.pool`)."""
+        key = (num_tokens, num_seqs)
+        if key in self._poolers:
+            return
+        t0 = time.perf_counter()
+        rep = self._replicated
+        hidden = jax.ShapeDtypeStruct((num_tokens, self.cfg.hidden_size), jnp.float32, sharding=rep)
+        rows = jax.ShapeDtypeStruct((num_tokens,), jnp.int32, sharding=rep)
+        weights = jax.ShapeDtypeStruct((num_tokens,), jnp.float32, sharding=rep)
+        out = {} if rep is None else {"out_shardings": rep}
+        fn = jax.jit(functools.partial(pool, num_rows=num_seqs), **out)
+        self._poolers[key] = fn.lower(hidden, rows, weights).compile()
+        self.num_compilations += 1
+        self.compile_seconds += time.perf_counter() - t0
 
     def _compile_prompt_head(self, num_tokens: int) -> None:
         """Compile the prompt-logprobs pass for T = ``num_tokens`` (one per token rung, at
@@ -354,7 +380,19 @@ class ModelRunner:
             targets = jax.device_put(inputs.prompt_targets, self._replicated)
             scored = self._prompt_heads[bucket.num_tokens](self._head_params(self.params), hidden, targets)
             out = {**out, **{f"prompt_{k}": v for k, v in scored.items()}}
+        if inputs.pool_rows is not None:
+            out = {**out, "pooled": self._pooled(bucket, hidden, inputs)}
         return jax.device_get(out)
+
+    def _pooled(self, bucket: Bucket, hidden, inputs: StepInputs):
+        """The step's per-row pooled sums [R, D] (on device), compiling the pass if warm-up did not."""
+        key = (bucket.num_tokens, bucket.num_seqs)
+        if key not in self._poolers:
+            logger.warning("compiling the pooling pass for bucket %s outside warm-up (not a --runner pooling engine)",
+                           bucket)
+            self._compile_pooler(*key)
+        rows, weights = jax.device_put((inputs.pool_rows, inputs.pool_weights), self._replicated)
+        return self._poolers[key](hidden, rows, weights)
 
     @property
     def kv_cache_bytes(self) -> int:

@@ -39,7 +39,7 @@ from typing import Any, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from jaxinfer.weights.checkpoint import as_dtype, check_tree, load_params, save_params  # noqa: F401 (re-export)
+from jaxinfer.weights.checkpoint import as_dtype, check_tree, load_params, param_shapes, save_params  # noqa: F401 (re-export)
 from jaxinfer.config import ModelConfig
 from jaxinfer.weights.sources import gguf_config, hf_config, read_gguf, read_safetensors
 from jaxinfer.models import registry
@@ -69,22 +69,13 @@ def build_tree(tensors: Iterator[tuple[str, np.ndarray]], cfg: ModelConfig, dtyp
     """
     dtype = as_dtype(dtype)
     names = registry.by_model_type(cfg.model_type).hf_layer_tensors
+    expected = set(_flatten_keys(param_shapes(cfg)["layers"]))  # the config's layer leaves (biases...)
     flat: dict[str, np.ndarray] = {}
-    layers: dict[str, list] = {path: [None] * cfg.num_hidden_layers for path, _ in names.values()}
-    for name, w in tensors:
-        m = _HF_LAYER_RE.fullmatch(name)
-        if m and m.group(2) in names:
-            path, kind = names[m.group(2)]
-            layers[path][int(m.group(1))] = _reshape(w, kind, cfg).astype(dtype)
-        elif name == "model.embed_tokens.weight":
-            flat["embed/embedding"] = w.astype(dtype)
-        elif name == "model.norm.weight":
-            flat["final_norm/scale"] = w.astype(dtype)
-        elif name == "lm_head.weight":
-            if not cfg.tie_word_embeddings:
-                flat["lm_head/kernel"] = w.T.astype(dtype)
-        elif not name.endswith("rotary_emb.inv_freq"):
-            raise ValueError(f"unsupported tensor {name!r}")
+    layers: dict[str, list] = {path: [None] * cfg.num_hidden_layers for path, _ in names.values() if path in expected}
+    try:
+        _place_all(tensors, names, layers, flat, cfg, dtype)
+    finally:  # a reader stopped by an error ends its progress bar now, before the error is shown
+        getattr(tensors, "close", lambda: None)()
     for path, ws in layers.items():
         missing = [i for i, w in enumerate(ws) if w is None]
         if missing:
@@ -95,6 +86,31 @@ def build_tree(tensors: Iterator[tuple[str, np.ndarray]], cfg: ModelConfig, dtyp
     return tree
 
 
+def _place_all(tensors, names, layers: dict[str, list], flat: dict[str, np.ndarray], cfg: ModelConfig,
+               dtype) -> None:
+    """Put each HF tensor in its layer slot (``layers``) or its whole-model leaf (``flat``)."""
+    for name, w in tensors:
+        m = _HF_LAYER_RE.fullmatch(name)
+        if m and m.group(2) in names:
+            path, kind = names[m.group(2)]
+            if path not in layers:
+                raise ValueError(f"tensor {name!r} does not fit the config (it has no layers/{path}; "
+                                 "e.g. a bias where config.json has none)")
+            i = int(m.group(1))
+            if not 0 <= i < cfg.num_hidden_layers:
+                raise ValueError(f"tensor {name!r} is past the config's {cfg.num_hidden_layers} layers")
+            layers[path][i] = _reshape(w, kind, cfg).astype(dtype)
+        elif name == "model.embed_tokens.weight":
+            flat["embed/embedding"] = w.astype(dtype)
+        elif name == "model.norm.weight":
+            flat["final_norm/scale"] = w.astype(dtype)
+        elif name == "lm_head.weight":
+            if not cfg.tie_word_embeddings:
+                flat["lm_head/kernel"] = w.T.astype(dtype)
+        elif not name.endswith("rotary_emb.inv_freq"):
+            raise ValueError(f"unsupported tensor {name!r}")
+
+
 def _reshape(w: np.ndarray, kind: str, cfg: ModelConfig) -> np.ndarray:
     """One layer's HF ``[out, in]`` weight -> our kernel layout (see `jaxinfer.weights.checkpoint`)."""
     D, N, K, H = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -102,9 +118,21 @@ def _reshape(w: np.ndarray, kind: str, cfg: ModelConfig) -> np.ndarray:
         return w.T.reshape(D, N, H)
     if kind == "kv":
         return w.T.reshape(D, K, H)
+    if kind == "q_bias":
+        return w.reshape(N, H)
+    if kind == "kv_bias":
+        return w.reshape(K, H)
     if kind == "o":
         return w.T.reshape(N, H, D)
     return w.T if kind == "t" else w
+
+
+def _flatten_keys(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    """The ``a/b/c`` paths of a nested dict's leaves."""
+    out: list[str] = []
+    for k, v in tree.items():
+        out += _flatten_keys(v, f"{prefix}{k}/") if isinstance(v, dict) else [f"{prefix}{k}"]
+    return out
 
 
 def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:

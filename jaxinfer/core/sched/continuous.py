@@ -34,6 +34,7 @@ import time
 
 from jaxinfer.core.kv_cache.block_manager import BlockManager, chain_hashes
 from jaxinfer.config import CacheConfig, SchedulerConfig
+from jaxinfer.core import pooling
 from jaxinfer.core.request import Request, RequestStatus
 from jaxinfer.core.sched.scheduler import Scheduler, SchedulerOutput
 
@@ -160,7 +161,8 @@ class ContinuousScheduler(Scheduler):
     def _prefix_hits(self, req: Request) -> list[int]:
         """Cached blocks for the request's leading full blocks, leaving >= 1 token to compute."""
         bm = self.block_manager
-        if not bm.enable_prefix_caching or req.needs_prompt_logprobs:  # cached positions would get no logprobs
+        # cached positions would get no logprobs, nor a hidden state to pool
+        if not bm.enable_prefix_caching or req.needs_prompt_logprobs or pooling.needs_every_position(req):
             return []
         req.block_hashes = chain_hashes(req.all_token_ids, bm.block_size, self.cache_salt, req.block_hashes)
         return bm.lookup(req.block_hashes[:(req.num_tokens - 1) // bm.block_size])

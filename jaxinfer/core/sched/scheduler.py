@@ -176,7 +176,9 @@ class Scheduler(abc.ABC):
         accepted run of a speculating row, `jaxinfer.spec_decode.verify.accepted_run`).
 
         A row's sample counts only if the step computed the request's last known token
-        (a partial prefill chunk's sample is discarded). After each new token,
+        (a partial prefill chunk's sample is discarded). A pooling request (``req.pooling``)
+        samples nothing: it finishes (``stop``, blocks freed now) in the step that computes its
+        last prompt token (`jaxinfer.core.pooling`). After each new token,
         ``text_stop(req)`` (when given) advances the request's text and returns the stop
         string it matched; `jaxinfer.core.stop.check_stop` then decides, and a request that
         must stop finishes (`finish`) now, dropping the rest of its run. A speculating
@@ -198,6 +200,9 @@ class Scheduler(abc.ABC):
             if req.num_computed_tokens < req.num_tokens:
                 continue
             got_token.append(req)
+            if req.pooling is not None:  # prefill only: it ends with its prompt, no token sampled
+                self.finish(req, FinishReason.STOP)
+                continue
             for j, tok in enumerate([toks] if isinstance(toks, (int, np.integer)) else toks):
                 if j > 0:  # the accepted draft before this token was computed in this step
                     req.num_computed_tokens += 1

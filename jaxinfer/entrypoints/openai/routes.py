@@ -16,7 +16,9 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from jaxinfer.entrypoints.openai import prompts as prompts_mod
+from jaxinfer.entrypoints.openai import embeddings as embeddings_mod
 from jaxinfer.entrypoints.openai import serving
+from jaxinfer.entrypoints.openai.embedding_protocol import EmbeddingRequest, EmbeddingResponse
 from jaxinfer.entrypoints.openai.errors import APIError, from_exception
 from jaxinfer.entrypoints.openai.model_registry import ServedModel
 from jaxinfer.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
@@ -71,6 +73,12 @@ async def completions(body: CompletionRequest, raw: Request, ctx: ServingContext
 async def chat_completions(body: ChatCompletionRequest, raw: Request, ctx: ServingContext = Depends(get_ctx)):
     """OpenAI chat completions (the model's chat template renders the messages)."""
     return await serving.create_chat_completion(body, raw, ctx)
+
+
+@v1.post("/embeddings", response_model=EmbeddingResponse)
+async def embeddings(body: EmbeddingRequest, raw: Request, ctx: ServingContext = Depends(get_ctx)):
+    """OpenAI embeddings (a model served with `--runner pooling`; others answer 400)."""
+    return await embeddings_mod.create_embedding(body, raw, ctx)
 
 
 def _model_card(ctx: ServingContext, model: ServedModel) -> ModelCard:

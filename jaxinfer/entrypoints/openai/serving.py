@@ -37,6 +37,7 @@ from jaxinfer.entrypoints.openai import degrade
 from jaxinfer.entrypoints.openai import params as params_mod
 from jaxinfer.entrypoints.openai import prompts as prompts_mod
 from jaxinfer.entrypoints.openai.config import ServerConfig
+from jaxinfer.entrypoints.openai.embeddings import require_runner
 from jaxinfer.entrypoints.openai.errors import APIError, client_closed_error, from_exception, queue_wait_error, timeout_error
 from jaxinfer.entrypoints.openai.metrics import Metrics
 from jaxinfer.entrypoints.openai.model_registry import ModelRegistry, ServedModel
@@ -116,6 +117,7 @@ async def create_completion(req: CompletionRequest, raw: Request, ctx: ServingCo
 
     async def job_on(model: ServedModel) -> _Job:
         engine = ctx.engine(model)
+        require_runner(engine, "generate")
 
         def prepare():  # tokenizing a long prompt must not stall the event loop: run in a thread
             with _as_api_error(aliases):
@@ -139,6 +141,7 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, ctx: 
 
     async def job_on(model: ServedModel) -> _Job:
         engine = ctx.engine(model)
+        require_runner(engine, "generate")
 
         def prepare():  # template rendering and tokenizing run in a thread, as for completions
             with _as_api_error(aliases):
