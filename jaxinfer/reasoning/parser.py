@@ -37,6 +37,7 @@ import re
 START, END = "<think>", "</think>"
 PARSERS = ("deepseek_r1", "qwen3")
 
+PROMPT_TAIL_TOKENS = 16  # of a token-id prompt, the end decoded for `ReasoningParser.start_mode`
 REASONING, MAYBE, CONTENT = "reasoning", "maybe", "content"  # the mode an output starts in
 MODES = (REASONING, MAYBE, CONTENT)
 

@@ -100,6 +100,13 @@ class StructuredOutputsParams:
             fields["json_object"] = True
         return cls(**fields)
 
+    def after_reasoning(self, mode: str | None) -> "StructuredOutputsParams":
+        """This constraint for an output that starts in reasoning mode ``mode``
+        (`jaxinfer.reasoning.ReasoningParser.start_mode`; None or ``"content"``: as is)."""
+        if mode in (None, reasoning_mod.CONTENT):
+            return self
+        return dataclasses.replace(self, reasoning=mode)
+
     def cache_key(self) -> tuple:
         """Hashable identity of the constraint (the grammar cache's key)."""
         return (self.json, self.regex, self.choice, self.grammar, self.json_object, self.reasoning)
