@@ -10,12 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from fastapi.testclient import TestClient
 
-from api_helpers import MODEL, V, model_config, running_app, sse_json, tokenizer
-from jaxinfer.config import CacheConfig, EngineConfig, SchedulerConfig
-from jaxinfer.engine.llm_engine import LLMEngine
-from scripted_runner import ScriptedRunner
+from api_helpers import MODEL
+from scripted_runner import Server, streamed
 
 MSGS = [{"role": "user", "content": "What is 2 + 2?"}]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -29,45 +26,6 @@ OPENS_THINK = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}
                "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
 
 
-class Server:
-    """One fake engine with a reasoning parser, its app and its scripted runner."""
-
-    def __init__(self, parser: str | None, template: str | None = None):
-        tok = tokenizer() if template is None else tokenizer().with_chat_template(template)
-        self.tok = tok
-        self.runner = ScriptedRunner(V, step_delay=0.003)  # a step per stream batch: deltas token by token
-        config = EngineConfig(model_path="fake", reasoning_parser=parser, scheduler=SchedulerConfig(
-            max_num_seqs=8, max_num_batched_tokens=64, max_model_len=512, max_queue_len=64),
-            cache=CacheConfig(num_blocks=257))
-        self.engine = LLMEngine(config, model_config(), self.runner, 257, tok)
-
-    def __enter__(self):
-        self._ctx = running_app(self.engine)
-        app, _ = self._ctx.__enter__()
-        self.http = TestClient(app, raise_server_exceptions=False)
-        return self
-
-    def __exit__(self, *exc):
-        self._ctx.__exit__(*exc)
-
-    def script(self, messages, pieces, **fields) -> list[int]:
-        """Script the answer to ``messages`` as the token ids of ``pieces`` (each piece encoded
-        on its own, so a piece boundary is a token boundary)."""
-        r = self.http.post("/tokenize", json={"model": MODEL, "messages": messages, **fields})
-        assert r.status_code == 200, r.text
-        ids = [t for p in pieces for t in self.tok.encode(p, add_special_tokens=False)]
-        self.runner.script = (len(r.json()["tokens"]), ids)
-        return ids
-
-    def chat(self, pieces, messages=MSGS, stream=False, **fields):
-        template_fields = {k: fields[k] for k in ("tools", "tool_choice", "chat_template_kwargs") if k in fields}
-        self.script(messages, pieces, **template_fields)
-        r = self.http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 64,
-                                                         "stream": stream, **fields})
-        assert r.status_code == 200, r.text
-        return sse_json(r.content) if stream else r.json()
-
-
 @pytest.fixture(scope="module")
 def servers():
     made = {}
@@ -79,21 +37,6 @@ def servers():
     yield get
     for s in made.values():
         s.__exit__(None, None, None)
-
-
-def streamed(events) -> dict:
-    """The streamed choice 0 reassembled: reasoning, content, tool calls, finish reason."""
-    out = {"reasoning_content": "", "reasoning": "", "content": "", "calls": [], "finish": None, "pieces": []}
-    for e in events:
-        for c in e["choices"]:
-            d = c["delta"]
-            assert d.get("reasoning") == d.get("reasoning_content")  # the two names carry the same text
-            out["pieces"].append(d.get("reasoning_content"))
-            for k in ("reasoning_content", "reasoning", "content"):
-                out[k] += d.get(k) or ""
-            out["calls"] += d.get("tool_calls") or []
-            out["finish"] = c["finish_reason"] or out["finish"]
-    return out
 
 
 @pytest.mark.parametrize("parser", ["deepseek_r1", "qwen3"])
