@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from jaxinfer.reasoning import PARSERS
 from jaxinfer.core.sched.registry import SCHEDULING_POLICIES
 from jaxinfer.layers.attention.registry import ATTENTION_BACKENDS
 from jaxinfer.pooling_params import POOLING_TYPES, RUNNERS
@@ -203,6 +204,9 @@ class EngineConfig:
     refuse generation); ``pooling_type``: how a pooling request pools the final hidden states,
     ``"last"`` (the last prompt token's, the default for decoder embedding models) or ``"mean"``
     (`jaxinfer.core.pooling`).
+    ``reasoning_parser``: None, or a name in `jaxinfer.reasoning.PARSERS` (``--reasoning-parser``):
+    chat answers split ``<think>...</think>`` into ``reasoning_content``, and structured outputs
+    apply after the reasoning.
     """
 
     model_path: str
@@ -222,6 +226,7 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None
     runner: str = "generate"
     pooling_type: str = "last"
+    reasoning_parser: str | None = None
 
     def __post_init__(self) -> None:
         if self.runner not in RUNNERS:
@@ -234,6 +239,9 @@ class EngineConfig:
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be None or {' or '.join(map(repr, QUANTIZATIONS))}, "
                              f"got {self.quantization!r}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in PARSERS:
+            raise ValueError(f"reasoning_parser must be None or one of {', '.join(PARSERS)}, "
+                             f"got {self.reasoning_parser!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
