@@ -1,7 +1,8 @@
 """Qwen2 / Qwen3 checkpoints through `jaxinfer.weights.convert`: a GGUF (llama.cpp's layout,
 architectures ``qwen2`` and ``qwen3``) written here from a random transformers checkpoint
 converts to the same config and bit-equal weights as the checkpoint's safetensors, and the
-engine on it gives transformers' greedy tokens; malformed checkpoints (an unknown
+engine on it gives transformers' greedy tokens (qwen2: q/k/v biases, tied; qwen3: q/k norms,
+``attention_bias`` q/k/v/o biases, untied, yarn); malformed checkpoints (an unknown
 architecture, a bias missing or where the config has none) fail at conversion with one line
 naming the problem."""
 from __future__ import annotations
@@ -21,7 +22,7 @@ from test_convert import flat, make_tiny_tokenizer
 VOCAB = 290  # make_tiny_tokenizer's
 MODELS = {
     "qwen2": dict(tie_word_embeddings=True, rope_theta=1e6),
-    "qwen3": dict(head_dim=32, tie_word_embeddings=False,
+    "qwen3": dict(head_dim=32, tie_word_embeddings=False, attention_bias=True,
                   rope_parameters={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 128,
                                    "rope_theta": 5e5}),
 }
@@ -46,7 +47,8 @@ def test_gguf_converts_to_the_safetensors_conversion(checkpoint, tmp_path):
     assert sorted(a) == sorted(b)
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
-    assert ("layers/attn/q_bias" in a) == (family == "qwen2") and ("lm_head/kernel" in a) == (family == "qwen3")
+    assert "layers/attn/q_bias" in a and ("layers/attn/o_bias" in a) == (family == "qwen3")
+    assert ("lm_head/kernel" in a) == (family == "qwen3") and cfg.qkv_bias
     tok = json.loads((from_gguf / "tokenizer_config.json").read_text())
     assert tok.get("eos_token") == "</s>"
 
@@ -108,7 +110,7 @@ def test_unknown_gguf_architecture_fails_with_one_line(tmp_path, capsys):
 
 
 def test_bias_missing_or_unexpected_fails_with_one_line(checkpoint, tmp_path, capsys):
-    """Qwen2 without its q bias; Qwen3 with a q bias that its config (attention_bias false) lacks."""
+    """Qwen2 without its q bias; Qwen3 with biases that its config (attention_bias set false) lacks."""
     from safetensors.numpy import load_file, save_file
 
     family, hf, src, _ = checkpoint
@@ -121,7 +123,8 @@ def test_bias_missing_or_unexpected_fails_with_one_line(checkpoint, tmp_path, ca
         del tensors["model.layers.1.self_attn.q_proj.bias"]
         want = "layers [1] have no attn/q_bias"
     else:
-        tensors["model.layers.0.self_attn.q_proj.bias"] = np.zeros(4 * 32, np.float32)
-        want = "tensor 'model.layers.0.self_attn.q_proj.bias' does not fit the config"
+        d = json.loads((src / "config.json").read_text())
+        (bad / "config.json").write_text(json.dumps({**d, "attention_bias": False}))
+        want = "_proj.bias' does not fit the config"
     save_file(tensors, str(bad / "model.safetensors"))
     assert want in _one_line_error([str(bad), "--out", str(tmp_path / "o")], capsys)
