@@ -128,3 +128,30 @@ def test_bias_missing_or_unexpected_fails_with_one_line(checkpoint, tmp_path, ca
         want = "_proj.bias' does not fit the config"
     save_file(tensors, str(bad / "model.safetensors"))
     assert want in _one_line_error([str(bad), "--out", str(tmp_path / "o")], capsys)
+
+
+def test_hub_style_configs_read_as_transformers_reads_them():
+    """Qwen2.5-7B-Instruct's config.json (top-level rope_theta, the legacy ``type`` key of the
+    yarn block its model card adds for long contexts) and sliding windows from
+    ``max_window_layers``: the same layer types and RoPE as transformers' Qwen2Config."""
+    import transformers
+
+    from conftest import ROOT
+
+    d = json.loads((ROOT / "configs" / "qwen2.5-7b-instruct.json").read_text())
+    cfg = ModelConfig.from_dict(d)
+    assert cfg.qkv_bias and not cfg.o_proj_bias and cfg.sliding_window is None and cfg.rope_theta == 1e6
+    yarn = {**d, "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}
+    cfg = ModelConfig.from_dict(yarn)
+    assert (cfg.rope_scaling.rope_type, cfg.rope_scaling.factor, cfg.max_context_len) == ("yarn", 4.0, 131072)
+    assert transformers.Qwen2Config(**yarn).rope_parameters["rope_type"] == "yarn"
+    for window_layers in (20, 28, 0):
+        d2 = {**d, "use_sliding_window": True, "sliding_window": 4096, "max_window_layers": window_layers}
+        cfg = ModelConfig.from_dict(d2)
+        want = transformers.Qwen2Config(**d2).layer_types
+        assert [w is not None for w in cfg.layer_windows] == [t == "sliding_attention" for t in want]
+        assert ModelConfig.from_dict(cfg.to_hf_dict()) == cfg
+    with pytest.raises(ValueError, match="use_sliding_window is true but sliding_window is None"):
+        ModelConfig.from_dict({**d, "use_sliding_window": True, "sliding_window": None})
+    q3 = ModelConfig.from_dict(json.loads((ROOT / "configs" / "qwen3-8b.json").read_text()))
+    assert (q3.head_dim, q3.qk_norm, q3.qkv_bias, q3.o_proj_bias, q3.sliding_window) == (128, True, False, False, None)
