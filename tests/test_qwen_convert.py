@@ -1,8 +1,8 @@
 """Qwen2 / Qwen3 checkpoints through `jaxinfer.weights.convert`: a GGUF (llama.cpp's layout,
 architectures ``qwen2`` and ``qwen3``) written here from a random transformers checkpoint
 converts to the same config and bit-equal weights as the checkpoint's safetensors, and the
-engine on it gives transformers' greedy tokens (qwen2: q/k/v biases, tied; qwen3: q/k norms,
-``attention_bias`` q/k/v/o biases, untied, yarn); malformed checkpoints (an unknown
+engine on it gives transformers' greedy tokens (qwen2: q/k/v biases, untied; qwen3: q/k norms,
+``attention_bias`` q/k/v/o biases, tied, yarn); malformed checkpoints (an unknown
 architecture, a bias missing or where the config has none) fail at conversion with one line
 naming the problem."""
 from __future__ import annotations
@@ -21,8 +21,8 @@ from test_convert import flat, make_tiny_tokenizer
 
 VOCAB = 290  # make_tiny_tokenizer's
 MODELS = {
-    "qwen2": dict(tie_word_embeddings=True, rope_theta=1e6),
-    "qwen3": dict(head_dim=32, tie_word_embeddings=False, attention_bias=True,
+    "qwen2": dict(tie_word_embeddings=False, rope_theta=1e6),  # untied as Qwen2.5-7B (test_qwen_model's is tied)
+    "qwen3": dict(head_dim=32, tie_word_embeddings=True, attention_bias=True,  # tied as Qwen3-0.6B
                   rope_parameters={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 128,
                                    "rope_theta": 5e5}),
 }
@@ -48,7 +48,7 @@ def test_gguf_converts_to_the_safetensors_conversion(checkpoint, tmp_path):
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
     assert "layers/attn/q_bias" in a and ("layers/attn/o_bias" in a) == (family == "qwen3")
-    assert ("lm_head/kernel" in a) == (family == "qwen3") and cfg.qkv_bias
+    assert ("lm_head/kernel" in a) == (family == "qwen2") and cfg.qkv_bias
     tok = json.loads((from_gguf / "tokenizer_config.json").read_text())
     assert tok.get("eos_token") == "</s>"
 
