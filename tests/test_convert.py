@@ -225,6 +225,38 @@ def test_unpermute_inverts_llama_cpp_permute():
     w = np.random.default_rng(0).normal(size=(3 * 8, 10)).astype(np.float32)
     assert not np.array_equal(llama_cpp_permute(w, 3), w)
     np.testing.assert_array_equal(unpermute_qk(llama_cpp_permute(w, 3), 3), w)
+    b = w[:, 0].copy()  # an attention_bias bias: llama.cpp permutes it as its weight's rows
+    np.testing.assert_array_equal(unpermute_qk(llama_cpp_permute(b, 3), 3), b)
+
+
+def test_llama_attention_bias_matches_transformers(tmp_path):
+    """``attention_bias`` (q, k, v and o biases) converted and served: transformers' greedy
+    tokens and first logits."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from jaxinfer import LLM, SamplingParams
+    from qwen_helpers import assert_greedy_matches, hf_greedy, hf_logits
+
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=128, attention_bias=True,
+                                      max_position_embeddings=128, bos_token_id=1, eos_token_id=2)).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else
+                    torch.randn_like(p) * (0.1 if name.endswith("bias") else 0.25))
+    hf.save_pretrained(str(tmp_path / "hf"))
+    out = convert(tmp_path / "hf", tmp_path / "out")
+    cfg = ModelConfig.from_dir(out)
+    assert cfg.qkv_bias and cfg.o_proj_bias and flat(load_params(out))["layers/attn/o_bias"].shape == (2, 64)
+    llm = LLM("tiny-llama-bias", model_config=cfg, params=load_params(out), tokenizer=None, max_model_len=64,
+              max_num_seqs=2, max_num_batched_tokens=32, num_blocks=16, warmup=False, return_logits=True,
+              use_tqdm=False)
+    prompt = list(range(3, 23))
+    got = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))[0].outputs[0]
+    np.testing.assert_allclose(got.logits[0], hf_logits(hf, prompt)[-1], atol=1e-4, rtol=0)
+    assert_greedy_matches(got.token_ids, *hf_greedy(hf, prompt, 8))
 
 
 def test_build_tree_rejects_unknown_and_missing():

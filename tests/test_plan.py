@@ -157,3 +157,22 @@ def test_load_config_can_override_the_depth():
     two = plan.load_config(str(CONFIGS / "llama-3-8b.json"), num_hidden_layers=2)
     assert (full.num_hidden_layers, two.num_hidden_layers) == (32, 2)
     assert dataclasses.replace(two, num_hidden_layers=32) == full
+
+
+@pytest.mark.parametrize("name,total", [
+    # V 152064, D 3584, L 28, N 28, K 4, H 128, F 18944, untied; q/k/v biases (D + 2 K H a layer)
+    ("qwen2.5-7b-instruct", 2 * 152064 * 3584 + 28 * (2 * 3584 * 3584 + 2 * 3584 * 512 + 3584 + 2 * 512)
+     + 28 * 3 * 3584 * 18944 + 2 * 28 * 3584 + 3584),
+    # V 151936, D 4096, L 36, N 32, K 8, H 128, F 12288, untied; q/k norms (2 H a layer)
+    ("qwen3-8b", 2 * 151936 * 4096 + 36 * (2 * 4096 * 4096 + 2 * 4096 * 1024) + 36 * 3 * 4096 * 12288
+     + 2 * 36 * 4096 + 4096 + 2 * 36 * 128),
+])
+def test_planner_sizes_qwen_configs_by_hand(name, total):
+    """Qwen2.5-7B (7.6156 B parameters; its model card says 7.61 B) and Qwen3-8B (8.19 B; 8.2 B):
+    the biases and q/k norms are counted; at TP 4 the 4 (Qwen2.5) or 8 (Qwen3) KV heads split."""
+    cfg = plan.load_config(str(CONFIGS / f"{name}.json"))
+    p = plan.plan_memory(cfg, dtype="bfloat16", tensor_parallel_size=4, device_memory=80 * 10**9,
+                         kv_reserve_fraction=0.1, max_model_len=4096)
+    assert p.total_param_bytes == 2 * total and round(total / 1e9, 2) == {"qwen2.5-7b-instruct": 7.62,
+                                                                         "qwen3-8b": 8.19}[name]
+    assert p.kv_bytes_per_block_per_device == 2 * cfg.num_hidden_layers * 16 * (cfg.num_key_value_heads // 4) * 128 * 2

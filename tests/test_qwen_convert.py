@@ -1,7 +1,8 @@
 """Qwen2 / Qwen3 checkpoints through `jaxinfer.weights.convert`: a GGUF (llama.cpp's layout,
 architectures ``qwen2`` and ``qwen3``) written here from a random transformers checkpoint
 converts to the same config and bit-equal weights as the checkpoint's safetensors, and the
-engine on it gives transformers' greedy tokens; malformed checkpoints (an unknown
+engine on it gives transformers' greedy tokens (qwen2: q/k/v biases, untied; qwen3: q/k norms,
+``attention_bias`` q/k/v/o biases, tied, yarn); malformed checkpoints (an unknown
 architecture, a bias missing or where the config has none) fail at conversion with one line
 naming the problem."""
 from __future__ import annotations
@@ -20,8 +21,8 @@ from test_convert import flat, make_tiny_tokenizer
 
 VOCAB = 290  # make_tiny_tokenizer's
 MODELS = {
-    "qwen2": dict(tie_word_embeddings=True, rope_theta=1e6),
-    "qwen3": dict(head_dim=32, tie_word_embeddings=False,
+    "qwen2": dict(tie_word_embeddings=False, rope_theta=1e6),  # untied as Qwen2.5-7B (test_qwen_model's is tied)
+    "qwen3": dict(head_dim=32, tie_word_embeddings=True, attention_bias=True,  # tied as Qwen3-0.6B
                   rope_parameters={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 128,
                                    "rope_theta": 5e5}),
 }
@@ -46,7 +47,8 @@ def test_gguf_converts_to_the_safetensors_conversion(checkpoint, tmp_path):
     assert sorted(a) == sorted(b)
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
-    assert ("layers/attn/q_bias" in a) == (family == "qwen2") and ("lm_head/kernel" in a) == (family == "qwen3")
+    assert "layers/attn/q_bias" in a and ("layers/attn/o_bias" in a) == (family == "qwen3")
+    assert ("lm_head/kernel" in a) == (family == "qwen2") and cfg.qkv_bias
     tok = json.loads((from_gguf / "tokenizer_config.json").read_text())
     assert tok.get("eos_token") == "</s>"
 
@@ -108,7 +110,7 @@ def test_unknown_gguf_architecture_fails_with_one_line(tmp_path, capsys):
 
 
 def test_bias_missing_or_unexpected_fails_with_one_line(checkpoint, tmp_path, capsys):
-    """Qwen2 without its q bias; Qwen3 with a q bias that its config (attention_bias false) lacks."""
+    """Qwen2 without its q bias; Qwen3 with biases that its config (attention_bias set false) lacks."""
     from safetensors.numpy import load_file, save_file
 
     family, hf, src, _ = checkpoint
@@ -121,7 +123,35 @@ def test_bias_missing_or_unexpected_fails_with_one_line(checkpoint, tmp_path, ca
         del tensors["model.layers.1.self_attn.q_proj.bias"]
         want = "layers [1] have no attn/q_bias"
     else:
-        tensors["model.layers.0.self_attn.q_proj.bias"] = np.zeros(4 * 32, np.float32)
-        want = "tensor 'model.layers.0.self_attn.q_proj.bias' does not fit the config"
+        d = json.loads((src / "config.json").read_text())
+        (bad / "config.json").write_text(json.dumps({**d, "attention_bias": False}))
+        want = "_proj.bias' does not fit the config"
     save_file(tensors, str(bad / "model.safetensors"))
     assert want in _one_line_error([str(bad), "--out", str(tmp_path / "o")], capsys)
+
+
+def test_hub_style_configs_read_as_transformers_reads_them():
+    """Qwen2.5-7B-Instruct's config.json (top-level rope_theta, the legacy ``type`` key of the
+    yarn block its model card adds for long contexts) and sliding windows from
+    ``max_window_layers``: the same layer types and RoPE as transformers' Qwen2Config."""
+    import transformers
+
+    from conftest import ROOT
+
+    d = json.loads((ROOT / "configs" / "qwen2.5-7b-instruct.json").read_text())
+    cfg = ModelConfig.from_dict(d)
+    assert cfg.qkv_bias and not cfg.o_proj_bias and cfg.sliding_window is None and cfg.rope_theta == 1e6
+    yarn = {**d, "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}
+    cfg = ModelConfig.from_dict(yarn)
+    assert (cfg.rope_scaling.rope_type, cfg.rope_scaling.factor, cfg.max_context_len) == ("yarn", 4.0, 131072)
+    assert transformers.Qwen2Config(**yarn).rope_parameters["rope_type"] == "yarn"
+    for window_layers in (20, 28, 0):
+        d2 = {**d, "use_sliding_window": True, "sliding_window": 4096, "max_window_layers": window_layers}
+        cfg = ModelConfig.from_dict(d2)
+        want = transformers.Qwen2Config(**d2).layer_types
+        assert [w is not None for w in cfg.layer_windows] == [t == "sliding_attention" for t in want]
+        assert ModelConfig.from_dict(cfg.to_hf_dict()) == cfg
+    with pytest.raises(ValueError, match="use_sliding_window is true but sliding_window is None"):
+        ModelConfig.from_dict({**d, "use_sliding_window": True, "sliding_window": None})
+    q3 = ModelConfig.from_dict(json.loads((ROOT / "configs" / "qwen3-8b.json").read_text()))
+    assert (q3.head_dim, q3.qk_norm, q3.qkv_bias, q3.o_proj_bias, q3.sliding_window) == (128, True, False, False, None)

@@ -8,7 +8,7 @@ at 1 device and at TP 2 (8 fake CPU devices, tests/conftest.py), on the XLA and 
 What each model exercises:
   qwen2: q/k/v biases (none on o_proj), tied embeddings, RoPE theta 1e6, GQA 2:1, and
     ``use_sliding_window`` with ``max_window_layers`` 1: layer 0 full, layer 1 a window of 8.
-  qwen3: per-head q/k RMSNorm, head_dim 32 where hidden / heads is 16, untied LM head, yarn
+  qwen3: per-head q/k RMSNorm, head_dim 128 (Qwen3's) where hidden / heads is 16, untied LM head, yarn
     RoPE scaling (factor 4 over 64 positions) under transformers 5's ``rope_parameters``.
 
 Compiles dominate the time: one engine per family (module scope), no warm-up, small limits.
@@ -30,7 +30,7 @@ from qwen_helpers import assert_greedy_matches, hf_greedy, hf_logits, hf_qwen, s
 FAMILIES = {
     "qwen2": dict(tie_word_embeddings=True, rope_theta=1e6, use_sliding_window=True, sliding_window=8,
                   max_window_layers=1),
-    "qwen3": dict(head_dim=32, tie_word_embeddings=False,
+    "qwen3": dict(head_dim=128, tie_word_embeddings=False,
                   rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
                                    "rope_theta": 1e6}),
 }
@@ -65,9 +65,9 @@ def test_converted_config_has_the_family_switches(qwen):
         assert cfg.layer_types == ("full_attention", "sliding_attention") and cfg.sliding_window == 8
         assert params["layers"]["attn"]["q_bias"].shape == (2, 4, 16) and "lm_head" not in params
     else:
-        assert cfg.qk_norm and not cfg.qkv_bias and cfg.head_dim == 32 != cfg.hidden_size // cfg.num_attention_heads
+        assert cfg.qk_norm and not cfg.qkv_bias and cfg.head_dim == 128 != cfg.hidden_size // cfg.num_attention_heads
         assert cfg.rope_scaling.rope_type == "yarn" and cfg.rope_scaling.original_max_position_embeddings == 64
-        assert params["layers"]["attn"]["q_norm"]["scale"].shape == (2, 32) and "lm_head" in params
+        assert params["layers"]["attn"]["q_norm"]["scale"].shape == (2, 128) and "lm_head" in params
 
 
 def test_config_round_trips_through_transformers(qwen):

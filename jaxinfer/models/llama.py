@@ -1,8 +1,9 @@
-"""Decoder of both supported families (Llama, Gemma 3) as one Flax linen module that runs
-one ragged, paged step. `ModelConfig` fields switch the family differences on; there is no
-per-family code path.
+"""Decoder of the dense families (Llama, Gemma 3, Qwen2, Qwen3) as one Flax linen module that
+runs one ragged, paged step. `ModelConfig` fields switch the family differences on; there is
+no per-family code path.
 
-Follows Hugging Face ``LlamaForCausalLM`` and ``Gemma3ForCausalLM`` numerically: RMSNorm
+Follows Hugging Face ``LlamaForCausalLM``, ``Gemma3ForCausalLM``, ``Qwen2ForCausalLM`` and
+``Qwen3ForCausalLM`` numerically: RMSNorm
 (Zhang & Sennrich 2019; ``x * (norm_offset + w)``, Gemma's ``1 + w``), rotate-half RoPE
 (Su et al. 2021) with theta and scaling from the config (`jaxinfer.layers.rope`), GQA
 (Ainslie et al. 2023), gated MLP with SiLU (SwiGLU, Shazeer 2020) or tanh-GELU (GeGLU),
@@ -11,6 +12,9 @@ embeddings times ``sqrt(D)``, RMSNorm on q and k, norms on the attention and MLP
 ("sandwich"), a query scale of ``query_pre_attn_scalar ** -0.5``, and local layers with a
 sliding window and their own RoPE base (5 local : 1 global in Gemma 3). The per-layer
 window and RoPE choice are looked up from the traced layer index inside the scan body.
+Qwen2 adds biases on q, k and v (``qkv_bias``; Llama's and Qwen3's ``attention_bias`` also
+``o_proj_bias``), added in float32 after the product whatever the linear method; Qwen3 uses
+the q/k norm (plain ``w``) with an explicit ``head_dim``.
 
 Layers are stacked and run under ``nn.scan`` so compile time does not grow with depth;
 the KV cache rides in the scan carry (never as scan xs/ys, which would copy it). With
@@ -238,7 +242,7 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """The decoder (Llama or Gemma 3, per ``cfg``) over one packed ragged step.
+    """The decoder (Llama, Gemma 3, Qwen2 or Qwen3, per ``cfg``) over one packed ragged step.
 
     Call args:
       token_ids: [T] int32. meta: `AttentionMetadata`. k_cache, v_cache:

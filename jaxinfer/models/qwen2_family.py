@@ -45,6 +45,8 @@ def sliding_fields(d: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"use_sliding_window is true but sliding_window is {window!r}")
     first = d.get("max_window_layers", n)
     types = d.get("layer_types") or ["sliding_attention" if i >= first else "full_attention" for i in range(n)]
+    if "sliding_attention" not in types:  # max_window_layers >= layers: every layer is full
+        return {"sliding_window": None, "layer_types": ()}
     return {"sliding_window": int(window), "layer_types": tuple(types)}
 
 
@@ -81,7 +83,14 @@ def sliding_dict(cfg: "ModelConfig") -> dict[str, Any]:
 
 
 def hf_config_dict(cfg: "ModelConfig") -> dict[str, Any]:
-    """``Qwen2Config`` fields after the layer shape."""
+    """``Qwen2Config`` fields after the layer shape.
+
+    Raises:
+      ValueError: a config without the q/k/v biases or with an o_proj one (``Qwen2Config``
+        cannot say either).
+    """
+    if not cfg.qkv_bias or cfg.o_proj_bias:
+        raise ValueError("Qwen2 has biases on q, k and v and none on o_proj")
     return {"rope_parameters": rope_dict(cfg), **sliding_dict(cfg), **cfg.hf_common_fields(),
             "hidden_act": cfg.hidden_act}
 

@@ -59,6 +59,7 @@ def gguf_config(reader) -> ModelConfig:
         "rms_norm_eps": _f32_decimal(field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         "max_position_embeddings": field(f"{arch}.context_length", 4096),
         "tie_word_embeddings": "output.weight" not in _tensor_names(reader),
+        "attention_bias": "blk.0.attn_output.bias" in _tensor_names(reader),  # Llama's / Qwen3's q/k/v/o biases
         "bos_token_id": field("tokenizer.ggml.bos_token_id"),
         "eos_token_id": [] if eos is None else [int(eos)],
     }
