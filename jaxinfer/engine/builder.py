@@ -356,7 +356,7 @@ def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir
         params = init_params(model_config, config.dtype, seed=config.seed)
     return build_replica(config, model_config, jax.device_put(params), tokenizer,
                          progress=WarmupProgress(use_tqdm),
-                         on_planned=lambda n, plan: logger.info("%s", settings_line(config, backend, n, plan)),
+                         on_planned=lambda n, plan: logger.info("%s", settings_line(config, plan.attention, n, plan)),
                          draft=draft, plan=plan)
 
 
@@ -421,7 +421,8 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
         shardings = (jax.tree.map(lambda x: x.sharding, params), sharding.kv_cache_sharding(model_config, mesh),
                      sharding.replicated(mesh))
     plan = plan or resolve_plan(model_config, config.dtype, config.attention_backend,  # pallas: per TP shard
-                                block_size=config.cache.block_size, sharded=shardings is not None)
+                                block_size=config.cache.block_size, sharded=shardings is not None,
+                                kv_cache_dtype=config.cache.kv_cache_dtype)
     if on_planned is not None:
         on_planned(num_blocks, plan)
     backend = plan.attention

@@ -1,0 +1,95 @@
+"""The Mosaic GPU attention backend ("mosaic", the default on compute capability 9.0 and later):
+after the KV write, `jaxinfer.kernels.pallas.mosaic_paged_attention` over each row's whole context
+(``kv_lens``, this step's tokens included), in Mosaic GPU's interpreter on CPU, under
+``shard_map`` over the heads when tensor-parallel. Like the Pallas (Triton) backend it reads the
+step's metadata as it is: `MosaicAttention.prepare` has nothing to derive.
+
+The kernel reads 16-bit float pages (bfloat16 / float16; a CPU bfloat16 cache's uint16 bits are
+reinterpreted, not converted). `supports` says which engines it serves; the execution plan picks
+the Triton backend for the others (float32 or 8-bit caches, head dims not a multiple of 64).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec as P
+
+from jaxinfer.layers.attention.base import AttentionBackend
+from jaxinfer.layers.attention.kv_storage import KVStorage
+from jaxinfer.layers.step_metadata import AttentionMetadata
+
+KV_DTYPES = ("bfloat16", "float16")  # the model dtypes whose cache the kernel reads
+BLOCK_SIZES = (16, 32, 64)
+
+
+def supports(num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype,
+             kv_cache_dtype: str = "auto") -> str | None:
+    """None when the kernel serves these shapes and cache format, else the reason it does not
+    (a sentence for the error of a forced ``--attention-backend mosaic``)."""
+    if kv_cache_dtype != "auto":
+        return f"the Mosaic GPU kernel reads 16-bit float pages, not a {kv_cache_dtype} KV cache"
+    if jnp.dtype(dtype).name not in KV_DTYPES:
+        return f"the Mosaic GPU kernel reads bfloat16/float16 pages, not {jnp.dtype(dtype).name}"
+    if head_dim % 64:
+        return f"the Mosaic GPU kernel needs a head dim multiple of 64, not {head_dim}"
+    if block_size not in BLOCK_SIZES:
+        return f"the Mosaic GPU kernel needs block size 16, 32 or 64, not {block_size}"
+    if num_q_heads % num_kv_heads or num_q_heads // num_kv_heads > 64:
+        return f"the Mosaic GPU kernel serves 1..64 query heads per KV head, not {num_q_heads}/{num_kv_heads}"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicAttention(AttentionBackend):
+    """The Mosaic GPU kernel (`mosaic_paged_attention`).
+
+    Attributes:
+      interpret: run the kernel in Mosaic GPU's interpreter (CPU; slow, for tests).
+    """
+
+    name: ClassVar[str] = "mosaic"
+    interpret: bool = False
+
+    def forward(self, q, k_new, v_new, k_cache, v_cache, layer, meta, sm_scale, window, prepared):
+        """`mosaic_paged_attention` (the new K/V are read back from the pages)."""
+        return mosaic_paged_attention(q, k_cache, v_cache, layer, meta, sm_scale, self.interpret, self.mesh, window)
+
+
+def mosaic_paged_attention(q, k_cache, v_cache, layer, meta: AttentionMetadata, sm_scale: float,
+                           interpret: bool = False, mesh: Mesh | None = None, window=None):
+    """``jaxinfer.kernels.pallas.mosaic_ragged_paged_attention`` over the whole context, per TP shard
+    (the head split of `jaxinfer.layers.attention.pallas.pallas_paged_attention`, for the same reason:
+    the SPMD partitioner cannot split a custom call).
+
+    Args:
+      q: [T, N, H]; k_cache, v_cache: [L, NB, bs, K, H] bfloat16/float16 (or bfloat16 bits);
+      layer: [] int32; window: [] int32 sliding window or None.
+    Returns:
+      [T, N, H] in q's dtype.
+    Raises:
+      NotImplementedError: an 8-bit or float32 cache (see `supports`).
+    """
+    from jaxinfer.kernels.pallas.mosaic_paged_attention import mosaic_ragged_paged_attention
+
+    kv = KVStorage.of(k_cache)
+    if kv.quantized:
+        raise NotImplementedError("the Mosaic GPU kernel reads 16-bit float pages, not an 8-bit KV cache")
+    k_pages, v_pages = kv.values(k_cache), kv.values(v_cache)
+
+    def attend(q, k_pages, v_pages, layer, kv_lens, block_tables, query_start_loc, num_seqs, *win):
+        return mosaic_ragged_paged_attention(
+            q, k_pages, v_pages, kv_lens, block_tables, query_start_loc, num_seqs, sm_scale=sm_scale,
+            layer=layer, interpret=interpret, sliding_window=win[0] if win else None).astype(q.dtype)
+
+    args = (q, k_pages, v_pages, layer, meta.kv_lens, meta.block_tables, meta.query_start_loc,
+            meta.num_seqs) + (() if window is None else (window,))
+    tp = 1 if mesh is None else mesh.shape["model"]
+    if tp == 1:
+        return attend(*args)
+    heads = "model" if k_cache.shape[3] % tp == 0 else None  # the cache's own K split
+    q_spec, kv_spec = P(None, heads, None), P(None, None, None, heads, None)
+    in_specs = (q_spec, kv_spec, kv_spec) + (P(),) * 5 + (P(),) * (window is not None)
+    return jax.shard_map(attend, mesh=mesh, in_specs=in_specs, out_specs=q_spec, check_vma=False)(*args)
