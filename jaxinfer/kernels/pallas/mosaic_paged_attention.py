@@ -31,9 +31,14 @@ explicit transposed copy in shared memory (the interpreter's WGMMA does not take
 transposed-operand view the hardware reads); register layouts are not cast.
 
 Limits (checked): 16-bit float pages (bfloat16 / float16; q is cast to the pages' dtype);
-``H`` a multiple of 64; ``block_size`` 16, 32 or 64; ``G_pad <= 64``. Slots past a
-sequence's length in its last page must hold finite values (P is 0 there, and WGMMA
-reads the page as it is; the engine's pool is zero-initialised and only holds written K/V).
+``H`` a multiple of 64; ``block_size`` 16, 32 or 64; ``G_pad <= 64``.
+
+One contract difference from the Triton kernel: V's slots past a sequence's length in its last
+page must hold finite values. P is 0 there, but the WGMMA reads the whole page and 0 x NaN is
+NaN; masking the page in shared memory would need a register layout of ``block_size`` rows,
+which Mosaic GPU does not have (its WGMMA layout is 64 rows). The Mosaic backend
+(`jaxinfer.layers.attention.mosaic`) therefore zeroes those slots as it writes the step's K/V
+(`clear_value_tails`). K's tails may hold anything (their scores are replaced by the mask).
 
 Sources: PagedAttention (Kwon et al., SOSP 2023); FlashAttention online softmax (Dao et al.
 2022); FlashDecoding split-KV (Dao et al. 2023); WGMMA / TMA per the Hopper tuning guide.
@@ -62,6 +67,8 @@ from jaxinfer.kernels.pallas.reference import (
 ROWS = 64  # one WGMMA M-tile: query rows (tokens x padded group heads) per program
 NO_WINDOW = 1 << 30
 INFO = 8  # leading int32 fields of a program's info row (see `_info_rows`)
+INFO_COLS = 64  # the info row as [rows, 64]: a TMA box takes at most 256 elements per dimension
+MAX_INFO = 256 * INFO_COLS
 TARGET_PROGRAMS = 264  # decode splits: aim for about two programs per H100/H200 SM (132)
 MIN_SPLIT_PAGES = 4
 MAX_SPLITS = 16
@@ -92,8 +99,8 @@ def _kernel(info_gmem, q_gmem, k_ref, v_ref, acc_gmem, m_gmem, l_gmem, p_smem, *
             sm_scale: float, group_pad: int, num_splits: int, stages: int, interpret: bool):
     """One (work item, KV head, split) program: grid axes "w", "h", "p".
 
-    info_gmem: [W, INFO + MB] int32: per item layer, q_pos, num_rows, n_keys, window, first
-      page, end page, 0, then its block-table row. q_gmem: [W, K, 64, H].
+    info_gmem: [W, R, 64] int32: per item, flat, layer, q_pos, num_rows, n_keys, window, first
+      page, end page, 0, then its block-table row (`_info_rows`). q_gmem: [W, K, 64, H].
     k_ref, v_ref: [L, NB, bs, K, H] (GMEM). Outputs acc [W, K, P, 64, H], m and l
       [W, K, P, 64] float32. p_smem: [64, bs] scratch for P; kt_smem: ([H, bs],) when
       interpreted (see the module docstring).
@@ -113,7 +120,7 @@ def _kernel(info_gmem, q_gmem, k_ref, v_ref, acc_gmem, m_gmem, l_gmem, p_smem, *
     one = lambda shape: plgpu.BlockSpec(shape, lambda i: (0,) * len(shape))  # noqa: E731
     plgpu.emit_pipeline(
         outer, grid=(1,),
-        in_specs=[one((info_gmem.shape[1],)),
+        in_specs=[one(info_gmem.shape[1:]),
                   plgpu.BlockSpec((rows, head_dim), lambda i: (0, 0),
                                   transforms=_smem_transforms(q_gmem.dtype, head_dim, interpret))],
         out_specs=[one((rows, head_dim)), one((rows,)), one((rows,))],
@@ -125,9 +132,12 @@ def _attend(info_ref, q_ref, k_ref, v_ref, acc_out, m_out, l_out, p_smem, kt_sme
             sm_scale: float, group_pad: int, num_splits: int, stages: int, interpret: bool):
     """The page loop of one program (refs in shared memory except the pages)."""
     plgpu = _plgpu()
-    layer, q_pos, num_rows, n_keys = info_ref[0], info_ref[1], info_ref[2], info_ref[3]
-    window, first_page, end_page = info_ref[4], info_ref[5], info_ref[6]
-    table = info_ref.at[pl.ds(INFO, info_ref.shape[0] - INFO)]
+    layer, q_pos, num_rows, n_keys = info_ref[0, 0], info_ref[0, 1], info_ref[0, 2], info_ref[0, 3]
+    window, first_page, end_page = info_ref[0, 4], info_ref[0, 5], info_ref[0, 6]
+
+    def table(j):
+        flat = INFO + j
+        return info_ref[lax.div(flat, INFO_COLS), lax.rem(flat, INFO_COLS)]
     block_size, head_dim = k_ref.shape[2], k_ref.shape[4]
     per_split = lax.div(end_page - first_page + num_splits - 1, num_splits)
     start = first_page + split * per_split
@@ -177,7 +187,7 @@ def _attend(info_ref, q_ref, k_ref, v_ref, acc_out, m_out, l_out, p_smem, kt_sme
         return acc * lax.broadcast_in_dim(alpha, acc.shape, [0]) + pv, m_new, l_new
 
     def page(j):
-        return (table[start + j], 0, 0)
+        return (table(start + j), 0, 0)
 
     k_spec = plgpu.BlockSpec((None, block_size, head_dim), page,
                              transforms=_smem_transforms(k_ref.dtype, head_dim, interpret))
@@ -221,9 +231,9 @@ def auto_splits(num_programs: int, max_pages: int) -> int:
     return max(1, min(MAX_SPLITS, by_fill, max_pages // MIN_SPLIT_PAGES))
 
 
-def _info_rows(plan, block_tables, layer, window, block_size: int):
-    """[W, INFO + MB_pad] int32: each work item's scalars and block-table row (ids clamped
-    into the pool; the row padded so a copy is a multiple of 128 bytes)."""
+def _info_rows(plan, block_tables, layer, window, block_size: int, num_blocks: int):
+    """[W, R, INFO_COLS] int32: each work item's scalars and block-table row, flat, padded to
+    whole rows of `INFO_COLS` (a copy of a multiple of 128 bytes, at most 256 x 64 entries)."""
     num_keys_max = block_tables.shape[1] * block_size
     n_keys = jnp.clip(jnp.minimum(plan.q_pos + plan.num_rows, plan.kv_len), 0, num_keys_max)
     n_keys = jnp.where(plan.num_rows > 0, n_keys, 0)
@@ -234,10 +244,11 @@ def _info_rows(plan, block_tables, layer, window, block_size: int):
     scalars = jnp.stack([jnp.broadcast_to(layer, (num_work,)), plan.q_pos, plan.num_rows, n_keys,
                          jnp.broadcast_to(window, (num_work,)), first_page, end_page,
                          jnp.zeros((num_work,), jnp.int32)], axis=1)
-    table = block_tables[plan.seq]
+    table = jnp.clip(block_tables[plan.seq], 0, num_blocks - 1)
     width = INFO + table.shape[1]
-    pad = -width % 32
-    return jnp.concatenate([scalars.astype(jnp.int32), table, jnp.zeros((num_work, pad), jnp.int32)], axis=1)
+    pad = -width % INFO_COLS
+    flat = jnp.concatenate([scalars.astype(jnp.int32), table, jnp.zeros((num_work, pad), jnp.int32)], axis=1)
+    return flat.reshape(num_work, (width + pad) // INFO_COLS, INFO_COLS)
 
 
 def _to_rows(q_blk, num_kv_heads: int, group_pad: int):
@@ -297,7 +308,7 @@ def _run(q, k5, v5, layer, window, kv_lens, block_tables, query_start_loc, num_s
     num_work = num_work_items(num_tokens, kv_lens.shape[0], q_block, decode=decode)
     plan = plan_query_blocks(kv_lens, query_start_loc, num_seqs, num_tokens=num_tokens,
                              q_block=q_block, num_work=num_work)
-    info = _info_rows(plan, block_tables, layer, window, block_size)
+    info = _info_rows(plan, block_tables, layer, window, block_size, k5.shape[1])
     q_rows = _to_rows(gather_query_blocks(q, plan, q_block), num_kv_heads, group_pad)
     splits = 1
     if decode:
@@ -308,12 +319,13 @@ def _run(q, k5, v5, layer, window, kv_lens, block_tables, query_start_loc, num_s
     return scatter_query_blocks(_from_rows(out, q_block, group, group_pad), plan)
 
 
-def check_supported(q_shape, pages_shape, dtype) -> None:
+def check_supported(q_shape, pages_shape, dtype, max_blocks: int | None = None) -> None:
     """The kernel's own limits beyond the shared contract.
 
     Raises:
       NotImplementedError: pages not bfloat16/float16, ``H`` not a multiple of 64, a block
-        size other than 16/32/64, or more than 64 query heads per KV head.
+        size other than 16/32/64, more than 64 query heads per KV head, or block tables wider
+        than 16,376 blocks.
     """
     head_dim, num_kv_heads, block_size = pages_shape[-1], pages_shape[-2], pages_shape[-3]
     if jnp.dtype(dtype) not in SUPPORTED_DTYPES:
@@ -324,6 +336,8 @@ def check_supported(q_shape, pages_shape, dtype) -> None:
         raise NotImplementedError(f"the Mosaic GPU kernel needs block_size 16, 32 or 64, got {block_size}")
     if _next_pow2(q_shape[1] // num_kv_heads) > ROWS:
         raise NotImplementedError(f"more than {ROWS} query heads per KV head")
+    if max_blocks is not None and INFO + max_blocks > MAX_INFO:
+        raise NotImplementedError(f"block tables wider than {MAX_INFO - INFO} blocks")
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "interpret", "num_splits", "stages"))
@@ -354,7 +368,7 @@ def mosaic_ragged_paged_attention(q, k_pages, v_pages, kv_lens, block_tables, qu
       ValueError, TypeError: as `check_inputs`. NotImplementedError: as `check_supported`.
     """
     check_inputs(q, k_pages, v_pages, kv_lens, block_tables, query_start_loc, num_seqs, layer)
-    check_supported(q.shape, k_pages.shape, k_pages.dtype)
+    check_supported(q.shape, k_pages.shape, k_pages.dtype, block_tables.shape[1])
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"num_splits must be >= 1 or None, got {num_splits}")
     k5, v5, layer_idx = stack_layer_view(k_pages, v_pages, layer)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 
 from jaxinfer.layers.attention.base import AttentionBackend
-from jaxinfer.layers.attention.kv_storage import KVStorage
+from jaxinfer.layers.attention.kv_storage import KVStorage, write_kv
 from jaxinfer.layers.step_metadata import AttentionMetadata
 
 KV_DTYPES = ("bfloat16", "float16")  # the model dtypes whose cache the kernel reads
@@ -53,9 +53,50 @@ class MosaicAttention(AttentionBackend):
     name: ClassVar[str] = "mosaic"
     interpret: bool = False
 
+    def __call__(self, q, k_new, v_new, k_cache, v_cache, layer, meta: AttentionMetadata, sm_scale: float,
+                 window=None, prepared=None):
+        """Write this step's K/V, zero V's slots past each row's context in its last page
+        (`clear_value_tails`), then `forward`.
+
+        Returns:
+          (out [T, N, H], k_cache, v_cache).
+        """
+        k_cache = write_kv(k_cache, layer, meta.slot_mapping, k_new)
+        v_cache = clear_value_tails(write_kv(v_cache, layer, meta.slot_mapping, v_new), layer, meta)
+        out = self.forward(q, k_new, v_new, k_cache, v_cache, layer, meta, sm_scale, window, prepared)
+        return out, k_cache, v_cache
+
     def forward(self, q, k_new, v_new, k_cache, v_cache, layer, meta, sm_scale, window, prepared):
         """`mosaic_paged_attention` (the new K/V are read back from the pages)."""
         return mosaic_paged_attention(q, k_cache, v_cache, layer, meta, sm_scale, self.interpret, self.mesh, window)
+
+
+def clear_value_tails(v_cache, layer, meta: AttentionMetadata):
+    """``v_cache`` with zeros in the slots past each real row's context in its last page.
+
+    The kernel's WGMMA multiplies P (0 for those keys) by the whole page, so a stale NaN or inf
+    left there by a freed block's last owner would poison the row (0 x NaN); the Triton kernel
+    masks V in registers instead. Those slots belong to the row alone (a partial block is never
+    shared by the prefix cache) and are written before they are ever read as context. One scatter
+    of at most ``R x (block_size - 1)`` slots of one layer, in place on the carried cache.
+
+    Args:
+      v_cache: [L, NB, bs, K, H] (float or bfloat16 bits). layer: [] int32.
+    Returns:
+      v_cache with the tails of ``layer`` zeroed.
+    """
+    num_blocks, block_size = v_cache.shape[1], v_cache.shape[2]
+    kv_lens = meta.kv_lens.astype(jnp.int32)
+    rows = kv_lens.shape[0]
+    last_col = jnp.clip((kv_lens - 1) // block_size, 0, meta.block_tables.shape[1] - 1)
+    last_page = meta.block_tables[jnp.arange(rows), last_col]
+    used = kv_lens % block_size  # slots of the last page that hold context; 0: the page is full
+    offsets = jnp.arange(block_size, dtype=jnp.int32)
+    real = (jnp.arange(rows) < meta.num_seqs) & (kv_lens > 0) & (used > 0)
+    tail = real[:, None] & (offsets[None, :] >= used[:, None])
+    blocks = jnp.where(tail, last_page[:, None], num_blocks)  # out of range: dropped
+    zeros = jnp.zeros((rows, block_size) + v_cache.shape[3:], v_cache.dtype)
+    return v_cache.at[layer, blocks, jnp.broadcast_to(offsets, blocks.shape)].set(zeros, mode="drop")
 
 
 def mosaic_paged_attention(q, k_cache, v_cache, layer, meta: AttentionMetadata, sm_scale: float,
