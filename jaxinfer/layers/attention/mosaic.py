@@ -121,8 +121,9 @@ def mosaic_paged_attention(q, k_cache, v_cache, layer, meta: AttentionMetadata, 
     k_pages, v_pages = kv.values(k_cache), kv.values(v_cache)
 
     def attend(q, k_pages, v_pages, layer, kv_lens, block_tables, query_start_loc, num_seqs, *win):
+        # q comes in float32 from bfloat16 models: the kernel takes it in the pages' dtype
         return mosaic_ragged_paged_attention(
-            q, k_pages, v_pages, kv_lens, block_tables, query_start_loc, num_seqs, sm_scale=sm_scale,
+            q.astype(k_pages.dtype), k_pages, v_pages, kv_lens, block_tables, query_start_loc, num_seqs, sm_scale=sm_scale,
             layer=layer, interpret=interpret, sliding_window=win[0] if win else None).astype(q.dtype)
 
     args = (q, k_pages, v_pages, layer, meta.kv_lens, meta.block_tables, meta.query_start_loc,
