@@ -130,3 +130,12 @@ def test_default_engine_buckets_lower_for_cuda(model, backend):
     from jaxinfer.runner.cross_lower import StepShapes
 
     _lower_all(model, backend, StepShapes())
+
+
+def test_shared_memory_rule():
+    from jaxinfer.kernels.pallas.mosaic_paged_attention import _stages_that_fit, fits_shared_memory
+
+    assert fits_shared_memory(128, 64) and fits_shared_memory(256, 32)
+    assert not fits_shared_memory(256, 64)
+    assert "shared memory" in supports(4, 1, 256, 64, jnp.bfloat16)
+    assert _stages_that_fit(3, 128, 16, 2, 2048) == 3 and _stages_that_fit(8, 256, 32, 2, 2048) == 3

@@ -69,6 +69,7 @@ NO_WINDOW = 1 << 30
 INFO = 8  # leading int32 fields of a program's info row (see `_info_rows`)
 INFO_COLS = 64  # the info row as [rows, 64]: a TMA box takes at most 256 elements per dimension
 MAX_INFO = 256 * INFO_COLS
+SMEM_BUDGET = 200 * 1024  # of the 227 KiB a Hopper block may have: the rest for reductions and barriers
 TARGET_PROGRAMS = 264  # decode splits: aim for about two programs per H100/H200 SM (132)
 MIN_SPLIT_PAGES = 4
 MAX_SPLITS = 16
@@ -95,37 +96,41 @@ def _smem_transforms(dtype, minor: int, interpret: bool) -> tuple:
     return (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
 
 
-def _kernel(info_gmem, q_gmem, k_ref, v_ref, acc_gmem, m_gmem, l_gmem, p_smem, *kt_smem,
-            sm_scale: float, group_pad: int, num_splits: int, stages: int, interpret: bool):
+def _kernel(info_gmem, q_gmem, k_ref, v_ref, acc_gmem, m_gmem, l_gmem, p_smem, acc_smem, m_smem, l_smem,
+            *kt_smem, sm_scale: float, group_pad: int, num_splits: int, stages: int, interpret: bool):
     """One (work item, KV head, split) program: grid axes "w", "h", "p".
 
     info_gmem: [W, R, 64] int32: per item, flat, layer, q_pos, num_rows, n_keys, window, first
       page, end page, 0, then its block-table row (`_info_rows`). q_gmem: [W, K, 64, H].
-    k_ref, v_ref: [L, NB, bs, K, H] (GMEM). Outputs acc [W, K, P, 64, H], m and l
-      [W, K, P, 64] float32. p_smem: [64, bs] scratch for P; kt_smem: ([H, bs],) when
-      interpreted (see the module docstring).
-    An outer one-step pipeline brings the item's info row and q tile into shared memory and
-    writes the outputs back; the inner pipeline streams the pages.
+    k_ref, v_ref: [L, NB, bs, K, H] (GMEM). Outputs acc [W, K, P, O, H], m and l [W, K, P, O]
+      float32: the first O = `_out_rows` of the 64 rows (the rest are padding).
+    p_smem: [64, bs] scratch for P; acc_smem [64, H], m_smem / l_smem [64]: the results on their
+      way out; kt_smem: ([H, bs],) when interpreted (see the module docstring).
+    An outer one-step pipeline brings the item's info row and q tile into shared memory; the
+    inner pipeline streams the pages; the real rows of the results go out by TMA.
     """
     plgpu = _plgpu()
     w, head, split = lax.axis_index("w"), lax.axis_index("h"), lax.axis_index("p")
     rows, head_dim = q_gmem.shape[2], q_gmem.shape[3]
     block_size = k_ref.shape[2]
 
-    def outer(_, info_ref, q_ref, acc_out, m_out, l_out):
-        _attend(info_ref, q_ref, k_ref, v_ref, acc_out, m_out, l_out, p_smem, kt_smem, head, split,
+    out_rows = acc_gmem.shape[3]
+
+    def outer(_, info_ref, q_ref):
+        _attend(info_ref, q_ref, k_ref, v_ref, acc_smem, m_smem, l_smem, p_smem, kt_smem, head, split,
                 sm_scale=sm_scale, group_pad=group_pad, num_splits=num_splits, stages=stages,
                 interpret=interpret)
+        plgpu.commit_smem()  # the results' stores, visible to the TMA engine
+        for src, dst in ((acc_smem, acc_gmem), (m_smem, m_gmem), (l_smem, l_gmem)):
+            plgpu.copy_smem_to_gmem(src.at[pl.ds(0, out_rows)], dst.at[w, head, split])
+        plgpu.wait_smem_to_gmem(0)
 
-    one = lambda shape: plgpu.BlockSpec(shape, lambda i: (0,) * len(shape))  # noqa: E731
     plgpu.emit_pipeline(
         outer, grid=(1,),
-        in_specs=[one(info_gmem.shape[1:]),
+        in_specs=[plgpu.BlockSpec(info_gmem.shape[1:], lambda i: (0, 0)),
                   plgpu.BlockSpec((rows, head_dim), lambda i: (0, 0),
                                   transforms=_smem_transforms(q_gmem.dtype, head_dim, interpret))],
-        out_specs=[one((rows, head_dim)), one((rows,)), one((rows,))],
-    )(info_gmem.at[w], q_gmem.at[w, head], acc_gmem.at[w, head, split], m_gmem.at[w, head, split],
-      l_gmem.at[w, head, split])
+    )(info_gmem.at[w], q_gmem.at[w, head])
 
 
 def _attend(info_ref, q_ref, k_ref, v_ref, acc_out, m_out, l_out, p_smem, kt_smem, head, split, *,
@@ -274,16 +279,50 @@ def _interpret_params():
     return InterpretGPUParams(detect_races=True, uninitialized_memory="nan")
 
 
-def _call(info, q_rows, k5, v5, *, sm_scale, group_pad, num_splits, stages, interpret):
-    """The kernel over grid (W, K, num_splits) -> float32 partials (acc, m, l)."""
+def _stages_that_fit(stages: int, head_dim: int, block_size: int, itemsize: int, info_bytes: int) -> int:
+    """The deepest page pipeline up to ``stages`` whose shared memory fits `SMEM_BUDGET`: q tile,
+    results, P, the info row and ``stages`` K and V pages (at least 2: one computing, one loading).
+
+    Raises:
+      NotImplementedError: not even two stages fit.
+    """
+    fixed = ROWS * head_dim * (itemsize + 4) + ROWS * (block_size * itemsize + 8) + info_bytes
+    per_stage = 2 * block_size * head_dim * itemsize
+    fit = (SMEM_BUDGET - fixed) // per_stage
+    if fit < 2:
+        raise NotImplementedError(f"head dim {head_dim} with block size {block_size} does not fit shared memory")
+    return min(stages, fit)
+
+
+def fits_shared_memory(head_dim: int, block_size: int, itemsize: int = 2, info_bytes: int = 8192) -> bool:
+    """Whether a two-stage page pipeline fits `SMEM_BUDGET` (``info_bytes``: the block-table row;
+    8 KiB holds a 32K-token context at block size 16)."""
+    try:
+        _stages_that_fit(2, head_dim, block_size, itemsize, info_bytes)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def _out_rows(q_block: int, group_pad: int) -> int:
+    """Rows of a program's results that can be real: ``q_block * G_pad``, at least 8 (a TMA copy
+    of a whole number of 16-byte units, and the row tile of shared memory)."""
+    return min(ROWS, max(8, q_block * group_pad))
+
+
+def _call(info, q_rows, k5, v5, *, sm_scale, group_pad, num_splits, stages, interpret, out_rows):
+    """The kernel over grid (W, K, num_splits) -> float32 partials (acc, m, l) of the first
+    ``out_rows`` rows."""
     plgpu = _plgpu()
     num_work, num_kv_heads, rows, head_dim = q_rows.shape
     block_size = k5.shape[2]
-    part = (num_work, num_kv_heads, num_splits, rows)
+    part = (num_work, num_kv_heads, num_splits, out_rows)
     kernel = functools.partial(_kernel, sm_scale=sm_scale, group_pad=group_pad, num_splits=num_splits,
                                stages=stages, interpret=interpret)
     scratch = [plgpu.SMEM((rows, block_size), k5.dtype,
-                          transforms=_smem_transforms(k5.dtype, block_size, interpret))]
+                          transforms=_smem_transforms(k5.dtype, block_size, interpret)),
+               plgpu.SMEM((rows, head_dim), jnp.float32), plgpu.SMEM((rows,), jnp.float32),
+               plgpu.SMEM((rows,), jnp.float32)]
     if interpret:
         scratch.append(plgpu.SMEM((head_dim, block_size), k5.dtype))
     return plgpu.kernel(
@@ -309,13 +348,15 @@ def _run(q, k5, v5, layer, window, kv_lens, block_tables, query_start_loc, num_s
     plan = plan_query_blocks(kv_lens, query_start_loc, num_seqs, num_tokens=num_tokens,
                              q_block=q_block, num_work=num_work)
     info = _info_rows(plan, block_tables, layer, window, block_size, k5.shape[1])
+    stages = _stages_that_fit(stages, q.shape[2], block_size, k5.dtype.itemsize, info.shape[1] * INFO_COLS * 4)
     q_rows = _to_rows(gather_query_blocks(q, plan, q_block), num_kv_heads, group_pad)
     splits = 1
     if decode:
         splits = num_splits or auto_splits(num_work * num_kv_heads, block_tables.shape[1])
+    out_rows = _out_rows(q_block, group_pad)
     acc, m, l = _call(info, q_rows, k5, v5, sm_scale=sm_scale, group_pad=group_pad, num_splits=splits,
-                      stages=stages, interpret=interpret)
-    out = merge_splits(acc, m, l).astype(q.dtype)
+                      stages=stages, interpret=interpret, out_rows=out_rows)
+    out = merge_splits(acc, m, l).astype(q.dtype)  # [W, K, out_rows >= q_block * G_pad, H]
     return scatter_query_blocks(_from_rows(out, q_block, group, group_pad), plan)
 
 

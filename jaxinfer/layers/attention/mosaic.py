@@ -37,6 +37,10 @@ def supports(num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int
         return f"the Mosaic GPU kernel needs a head dim multiple of 64, not {head_dim}"
     if block_size not in BLOCK_SIZES:
         return f"the Mosaic GPU kernel needs block size 16, 32 or 64, not {block_size}"
+    from jaxinfer.kernels.pallas.mosaic_paged_attention import fits_shared_memory
+
+    if not fits_shared_memory(head_dim, block_size, jnp.dtype(dtype).itemsize):
+        return f"the Mosaic GPU kernel's pages of head dim {head_dim} x block size {block_size} do not fit shared memory"
     if num_q_heads % num_kv_heads or num_q_heads // num_kv_heads > 64:
         return f"the Mosaic GPU kernel serves 1..64 query heads per KV head, not {num_q_heads}/{num_kv_heads}"
     return None
