@@ -118,7 +118,8 @@ FLAGS: tuple[Flag, ...] = (
         "int8: weights quantized to int8 with group scales (one per 64 inputs) as they load "
         "(docs/quantization.md; default: none)")),
     _F("--attention-backend", "model", choices=tuple(ATTENTION_BACKENDS), field="attention_backend",
-       llm="attention_backend", help="default: pallas on GPU, xla elsewhere"),
+       llm="attention_backend", help="default: mosaic on GPUs of compute capability 9.0+ where it serves the model "
+            "(docs/kernels.md), pallas (Triton) on other GPUs, xla elsewhere"),
     _F("--seed", "model", type=int, default=0, field="seed", llm="seed", help="seed of requests that give none"),
     _F("--max-logprobs", "model", type=int, default=20, field="max_logprobs",
        help="largest top logprobs a request may ask for"),

@@ -224,10 +224,12 @@ def enable_compilation_cache(path: str | None = None) -> None:
 
 
 def default_backend() -> str:
-    """The attention backend when none is configured (`jaxinfer.platform.execution_plan.default_attention_backend`)."""
-    from jaxinfer.platform.execution_plan import default_attention_backend
+    """The attention backend when none is configured, before the model is known
+    (`jaxinfer.platform.execution_plan.default_attention_backend`; the plan refines it per model)."""
+    from jaxinfer.platform.execution_plan import default_attention_backend, gpu_compute_capability
 
-    return default_attention_backend(jax.default_backend())
+    platform = jax.default_backend()
+    return default_attention_backend(platform, gpu_compute_capability() if platform == "gpu" else None)
 
 
 def load_model(config: EngineConfig, load_format: str = "auto", weights_dir: str = "weights"):
@@ -348,7 +350,7 @@ def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir
             raise ValueError("speculative decoding with a draft model runs on one device (no TP / DP yet)")
         engine = build_parallel_engine(config, model_config, params, tokenizer)
         desc = engine.describe()
-        logger.info("%s", settings_line(config, backend, desc.num_blocks, desc.plan))
+        logger.info("%s", settings_line(config, desc.plan.attention if desc.plan else backend, desc.num_blocks, desc.plan))
         return engine
     if params is None:
         from jaxinfer.models.params import init_params
