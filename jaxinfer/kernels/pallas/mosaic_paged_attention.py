@@ -12,12 +12,15 @@ folded into the row axis, so a program owns one ``[64, H]`` query tile (row ``r`
 ``r // G_pad``, head ``r % G_pad`` of the group): one WGMMA M-tile. Every query head of the
 GQA group is served by one pass over each KV page.
 
-Pipeline. ``plgpu.emit_pipeline`` walks the program's pages: each step's K and V pages
-(``[block_size, H]`` of one layer and KV head) are copied by TMA from the block-table
-offset into a ``stages``-deep ring of shared-memory buffers while earlier pages are
-computed on. Per page: ``S = Q Kᵀ`` (WGMMA, float32 accumulator ``[64, block_size]``), the
-causal / window / length mask and the online softmax in float32 registers, ``P`` (in the
-cache dtype) stored to shared memory, ``O += P V`` (WGMMA ``[64, H]``).
+Pipeline. An outer one-step ``plgpu.emit_pipeline`` brings the item's info row (scalars and
+block-table row) and query tile into shared memory; an inner one walks the program's pages:
+each step's K and V pages (``[block_size, H]`` of one layer and KV head) are copied by TMA
+from the block-table offset into a ``stages``-deep ring of shared-memory buffers (cut to what
+fits `SMEM_BUDGET`) while earlier pages are computed on. Per page: ``S = Q Kᵀ`` (WGMMA,
+float32 accumulator ``[64, block_size]``), the causal / window / length mask and the online
+softmax in float32 registers, ``P`` (in the cache dtype) stored to shared memory, ``O += P V``
+(WGMMA ``[64, H]``). The rows that can be real (``max(8, q_block * G_pad)``) of ``O`` and its
+softmax statistics leave by TMA as float32 partials.
 
 Flash-decoding. The pages of a program's range are split over ``num_splits`` programs
 (grid axis 2); each writes its unnormalised ``(acc, m, l)`` and ``merge_splits`` combines
@@ -30,8 +33,10 @@ tiling/swizzle transforms (the interpreter reads them as plain arrays) and ``K�
 explicit transposed copy in shared memory (the interpreter's WGMMA does not take the
 transposed-operand view the hardware reads); register layouts are not cast.
 
-Limits (checked): 16-bit float pages (bfloat16 / float16; q is cast to the pages' dtype);
-``H`` a multiple of 64; ``block_size`` 16, 32 or 64; ``G_pad <= 64``.
+Limits (checked, `check_supported`): 16-bit float pages (bfloat16 / float16; q is cast to the
+pages' dtype); ``H`` a multiple of 64; ``block_size`` 16, 32 or 64; ``G_pad <= 64``; block
+tables of at most 16,376 blocks; two pipeline stages within `SMEM_BUDGET` (`fits_shared_memory`).
+Modeled bytes and FLOPs per call: ``docs/kernels.md``.
 
 One contract difference from the Triton kernel: V's slots past a sequence's length in its last
 page must hold finite values. P is 0 there, but the WGMMA reads the whole page and 0 x NaN is
