@@ -332,7 +332,8 @@ def test_wrapper_rejects_bad_inputs(bad, error):
 
 def test_only_the_triton_deprecation_warning_is_filtered():
     """The Triton kernel stays for sm80-sm89: JAX 0.11's deprecation warning of its backend is
-    silenced by its exact text, and nothing else is (another text, or the same words cut short)."""
+    silenced by its whole exact text, and nothing else is (a longer or shorter text, another
+    category, another deprecation)."""
     import warnings
 
     from jaxinfer.kernels.pallas.ragged_paged_attention import TRITON_DEPRECATION, ignore_triton_deprecation
@@ -340,11 +341,14 @@ def test_only_the_triton_deprecation_warning_is_filtered():
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         ignore_triton_deprecation()
-        warnings.warn(TRITON_DEPRECATION + ". To keep using Triton, ...", DeprecationWarning)
+        warnings.warn(TRITON_DEPRECATION, DeprecationWarning)
+        warnings.warn(TRITON_DEPRECATION + " More.", DeprecationWarning)
         warnings.warn(TRITON_DEPRECATION, FutureWarning)
-        warnings.warn("The Triton backend is deprecated", DeprecationWarning)
+        warnings.warn("The Pallas Triton backend is deprecated", DeprecationWarning)
         warnings.warn("jax.foo is deprecated", DeprecationWarning)
-    assert [str(w.message) for w in seen] == ["The Triton backend is deprecated", "jax.foo is deprecated"]
+    assert [(str(w.message), w.category) for w in seen] == [
+        (TRITON_DEPRECATION + " More.", DeprecationWarning), (TRITON_DEPRECATION, FutureWarning),
+        ("The Pallas Triton backend is deprecated", DeprecationWarning), ("jax.foo is deprecated", DeprecationWarning)]
 
 
 def test_jax_is_pinned_to_the_version_under_test():

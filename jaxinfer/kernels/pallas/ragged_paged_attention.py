@@ -53,15 +53,17 @@ from jaxinfer.kernels.pallas.reference import (
     stack_layer_view,
 )
 
-# The warning JAX 0.11+ gives when a kernel lowers through Pallas's Triton backend.
-TRITON_DEPRECATION = ("The Triton backend is deprecated and will be removed in a future version of JAX. "
-                      "To keep using Pallas on GPU, please migrate to the Mosaic GPU backend")
+# The DeprecationWarning JAX 0.11 gives when a kernel lowers through Pallas's Triton backend, as
+# jax 0.11.2 worded it on the H200 run (benchmarks/results/gpu/2026-12-04-h200/call1/tests.log).
+TRITON_DEPRECATION = ("The Pallas Triton backend is deprecated and will be removed in a future JAX version. "
+                      "To keep using Pallas on GPU, please migrate to the Mosaic GPU backend. To keep using "
+                      "Triton, switch to the official Triton bindings and jax_triton.")
 
 
 def ignore_triton_deprecation() -> None:
-    """Silence `TRITON_DEPRECATION`, matched by its exact text (any category); every other
-    warning, JAX's other deprecations included, still shows."""
-    warnings.filterwarnings("ignore", message=re.escape(TRITON_DEPRECATION))
+    """Silence `TRITON_DEPRECATION` (a DeprecationWarning), matched by its whole exact text; every
+    other warning, JAX's other deprecations and any rewording of this one included, still shows."""
+    warnings.filterwarnings("ignore", message=re.escape(TRITON_DEPRECATION) + r"\Z", category=DeprecationWarning)
 
 
 ignore_triton_deprecation()
