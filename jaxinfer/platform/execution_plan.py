@@ -204,7 +204,8 @@ def resolve_plan(cfg, dtype, attention: str | None = None, *, block_size: int = 
     flags = host_cpu_flags() if cpu_flags is None and platform == "cpu" else (cpu_flags or frozenset())
     if attention is not None and attention not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {attention!r} (expected one of {', '.join(ATTENTION_BACKENDS)})")
-    mosaic_unsupported = _mosaic_unsupported(cfg, dtype, block_size, kv_cache_dtype)
+    asks_mosaic = attention == "mosaic" or (attention is None and platform == "gpu")
+    mosaic_unsupported = _mosaic_unsupported(cfg, dtype, block_size, kv_cache_dtype) if asks_mosaic else None
     if attention is None:
         if platform == "gpu" and compute_capability is None:
             compute_capability = gpu_compute_capability()
