@@ -433,7 +433,9 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
                          kv_cache_dtype=config.cache.kv_cache_dtype, plan=plan)
     if jax.process_count() > 1:
         runner = distributed.step_runner(runner)
-    factory = None if draft is None else _draft_factory(config, model_config, num_blocks, backend, draft)
+    # The draft model follows a forced backend, else its own plan (the Mosaic kernel may not serve its shapes).
+    factory = None if draft is None else _draft_factory(config, model_config, num_blocks, config.attention_backend,
+                                                        draft)
     engine = LLMEngine(config, model_config, runner, num_blocks, tokenizer, proposer_factory=factory,
                        grammar=grammar, kv_cache_description=why, mesh=mesh)
     if config.warmup:
@@ -441,7 +443,7 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
     return engine
 
 
-def _draft_factory(config: EngineConfig, model_config: ModelConfig, num_blocks: int, backend: str, draft: dict):
+def _draft_factory(config: EngineConfig, model_config: ModelConfig, num_blocks: int, backend: str | None, draft: dict):
     """``factory(layout)`` -> the draft model's proposer for the engine's batch layout
     (`jaxinfer.spec_decode.draft_model.build_draft_proposer`, with ``draft``'s own keywords)."""
     from jaxinfer.spec_decode.draft_model import build_draft_proposer
