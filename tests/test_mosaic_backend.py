@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_xla_attention import BS, G, H, K, L, _pack
+from test_xla_attention import BS, G, K, L, _pack
 
 from jaxinfer.config import ModelConfig
 from jaxinfer.entrypoints.plan import load_config

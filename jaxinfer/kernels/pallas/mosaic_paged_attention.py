@@ -117,8 +117,6 @@ def _kernel(info_gmem, q_gmem, k_ref, v_ref, acc_gmem, m_gmem, l_gmem, p_smem, a
     plgpu = _plgpu()
     w, head, split = lax.axis_index("w"), lax.axis_index("h"), lax.axis_index("p")
     rows, head_dim = q_gmem.shape[2], q_gmem.shape[3]
-    block_size = k_ref.shape[2]
-
     out_rows = acc_gmem.shape[3]
 
     def outer(_, info_ref, q_ref):
