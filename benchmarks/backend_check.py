@@ -1,4 +1,5 @@
-"""Engine-level check of the attention backends: ``pallas`` against ``xla`` on one device.
+"""Engine-level check of the GPU attention backends (``pallas``: Triton; ``mosaic``: Mosaic
+GPU) against ``xla`` on one device.
 
 The GPU machine cannot receive the converted SmolLM2 weights (over the device tool's
 64 MiB carry limit, and it has no network), so the oracle tests cannot run there. This
@@ -17,13 +18,15 @@ It also runs a decode-throughput probe per backend (``--decode-batch`` sequences
 ``--decode-tokens`` each) and reports output tokens per second, so a GPU run shows
 what the kernel buys at the engine level.
 
-On CPU the pallas backend runs in interpret mode (slow); use a small config there
-(``tests/test_backend_check.py`` runs it on a tiny model).
+On CPU the kernels run in their interpreters (slow); use a small config there
+(``tests/test_backend_check.py`` runs it on a tiny model). ``--backends`` picks the backends
+compared with xla (default: pallas); a backend that cannot serve a dtype (mosaic: float32)
+is reported as skipped with the plan's reason, not as a failure.
 
 Usage:
   python benchmarks/backend_check.py                         # SmolLM2 layout, both dtypes
   python benchmarks/backend_check.py --config configs/llama-3-8b.json --layers 4 \
-      --dtypes bfloat16 --out DIR
+      --dtypes bfloat16 --backends pallas,mosaic --out DIR
 Exit status 1 if any comparison fails.
 """
 from __future__ import annotations
@@ -124,7 +127,19 @@ def decode_probe(llm, vocab: int, batch: int, tokens: int) -> dict:
             "output_tok_per_s": generated / seconds}
 
 
-def check_dtype(model_config, dtype: str, args) -> dict:
+def unsupported(model_config, dtype: str, backend: str) -> str | None:
+    """Why ``backend`` cannot serve this model in ``dtype`` (the plan's rule), or None."""
+    if backend != "mosaic":
+        return None
+    from jaxinfer.layers.attention.mosaic import supports
+
+    return supports(model_config.num_attention_heads, model_config.num_key_value_heads,
+                    model_config.head_dim, 16, dtype)
+
+
+def check_dtype(model_config, dtype: str, args) -> list[dict]:
+    """One result per backend of ``--backends``: its run against the xla run of the same
+    weights and prompts (``ok``, per prompt rows) and, with ``--decode-batch``, its throughput."""
     import jax
 
     from jaxinfer.models.params import init_params
@@ -132,8 +147,10 @@ def check_dtype(model_config, dtype: str, args) -> dict:
     params = init_params(model_config, dtype, seed=0, scale=args.weight_scale)
     long_len = args.max_model_len - args.max_tokens - 1
     prompts = make_prompts(model_config.vocab_size, long_len)
+    backends = [b for b in args.backends.split(",") if b]
+    skipped = {b: why for b in backends if (why := unsupported(model_config, dtype, b))}
     runs, probes = {}, {}
-    for backend in ("xla", "pallas"):
+    for backend in ["xla"] + [b for b in backends if b not in skipped]:
         llm = build_llm(model_config, params, backend, dtype, args.max_model_len, args.decode_batch)
         runs[backend] = run_backend(llm, prompts, args.max_tokens)
         if args.decode_batch:
@@ -141,19 +158,30 @@ def check_dtype(model_config, dtype: str, args) -> dict:
                                            args.decode_tokens)
         del llm
         jax.clear_caches()
-    result = compare(runs["xla"], runs["pallas"], dtype, args.tie_gap)
-    result.update(dtype=dtype, prompt_lengths=[len(p) for p in prompts],
-                  seconds={b: r.seconds for b, r in runs.items()}, decode=probes)
-    return result
+    results = []
+    for backend in backends:
+        if backend in skipped:
+            results.append({"dtype": dtype, "backend": backend, "ok": True, "skipped": skipped[backend],
+                            "prompts": []})
+            continue
+        result = compare(runs["xla"], runs[backend], dtype, args.tie_gap)
+        result.update(dtype=dtype, backend=backend, prompt_lengths=[len(p) for p in prompts],
+                      seconds={b: runs[b].seconds for b in ("xla", backend)},
+                      decode={b: probes[b] for b in ("xla", backend) if b in probes})
+        results.append(result)
+    return results
 
 
 def summary_lines(results: list[dict]) -> list[str]:
     lines = []
     for r in results:
+        if r.get("skipped"):
+            lines.append(f"{r['dtype']:9s} {r['backend']}: skipped ({r['skipped']})")
+            continue
         worst = max(p["max_logit_diff"] for p in r["prompts"])
         same = sum(p["same_tokens"] for p in r["prompts"])
         total = sum(p["of"] for p in r["prompts"])
-        line = (f"{r['dtype']:9s} {'PASS' if r['ok'] else 'FAIL'}  tokens equal {same}/{total}"
+        line = (f"{r['dtype']:9s} {r['backend']} vs xla {'PASS' if r['ok'] else 'FAIL'}  tokens equal {same}/{total}"
                 f"  max |logit diff| {worst:.2e}")
         for backend, probe in r["decode"].items():
             line += f"  {backend} decode {probe['output_tok_per_s']:.0f} tok/s"
@@ -167,6 +195,7 @@ def parse_args(argv=None):
                     help="model config JSON (HF keys)")
     ap.add_argument("--layers", type=int, default=None, help="override num_hidden_layers")
     ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--backends", default="pallas", help="comma-separated backends compared with xla")
     ap.add_argument("--max-model-len", type=int, default=512)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--weight-scale", type=float, default=4.0,
@@ -199,9 +228,11 @@ def main(argv=None) -> int:
         precision = args.float32_precision if dtype == "float32" else None
         precision = None if precision == "default" else precision
         with jax.default_matmul_precision(precision):
-            results.append(check_dtype(model_config, dtype, args))
-        results[-1]["matmul_precision"] = precision or "default"
-        print(summary_lines(results[-1:])[0], flush=True)
+            done = check_dtype(model_config, dtype, args)
+        for r in done:
+            r["matmul_precision"] = precision or "default"
+        results.extend(done)
+        print("\n".join(summary_lines(done)), flush=True)
         if args.out:  # after each dtype: a run cut short by a time limit keeps what it did
             out = pathlib.Path(args.out)
             out.mkdir(parents=True, exist_ok=True)

@@ -328,3 +328,36 @@ def test_wrapper_rejects_bad_inputs(bad, error):
     batch = make_batch(np.random.default_rng(0), [1], [5], pad_seqs=0)
     with pytest.raises(error):
         run_kernel(dict(batch, **bad))
+
+
+def test_only_the_triton_deprecation_warning_is_filtered():
+    """The Triton kernel stays for sm80-sm89: JAX 0.11's deprecation warning of its backend is
+    silenced by its whole exact text, and nothing else is (a longer or shorter text, another
+    category, another deprecation)."""
+    import warnings
+
+    from jaxinfer.kernels.pallas.ragged_paged_attention import TRITON_DEPRECATION, ignore_triton_deprecation
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ignore_triton_deprecation()
+        warnings.warn(TRITON_DEPRECATION, DeprecationWarning)
+        warnings.warn(TRITON_DEPRECATION + " More.", DeprecationWarning)
+        warnings.warn(TRITON_DEPRECATION, FutureWarning)
+        warnings.warn("The Pallas Triton backend is deprecated", DeprecationWarning)
+        warnings.warn("jax.foo is deprecated", DeprecationWarning)
+    assert [(str(w.message), w.category) for w in seen] == [
+        (TRITON_DEPRECATION + " More.", DeprecationWarning), (TRITON_DEPRECATION, FutureWarning),
+        ("The Pallas Triton backend is deprecated", DeprecationWarning), ("jax.foo is deprecated", DeprecationWarning)]
+
+
+def test_jax_is_pinned_to_the_version_under_test():
+    """pyproject pins jax, jaxlib and the cuda12 extra to one version: the one running here."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    pins = dict(re.findall(r'"(jax|jaxlib|jax\[cuda12\])==([0-9.]+)"', text))
+    assert set(pins) == {"jax", "jaxlib", "jax[cuda12]"}, pins
+    assert set(pins.values()) == {jax.__version__}, (pins, jax.__version__)
+    assert not re.search(r'"jax(lib)?>=', text), "an open lower bound installs an untested JAX"

@@ -132,7 +132,8 @@ FLAGS: tuple[Flag, ...] = (
         "vLLM's spelling of --pooling-type: '{\"pooling_type\": \"MEAN\"}' (other keys are refused); "
         "overrides --pooling-type (default: none)")),
     _F("--attention-backend", "model", choices=tuple(ATTENTION_BACKENDS), field="attention_backend",
-       llm="attention_backend", help="default: pallas on GPU, xla elsewhere"),
+       llm="attention_backend", help="default: mosaic on GPUs of compute capability 9.0+ where it serves the model "
+            "(docs/kernels.md), pallas (Triton) on other GPUs, xla elsewhere"),
     _F("--seed", "model", type=int, default=0, field="seed", llm="seed", help="seed of requests that give none"),
     _F("--reasoning-parser", "model", choices=PARSERS, field="reasoning_parser", llm="reasoning_parser", help=(
         "split the model's <think>...</think> reasoning into message.reasoning_content (and reasoning; streamed as "

@@ -225,10 +225,12 @@ def enable_compilation_cache(path: str | None = None) -> None:
 
 
 def default_backend() -> str:
-    """The attention backend when none is configured (`jaxinfer.platform.execution_plan.default_attention_backend`)."""
-    from jaxinfer.platform.execution_plan import default_attention_backend
+    """The attention backend when none is configured, before the model is known
+    (`jaxinfer.platform.execution_plan.default_attention_backend`; the plan refines it per model)."""
+    from jaxinfer.platform.execution_plan import default_attention_backend, gpu_compute_capability
 
-    return default_attention_backend(jax.default_backend())
+    platform = jax.default_backend()
+    return default_attention_backend(platform, gpu_compute_capability() if platform == "gpu" else None)
 
 
 def load_model(config: EngineConfig, load_format: str = "auto", weights_dir: str = "weights"):
@@ -349,7 +351,7 @@ def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir
             raise ValueError("speculative decoding with a draft model runs on one device (no TP / DP yet)")
         engine = build_parallel_engine(config, model_config, params, tokenizer)
         desc = engine.describe()
-        logger.info("%s", settings_line(config, backend, desc.num_blocks, desc.plan))
+        logger.info("%s", settings_line(config, desc.plan.attention if desc.plan else backend, desc.num_blocks, desc.plan))
         return engine
     if params is None:
         from jaxinfer.models.params import init_params
@@ -357,7 +359,7 @@ def build_engine(config: EngineConfig, *, load_format: str = "auto", weights_dir
         params = init_params(model_config, config.dtype, seed=config.seed)
     return build_replica(config, model_config, jax.device_put(params), tokenizer,
                          progress=WarmupProgress(use_tqdm),
-                         on_planned=lambda n, plan: logger.info("%s", settings_line(config, backend, n, plan)),
+                         on_planned=lambda n, plan: logger.info("%s", settings_line(config, plan.attention, n, plan)),
                          draft=draft, plan=plan)
 
 
@@ -422,7 +424,8 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
         shardings = (jax.tree.map(lambda x: x.sharding, params), sharding.kv_cache_sharding(model_config, mesh),
                      sharding.replicated(mesh))
     plan = plan or resolve_plan(model_config, config.dtype, config.attention_backend,  # pallas: per TP shard
-                                block_size=config.cache.block_size, sharded=shardings is not None)
+                                block_size=config.cache.block_size, sharded=shardings is not None,
+                                kv_cache_dtype=config.cache.kv_cache_dtype)
     if on_planned is not None:
         on_planned(num_blocks, plan)
     backend = plan.attention
@@ -431,7 +434,9 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
                          kv_cache_dtype=config.cache.kv_cache_dtype, plan=plan, pooling=config.runner == "pooling")
     if jax.process_count() > 1:
         runner = distributed.step_runner(runner)
-    factory = None if draft is None else _draft_factory(config, model_config, num_blocks, backend, draft)
+    # The draft model follows a forced backend, else its own plan (the Mosaic kernel may not serve its shapes).
+    factory = None if draft is None else _draft_factory(config, model_config, num_blocks, config.attention_backend,
+                                                        draft)
     engine = LLMEngine(config, model_config, runner, num_blocks, tokenizer, proposer_factory=factory,
                        grammar=grammar, kv_cache_description=why, mesh=mesh)
     if config.warmup:
@@ -439,7 +444,7 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
     return engine
 
 
-def _draft_factory(config: EngineConfig, model_config: ModelConfig, num_blocks: int, backend: str, draft: dict):
+def _draft_factory(config: EngineConfig, model_config: ModelConfig, num_blocks: int, backend: str | None, draft: dict):
     """``factory(layout)`` -> the draft model's proposer for the engine's batch layout
     (`jaxinfer.spec_decode.draft_model.build_draft_proposer`, with ``draft``'s own keywords)."""
     from jaxinfer.spec_decode.draft_model import build_draft_proposer

@@ -47,9 +47,9 @@ class ExecutionPlan:
 
     Attributes:
       platform: JAX's default backend ("cpu", "gpu", "tpu").
-      attention: the paged-attention backend, "xla" or "pallas".
+      attention: the paged-attention backend (a key of `ATTENTION_BACKENDS`: "xla", "pallas", "mosaic").
       native_attention: on the XLA path, attention by the C++ kernel (`jaxinfer.kernels.cpu.attention`).
-      pallas_interpret: run the Pallas kernels in interpret mode (Pallas on CPU).
+      pallas_interpret: run the Pallas kernels in interpret mode (Pallas or Mosaic GPU on CPU).
       linear: the layers' and the LM head's linear method (module docstring's names).
       linear_fallback: with a packed ``linear``, the method of what it left unpacked and of
         the unrolled layers; None otherwise.
@@ -92,9 +92,30 @@ class ExecutionPlan:
                 f"{' bf16_bits' if self.bf16_bits else ''}{isa}")
 
 
-def default_attention_backend(platform: str) -> str:
-    """The attention backend when none is asked for: Pallas on GPU, XLA elsewhere."""
-    return "pallas" if platform == "gpu" else "xla"
+MOSAIC_MIN_CAPABILITY = (9, 0)  # Hopper: TMA and WGMMA, which the Mosaic GPU kernel is built of
+
+
+def gpu_compute_capability() -> tuple[int, int] | None:
+    """The first device's CUDA compute capability as (major, minor), None off CUDA (or where
+    the device does not say: ROCm)."""
+    import jax
+
+    cc = getattr(jax.devices()[0], "compute_capability", None)
+    if not cc:
+        return None
+    major, _, minor = str(cc).partition(".")
+    return int(major), int(minor or 0)
+
+
+def default_attention_backend(platform: str, compute_capability: tuple[int, int] | None = None,
+                              mosaic_unsupported: str | None = None) -> str:
+    """The attention backend when none is asked for: on GPU the Mosaic GPU kernel from compute
+    capability 9.0 (Hopper) on where it serves the model (``mosaic_unsupported`` None), else the
+    Triton one ("pallas", sm80-sm89, deprecated upstream); XLA elsewhere."""
+    if platform != "gpu":
+        return "xla"
+    hopper = compute_capability is not None and tuple(compute_capability) >= MOSAIC_MIN_CAPABILITY
+    return "mosaic" if hopper and mosaic_unsupported is None else "pallas"
 
 
 def unroll_from_env(environ: Mapping[str, str], platform: str, packed: bool) -> int:
@@ -126,7 +147,16 @@ def _attention_fields(attention: str, platform: str, one_cpu: bool, cfg, block_s
     native = (attention == "xla" and one_cpu and _switched_on(environ, "attention")
               and native_attention.supports(cfg.num_attention_heads, cfg.head_dim, block_size)
               and native_attention.available())
-    return dict(attention=attention, native_attention=native, pallas_interpret=attention == "pallas" and platform == "cpu")
+    return dict(attention=attention, native_attention=native,
+                pallas_interpret=attention in ("pallas", "mosaic") and platform == "cpu")
+
+
+def _mosaic_unsupported(cfg, dtype, block_size: int, kv_cache_dtype: str) -> str | None:
+    """Why the Mosaic GPU kernel cannot serve this model and cache, or None
+    (`jaxinfer.layers.attention.mosaic.supports`)."""
+    from jaxinfer.layers.attention.mosaic import supports
+
+    return supports(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, block_size, dtype, kv_cache_dtype)
 
 
 def _packed_method(one_cpu: bool, bf16: bool, int8: bool, flags: frozenset[str],
@@ -146,21 +176,25 @@ def _packed_method(one_cpu: bool, bf16: bool, int8: bool, flags: frozenset[str],
 
 def resolve_plan(cfg, dtype, attention: str | None = None, *, block_size: int = 16, sharded: bool = False,
                  unroll_max_tokens: int | None = None, platform: str | None = None,
-                 cpu_flags: frozenset[str] | None = None, environ: Mapping[str, str] | None = None) -> ExecutionPlan:
+                 cpu_flags: frozenset[str] | None = None, environ: Mapping[str, str] | None = None,
+                 kv_cache_dtype: str = "auto", compute_capability: tuple[int, int] | None = None) -> ExecutionPlan:
     """The `ExecutionPlan` of one engine (the rules of the module docstring).
 
     Args:
       cfg: the `jaxinfer.config.ModelConfig` (``quantization`` and the attention shapes).
-      dtype: the compute dtype (name or dtype). attention: "xla", "pallas" or None
-        (`default_attention_backend`).
+      dtype: the compute dtype (name or dtype). attention: a registered backend ("xla", "pallas",
+        "mosaic") or None (`default_attention_backend`).
       block_size: the KV pool's block size (the attention kernel's limits).
       sharded: the step runs on a mesh (no C++ custom call: they have no sharding rule).
       unroll_max_tokens: as `jaxinfer.runner.model_runner.ModelRunner`'s; None: `unroll_from_env`.
       platform, cpu_flags, environ: the inputs read here when None (``jax.default_backend()``,
         `host_cpu_flags`, ``os.environ``); tests may give them.
+      kv_cache_dtype: ``--kv-cache-dtype`` ("auto", "int8", "fp8"): the Mosaic GPU kernel reads
+        16-bit float pages only.
+      compute_capability: the GPU's (major, minor); None: `gpu_compute_capability` on GPU.
     Raises:
-      ValueError: ``JAXINFER_UNROLL_MAX_TOKENS`` is not a non-negative integer, or an unknown
-        attention backend.
+      ValueError: ``JAXINFER_UNROLL_MAX_TOKENS`` is not a non-negative integer, an unknown
+        attention backend, or "mosaic" asked for a model or cache it does not serve.
     """
     if platform is None:
         import jax
@@ -168,9 +202,16 @@ def resolve_plan(cfg, dtype, attention: str | None = None, *, block_size: int = 
         platform = jax.default_backend()
     environ = os.environ if environ is None else environ
     flags = host_cpu_flags() if cpu_flags is None and platform == "cpu" else (cpu_flags or frozenset())
-    attention = attention or default_attention_backend(platform)
-    if attention not in ATTENTION_BACKENDS:
+    if attention is not None and attention not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {attention!r} (expected one of {', '.join(ATTENTION_BACKENDS)})")
+    asks_mosaic = attention == "mosaic" or (attention is None and platform == "gpu")
+    mosaic_unsupported = _mosaic_unsupported(cfg, dtype, block_size, kv_cache_dtype) if asks_mosaic else None
+    if attention is None:
+        if platform == "gpu" and compute_capability is None:
+            compute_capability = gpu_compute_capability()
+        attention = default_attention_backend(platform, compute_capability, mosaic_unsupported)
+    elif attention == "mosaic" and mosaic_unsupported is not None:
+        raise ValueError(f"--attention-backend mosaic: {mosaic_unsupported}")
     cpu = platform == "cpu"
     one_cpu = cpu and not sharded
     int8 = cfg.quantization == "int8"

@@ -178,7 +178,7 @@ class ModelRunner:
         self.dtype = jnp.dtype(dtype)
         if plan is None:
             plan = resolve_plan(cfg, self.dtype, backend, block_size=block_size, sharded=shardings is not None,
-                                unroll_max_tokens=unroll_max_tokens)
+                                unroll_max_tokens=unroll_max_tokens, kv_cache_dtype=kv_cache_dtype)
         elif unroll_max_tokens is not None:
             plan = dataclasses.replace(plan, unroll_max_tokens=unroll_max_tokens)
         self.plan = plan

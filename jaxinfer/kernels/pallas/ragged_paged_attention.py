@@ -17,6 +17,9 @@ batches use ``q_block = 1`` (one program per sequence and KV head).
 GPU: compiled through Pallas's Triton lowering (``compiler_params`` of
 ``jax.experimental.pallas.triton``); every array the kernel touches is a power of
 two and every dot has M, N, K >= 16 as Triton requires. CPU: ``interpret=True``.
+JAX 0.11 deprecated the Triton backend (`TRITON_DEPRECATION`, filtered here by its exact text
+only); this kernel stays for GPUs without Hopper's TMA and WGMMA (sm80-sm89), and for the
+caches the Mosaic GPU kernel (``mosaic_paged_attention.py``) does not read (float32, 8-bit).
 
 The online softmax here is the kernel's own in-kernel form (finite ``MASK_VALUE`` instead of
 -inf, ``[R, 1]`` statistics, HIGHEST-precision dots on 2-D tiles), not the XLA path's
@@ -30,6 +33,8 @@ Sources: PagedAttention (Kwon et al., SOSP 2023); FlashAttention online softmax
 from __future__ import annotations
 
 import functools
+import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -47,6 +52,21 @@ from jaxinfer.kernels.pallas.reference import (
     scatter_query_blocks,
     stack_layer_view,
 )
+
+# The DeprecationWarning JAX 0.11 gives when a kernel lowers through Pallas's Triton backend, as
+# jax 0.11.2 worded it on the H200 run (benchmarks/results/gpu/2026-12-04-h200/call1/tests.log).
+TRITON_DEPRECATION = ("The Pallas Triton backend is deprecated and will be removed in a future JAX version. "
+                      "To keep using Pallas on GPU, please migrate to the Mosaic GPU backend. To keep using "
+                      "Triton, switch to the official Triton bindings and jax_triton.")
+
+
+def ignore_triton_deprecation() -> None:
+    """Silence `TRITON_DEPRECATION` (a DeprecationWarning), matched by its whole exact text; every
+    other warning, JAX's other deprecations and any rewording of this one included, still shows."""
+    warnings.filterwarnings("ignore", message=re.escape(TRITON_DEPRECATION) + r"\Z", category=DeprecationWarning)
+
+
+ignore_triton_deprecation()
 
 MIN_ROWS = 16  # Triton's dot needs M >= 16.
 NO_WINDOW = 1 << 30  # the sliding window that stands for none (any position difference is below it)

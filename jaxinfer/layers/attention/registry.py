@@ -16,6 +16,7 @@ import importlib
 ATTENTION_BACKENDS: dict[str, str] = {
     "xla": "jaxinfer.layers.attention.xla:XlaAttention",
     "pallas": "jaxinfer.layers.attention.pallas:PallasAttention",
+    "mosaic": "jaxinfer.layers.attention.mosaic:MosaicAttention",
 }
 
 
