@@ -1,7 +1,9 @@
 """Schema-driven fuzzing (schemathesis): no request, valid or not, gets a 5xx or a non-envelope error.
 
-Bounded: a fixed number of Hypothesis examples per operation against a fake-runner engine.
-The only 5xx allowed is a 504 for a request that asked for a tiny ``request_timeout``.
+Bounded: a fixed number of Hypothesis examples per operation (every operation of
+``/openapi.json``: completions, chat, ``/v1/responses`` and its ``GET`` / ``DELETE``, ...)
+against a fake-runner engine. The only 5xx allowed is a 504 for a request that asked for a
+tiny ``request_timeout``. After the run the engine is alive, idle, and holds no KV block.
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-from api_helpers import fake_engine, server_config  # noqa: E402
+from api_helpers import fake_engine, server_config, wait_until  # noqa: E402
 from jaxinfer.entrypoints.openai.app import create_app  # noqa: E402
 from jaxinfer.engine.async_engine import AsyncEngine  # noqa: E402
 
@@ -38,7 +40,13 @@ def engine_thread():
     assert ASYNC_ENGINE.ready_event.wait(30)
     yield
     assert ASYNC_ENGINE.is_healthy  # nothing killed the engine
+    assert wait_until(lambda: _idle(ASYNC_ENGINE.engine.snapshot()), 10), ASYNC_ENGINE.engine.snapshot()
     ASYNC_ENGINE.shutdown()
+
+
+def _idle(snap) -> bool:
+    """Nothing running or queued, every KV block free (no leak)."""
+    return snap.num_running == 0 and snap.num_waiting == 0 and snap.kv_blocks_free == snap.kv_blocks_total
 
 
 @schema.parametrize()
