@@ -7,9 +7,11 @@ equals the chat completion of the same conversation: one path), and ``responses.
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import jsonschema
 import openai
+import pydantic
 import pytest
 
 from api_helpers import LiveServer, metric, running_app, tokenizer
@@ -27,6 +29,11 @@ SCHEMA = {"type": "object", "properties": {
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Current weather in a city",
           "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Berlin", "Madrid"]}},
                          "required": ["city"], "additionalProperties": False}}]
+class Pick(pydantic.BaseModel):
+    color: Literal["red", "green", "blue"]
+    size: Literal["S", "M", "L"]
+
+
 GREEDY = {"model": M, "temperature": 0, "max_output_tokens": 8}
 
 
@@ -71,6 +78,9 @@ def test_json_schema_text_format(server):
     assert r.status == "completed", r.output_text
     jsonschema.validate(json.loads(r.output_text), SCHEMA)
     assert r.text.format.type == "json_schema"
+    parsed = server.client.responses.parse(model=M, input="Pick one.", text_format=Pick, temperature=0,
+                                           max_output_tokens=40)  # the SDK's pydantic helper
+    assert parsed.status == "completed" and isinstance(parsed.output_parsed, Pick)
     r = server.client.responses.create(model=M, input="JSON please.", text={"format": {"type": "json_object"}},
                                        temperature=1.0, max_output_tokens=80, extra_body={"seed": 1})
     if r.status == "completed":

@@ -12,9 +12,35 @@ accepted only at their no-op value (``truncation: "disabled"``, ``include: []``)
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+
+_TEXT_PARTS = {"type": "array", "items": {"type": "object", "properties": {
+    "type": {"enum": ["input_text", "output_text"]}, "text": {"type": "string"}}, "required": ["type", "text"]}}
+_ITEM_SCHEMAS = [
+    {"title": "message", "type": "object", "properties": {
+        "type": {"enum": ["message"]}, "role": {"enum": ["user", "assistant", "system", "developer"]},
+        "content": {"anyOf": [{"type": "string"}, _TEXT_PARTS]}}, "required": ["role", "content"]},
+    {"title": "function_call", "type": "object", "properties": {
+        "type": {"enum": ["function_call"]}, "call_id": {"type": "string"}, "name": {"type": "string"},
+        "arguments": {"type": "string", "description": "JSON text"}}, "required": ["type", "call_id", "name", "arguments"]},
+    {"title": "function_call_output", "type": "object", "properties": {
+        "type": {"enum": ["function_call_output"]}, "call_id": {"type": "string"},
+        "output": {"anyOf": [{"type": "string"}, _TEXT_PARTS]}}, "required": ["type", "call_id", "output"]},
+    {"title": "reasoning", "type": "object", "properties": {
+        "type": {"enum": ["reasoning"]}, "id": {"type": "string"}, "summary": {"type": "array", "items": {}}},
+     "required": ["type", "summary"]},
+]
+# the documented shapes (``/docs``, and what the schema fuzz generates); checked in responses_input
+InputItems = Annotated[str | list[dict[str, Any]], WithJsonSchema(
+    {"anyOf": [{"type": "string"}, {"type": "array", "items": {"anyOf": _ITEM_SCHEMAS}}]})]
+FunctionTools = Annotated[list[dict[str, Any]] | None, WithJsonSchema({"anyOf": [{"type": "null"}, {
+    "type": "array", "items": {"type": "object", "properties": {
+        "type": {"enum": ["function"]}, "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+        "description": {"type": "string"}, "parameters": {"type": "object"}, "strict": {"type": "boolean"}},
+        "required": ["type", "name"]}}]})]
 
 
 class _Strict(BaseModel):
@@ -45,7 +71,7 @@ class ResponsesRequest(_Strict):
     (``background``, ``conversation``, ``prompt``, built-in tools, ...), are a 400 naming them."""
 
     model: str | None = Field(None, description="The served model name (see `GET /v1/models`).")
-    input: str | list[dict[str, Any]] = Field(
+    input: InputItems = Field(
         ..., description="Text (one user message), or items: messages (`role`, `content` as text or "
                          "`input_text` / `output_text` parts), `function_call`, `function_call_output`, "
                          "`reasoning` (kept out of the prompt).")
@@ -63,7 +89,7 @@ class ResponsesRequest(_Strict):
                                                                   "`incomplete`.")
     temperature: float | None = Field(None, ge=0.0, le=2.0, description="0 = greedy. Default 1.")
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    tools: list[dict[str, Any]] | None = Field(None, description="Function tools "
+    tools: FunctionTools = Field(None, description="Function tools "
                                                                  "(`{type: function, name, parameters}`).")
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = Field(
         None, description="`none`, `auto`, `required` or `{type: function, name}` (the last two enforced).")
