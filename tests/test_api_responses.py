@@ -18,7 +18,7 @@ from jaxinfer.entrypoints.openai import prompts
 from jaxinfer.entrypoints.openai import responses_input as I
 from jaxinfer.entrypoints.openai import responses_output as O
 from jaxinfer.entrypoints.openai import responses_stream as S
-from jaxinfer.entrypoints.openai.protocol import ChatMessage
+from jaxinfer.entrypoints.openai.protocol import ChatCompletionRequest
 from jaxinfer.entrypoints.openai.responses_protocol import ResponsesRequest
 from jaxinfer.outputs import CompletionOutput, RequestOutput
 
@@ -67,9 +67,9 @@ def test_input_items_map_onto_chat_messages():
 def test_prompt_is_the_chat_prompt_of_the_mapped_conversation(api):
     r = create(api, instructions="Be brief.", input=[{"role": "user", "content": "Weather?"}], tools=[TOOL])
     assert r.status_code == 200, r.text
-    msgs = [ChatMessage(role="system", content="Be brief."), ChatMessage(role="user", content="Weather?")]
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"}]
     tools = [{"type": "function", "function": {k: v for k, v in TOOL.items() if k != "type"}}]
-    expected = prompts.chat_prompt(msgs, tokenizer(), tools=tools)
+    expected = prompts.chat_prompt(ChatCompletionRequest(messages=msgs, tools=tools), tokenizer())
     assert r.json()["usage"]["input_tokens"] == len(expected.token_ids)
 
 
@@ -145,9 +145,10 @@ def test_previous_response_id_prepends_the_stored_conversation(api):
     r1 = create(api, input="first", instructions="Be brief.").json()
     r2 = create(api, input="second", previous_response_id=r1["id"]).json()
     answer = r1["output"][0]["content"][0]["text"]
-    msgs = [ChatMessage(role="user", content="first"), ChatMessage(role="assistant", content=answer),
-            ChatMessage(role="user", content="second")]  # instructions are not carried over
-    assert r2["usage"]["input_tokens"] == len(prompts.chat_prompt(msgs, tokenizer()).token_ids)
+    msgs = [{"role": "user", "content": "first"}, {"role": "assistant", "content": answer},
+            {"role": "user", "content": "second"}]  # instructions are not carried over
+    prompt = prompts.chat_prompt(ChatCompletionRequest(messages=msgs), tokenizer())
+    assert r2["usage"]["input_tokens"] == len(prompt.token_ids)
     assert r2["previous_response_id"] == r1["id"]
 
 
@@ -213,13 +214,6 @@ def test_disconnect_mid_stream_frees_every_block(api):
     assert metric(api.http, "jaxinfer_requests_aborted_total") == aborted + 1
 
 
-def test_streamable_text_holds_back_call_blocks_and_whitespace():
-    st = lambda t: S.streamable_text(t, parse_tools=True)  # noqa: E731
-    assert S.streamable_text("  hi <tool", parse_tools=False) == "  hi <tool"
-    assert st("  Sure. ") == "Sure." and st("Sure. <tool_") == "Sure." and st("Sure. <tools are") == "Sure. <tools are"
-    assert st('<tool_call>\n{"name"') == "" and st("Ok <tool_call>x</tool_call> more") == "Ok"
-
-
 def _outputs(texts, finish="stop"):
     return [RequestOutput("r", None, [1], [CompletionOutput(0, t, list(range(i + 1)),
                                                             finish if i == len(texts) - 1 else None)],
@@ -236,8 +230,8 @@ def _outputs(texts, finish="stop"):
 def test_stream_writer_deltas_equal_the_final_message(answer):
     req = ResponsesRequest(input="x", tools=[TOOL])
     stored = []
-    fmt = O.ResponsesFormat(req, "m", parse_tools=True, store=True, on_done=stored.append)
-    writer = S._Writer(fmt)
+    fmt = O.ResponsesFormat(req, "m", splitter=O.Splitter(parse_tools=True), store=True, on_done=stored.append)
+    writer = S._Writer(fmt, None)
     events = writer.start()
     outs = _outputs([answer[:k] for k in range(1, len(answer) + 1)])
     for out in outs[:-1]:
@@ -245,11 +239,12 @@ def test_stream_writer_deltas_equal_the_final_message(answer):
     events += writer.finish(outs[-1], 5)
     parsed = [json.loads(e.split("\n")[1][len("data: "):]) for e in events]
     final = parsed[-1]["response"]
-    expected = O.output_items(O.split_answer(answer, parse_tools=True), O.ItemIds(), "completed")
+    expected = O.output_items(fmt.split(outs[-1]), O.ItemIds(), "completed")
     strip = lambda items: [{k: v for k, v in i.items() if k not in ("id", "call_id")} for i in items]  # noqa: E731
     assert strip(final["output"]) == strip(expected) and stored == [final]
     deltas = "".join(p["delta"] for p in parsed if p["type"] == "response.output_text.delta")
     messages = [i for i in final["output"] if i["type"] == "message"]
     assert deltas == (messages[0]["content"][0]["text"] if messages else "")
+    assert "<tool_call" not in deltas or "tool_call>not json" in answer
     added = [p["output_index"] for p in parsed if p["type"] == "response.output_item.added"]
     assert added == list(range(len(final["output"])))

@@ -124,5 +124,10 @@ def test_parse_tool_calls():
     assert content is None and [c["function"]["name"] for c in calls] == ["f"]
     content, calls = tool_calls.parse('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n<tool')  # in the tag
     assert content is None and len(calls) == 1
-    assert tool_calls.parse('<tool_call>\n{"name": "f", "ar') == ('<tool_call>\n{"name": "f", "ar', [])
-    assert tool_calls.may_become_call("  <tool_") and not tool_calls.may_become_call("Hello")
+    # a first call cut by max_tokens is no content either (issue 49: it leaked as content)
+    assert tool_calls.parse('<tool_call>\n{"name": "f", "ar') == (None, [])
+    assert tool_calls.parse('Let me look.\n<tool_call>\n{"name"') == ("Let me look.", [])
+    assert tool_calls.parse("<tool_call>\n", truncated=True) == (None, [])
+    assert tool_calls.parse("Checking <tool_c", truncated=True) == ("Checking", [])
+    assert tool_calls.parse("a < b", truncated=False) == ("a < b", [])  # a finished "<" is text
+    assert tool_calls.stable_content("  <tool_") == "" and tool_calls.stable_content("Hello <") == "Hello"

@@ -16,6 +16,7 @@ import re
 from typing import Any, Callable, Iterable
 
 from jaxinfer.core.sched.registry import SCHEDULING_POLICIES
+from jaxinfer.reasoning import PARSERS
 from jaxinfer.config import (ATTENTION_BACKENDS, BLOCK_SIZE, BLOCK_SIZES, DEFAULT_GPU_MEMORY_UTILIZATION, DTYPES,
                              KV_CACHE_DTYPES, QUANTIZATIONS, CacheConfig, EngineConfig, ModelConfig, ParallelConfig,
                              SchedulerConfig)
@@ -120,6 +121,10 @@ FLAGS: tuple[Flag, ...] = (
     _F("--attention-backend", "model", choices=tuple(ATTENTION_BACKENDS), field="attention_backend",
        llm="attention_backend", help="default: pallas on GPU, xla elsewhere"),
     _F("--seed", "model", type=int, default=0, field="seed", llm="seed", help="seed of requests that give none"),
+    _F("--reasoning-parser", "model", choices=PARSERS, field="reasoning_parser", llm="reasoning_parser", help=(
+        "split the model's <think>...</think> reasoning into message.reasoning_content (and reasoning; streamed as "
+        "delta.reasoning_content) with vLLM's parser of that name; structured outputs and tool calls apply to the "
+        "answer after the reasoning (default: none, reasoning stays in the content)")),
     _F("--max-logprobs", "model", type=int, default=20, field="max_logprobs",
        help="largest top logprobs a request may ask for"),
     _F("--gpu-memory-utilization", "cache", type=float, field="cache.gpu_memory_utilization",

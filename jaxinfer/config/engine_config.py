@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from jaxinfer.reasoning import PARSERS
 from jaxinfer.core.sched.registry import SCHEDULING_POLICIES
 from jaxinfer.layers.attention.registry import ATTENTION_BACKENDS
 from jaxinfer.sampling_params import is_integer
@@ -197,6 +198,9 @@ class EngineConfig:
     ``quantization``: None, or ``"int8"`` (``--quantization``): the float weights are
     quantized to int8 with group scales (64 inputs per scale) as they are loaded (`jaxinfer.layers.quantization.int8`).
     ``speculative``: speculative decoding (`jaxinfer.spec_decode.SpeculativeConfig`), None = off.
+    ``reasoning_parser``: None, or a name in `jaxinfer.reasoning.PARSERS` (``--reasoning-parser``):
+    chat answers split ``<think>...</think>`` into ``reasoning_content``, and structured outputs
+    apply after the reasoning.
     """
 
     model_path: str
@@ -214,6 +218,7 @@ class EngineConfig:
     chat_template: str | None = None
     quantization: str | None = None
     speculative: SpeculativeConfig | None = None
+    reasoning_parser: str | None = None
 
     def __post_init__(self) -> None:
         _check_int("seed", self.seed)
@@ -222,6 +227,9 @@ class EngineConfig:
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be None or {' or '.join(map(repr, QUANTIZATIONS))}, "
                              f"got {self.quantization!r}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in PARSERS:
+            raise ValueError(f"reasoning_parser must be None or one of {', '.join(PARSERS)}, "
+                             f"got {self.reasoning_parser!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:

@@ -20,6 +20,7 @@ from jaxinfer.config.args import DEFAULT_MODEL, engine_config, llm_defaults, llm
 from jaxinfer.engine.protocol import RequestSpec
 from jaxinfer.errors import RequestError
 from jaxinfer.outputs import RequestOutput
+from jaxinfer.reasoning import PROMPT_TAIL_TOKENS, get_parser
 from jaxinfer.sampling_params import SamplingParams, choice_seed, is_integer
 from jaxinfer.spec_decode import SpeculativeConfig
 
@@ -70,6 +71,9 @@ class LLM:
       speculative_config: speculative decoding, as vLLM's: a dict (or JSON string) such as
         ``{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
         "prompt_lookup_min": 2}`` (`jaxinfer.spec_decode.SpeculativeConfig`); None = off.
+      reasoning_parser: None, ``"qwen3"`` or ``"deepseek_r1"`` (vLLM's names, `jaxinfer.reasoning`):
+        structured outputs apply to the answer after the ``<think>...</think>`` reasoning
+        (outputs keep the reasoning in their text, as vLLM's ``LLM`` does).
       engine_kwargs: model_config/params/tokenizer to skip loading (tests).
     """
 
@@ -86,7 +90,7 @@ class LLM:
                  block_size: int = _D["block_size"], use_tqdm: bool = True, scheduler: str = _D["scheduler"],
                  scheduling_policy: str = _D["scheduling_policy"], priority_aging_s: float | None = None,
                  quantization: str | None = None, kv_cache_dtype: str = _D["kv_cache_dtype"],
-                 speculative_config=None, **engine_kwargs):
+                 speculative_config=None, reasoning_parser: str | None = None, **engine_kwargs):
         from jaxinfer.engine.builder import load_model, load_tokenizer, resolve_dtype
         from jaxinfer.weights.catalog import default_weights_dir
 
@@ -141,11 +145,12 @@ class LLM:
 
     def chat(self, messages, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True,
-             continue_final_message: bool = False) -> list[RequestOutput]:
+             continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation (list of messages) or many.
 
         A message is ``{"role": "system" | "developer" | "user" | "assistant", "content": str
         or a list of {"type": "text", "text": str} parts}``, as in the HTTP API.
+        ``chat_template_kwargs``: more template variables (``{"enable_thinking": False}``).
 
         Raises:
           RequestError: an empty conversation or a malformed message (param ``messages``).
@@ -162,8 +167,9 @@ class LLM:
         tok = self._tokenizer()
         items = [chat.render_conversation(chat.conversation_from_dicts(conv), tok,
                                           add_generation_prompt=add_generation_prompt,
-                                          continue_final_message=continue_final_message) for conv in convs]
-        return self._run(items, sampling_params, use_tqdm)
+                                          continue_final_message=continue_final_message,
+                                          chat_template_kwargs=chat_template_kwargs) for conv in convs]
+        return self._run(items, sampling_params, use_tqdm, template_kwargs=chat_template_kwargs)
 
     # ----- internals ----------------------------------------------------------------------
     def _tokenizer(self):
@@ -179,7 +185,19 @@ class LLM:
             return [int(t) for t in prompt]
         raise TypeError(f"a prompt must be a string or a list of int token ids, got {prompt!r:.80}")
 
-    def _run(self, items, sampling_params, use_tqdm: bool, priority=None) -> list[RequestOutput]:
+    def _after_reasoning(self, item, params: SamplingParams, template_kwargs: dict | None) -> SamplingParams:
+        """``params`` with its constraint moved after the reasoning the prompt ``item`` (text,
+        ids) leaves the output in (`jaxinfer.reasoning`), when a reasoning parser is set."""
+        parser = get_parser(self.engine.config.reasoning_parser)
+        if parser is None or params.structured_outputs is None:
+            return params
+        text = item[0]
+        if text is None and self.engine.tokenizer is not None:
+            text = self.engine.tokenizer.decode(item[1][-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
+        mode = parser.start_mode(text, template_kwargs)
+        return params.replace(structured_outputs=params.structured_outputs.after_reasoning(mode))
+
+    def _run(self, items, sampling_params, use_tqdm: bool, priority=None, template_kwargs=None) -> list[RequestOutput]:
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
@@ -198,6 +216,7 @@ class LLM:
             if len(priority) != len(items):
                 raise ValueError(f"{len(priority)} priorities for {len(items)} prompts: give one each")
             sampling_params = [dataclasses.replace(sp, priority=p) for sp, p in zip(sampling_params, priority)]
+        sampling_params = [self._after_reasoning(item, sp, template_kwargs) for item, sp in zip(items, sampling_params)]
         ids = self._submit(items, sampling_params)
         mine = {r for rids in ids for r in rids}
         prompt_of = {r: i for i, rids in enumerate(ids) for r in rids}

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import re
 
+from jaxinfer import reasoning as reasoning_mod
 from jaxinfer.errors import RequestError
 
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -23,6 +24,7 @@ KINDS = ("json", "regex", "choice", "grammar", "json_object")
 # with newlines up to max_tokens; a schema's ``x-guidance`` may still ask for it
 JSON_DEFAULTS = {"whitespace_flexible": False}
 MAX_CONSTRAINT_CHARS = 200_000  # a schema/grammar larger than this is refused (compile time is unbounded)
+ANSWER = "jaxinfer_answer"  # the constrained answer's grammar name under a reasoning prefix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +37,11 @@ class StructuredOutputsParams:
       choice: the output is exactly one of these strings.
       grammar: a Lark grammar (llguidance dialect) or GBNF (detected by ``::=``).
       json_object: the output is any JSON object (OpenAI ``{"type": "json_object"}``).
+      reasoning: where the constraint starts: None (the first token), or a reasoning mode of
+        `jaxinfer.reasoning` (``"reasoning"``: after the ``</think>`` that ends the
+        reasoning the output starts in; ``"maybe"``: after a leading ``<think>...</think>``
+        if the output opens one, else at once), so reasoning text stays free (vLLM applies
+        structured outputs after the reasoning ends). Not a kind: it goes with one.
     """
 
     json: dict | str | None = None
@@ -42,6 +49,7 @@ class StructuredOutputsParams:
     choice: tuple[str, ...] | None = None
     grammar: str | None = None
     json_object: bool = False
+    reasoning: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.json, dict):  # stored as text: hashable, a cache key (key order kept: it is
@@ -59,6 +67,9 @@ class StructuredOutputsParams:
             if v is not None and (not isinstance(v, str) or len(v) > MAX_CONSTRAINT_CHARS):
                 raise RequestError(f"structured_outputs.{k} must be a string (or a schema object) of at most "
                                    f"{MAX_CONSTRAINT_CHARS} characters", param="structured_outputs")
+        if self.reasoning not in (None, reasoning_mod.REASONING, reasoning_mod.MAYBE):
+            raise RequestError(f"structured_outputs.reasoning must be None, {reasoning_mod.REASONING!r} or "
+                               f"{reasoning_mod.MAYBE!r}", param="structured_outputs")
         if self.json is not None:
             try:
                 schema = json.loads(self.json)
@@ -89,12 +100,25 @@ class StructuredOutputsParams:
             fields["json_object"] = True
         return cls(**fields)
 
+    def after_reasoning(self, mode: str | None) -> "StructuredOutputsParams":
+        """This constraint for an output that starts in reasoning mode ``mode``
+        (`jaxinfer.reasoning.ReasoningParser.start_mode`; None or ``"content"``: as is)."""
+        if mode in (None, reasoning_mod.CONTENT):
+            return self
+        return dataclasses.replace(self, reasoning=mode)
+
     def cache_key(self) -> tuple:
         """Hashable identity of the constraint (the grammar cache's key)."""
-        return (self.json, self.regex, self.choice, self.grammar, self.json_object)
+        return (self.json, self.regex, self.choice, self.grammar, self.json_object, self.reasoning)
 
     def to_grammar(self) -> str:
-        """The llguidance grammar string (JSON-encoded top-level grammar) for this constraint."""
+        """The llguidance grammar string (JSON-encoded top-level grammar, or Lark text) for
+        this constraint, after the reasoning when `reasoning` is set."""
+        answer = self._answer_grammar()
+        prefix = reasoning_mod.grammar_prefix(self.reasoning, ANSWER) if self.reasoning else None
+        return answer if prefix is None else after_prefix(prefix, answer)
+
+    def _answer_grammar(self) -> str:
         import llguidance
 
         m = llguidance.LLMatcher
@@ -109,6 +133,17 @@ class StructuredOutputsParams:
         if "::=" in self.grammar:  # GBNF (llama.cpp's EBNF dialect)
             return m.grammar_from_lark(_gbnf_to_lark(self.grammar))
         return m.grammar_from_lark(self.grammar)
+
+
+def after_prefix(lark: str, grammar: str, name: str = ANSWER) -> str:
+    """A top-level llguidance grammar (JSON) whose start is the Lark text ``lark``, which
+    refers to ``grammar`` (llguidance's JSON top-level grammar or Lark text) as ``@name``."""
+    if grammar.lstrip().startswith("{"):
+        inner = json.loads(grammar)["grammars"]
+    else:
+        inner = [{"lark_grammar": grammar}]
+    inner = [dict(inner[0], name=name)] + inner[1:]
+    return json.dumps({"grammars": [{"lark_grammar": lark}] + inner})
 
 
 def _gbnf_to_lark(text: str) -> str:

@@ -20,7 +20,6 @@ import re
 import uuid
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.S)
 
 
 def tools_system_text(tools: list[dict]) -> str:
@@ -74,10 +73,8 @@ def _call_schema(tool: dict, index: int) -> tuple[dict, dict]:
     return call, {key: _rebase_refs(params, f"/$defs/{key}")}
 
 
-def tool_call_grammar(tools: list[dict], name: str | None = None, single: bool = False) -> str:
-    """A Lark grammar (llguidance dialect, ``%json``) for one or more calls of ``tools``, or
-    of the function ``name`` only, and nothing else. ``single``: exactly one call
-    (``parallel_tool_calls: false``; a named function is always one call).
+def _calls_schema(tools: list[dict], name: str | None) -> dict:
+    """The JSON schema of one call of ``tools`` (or of the function ``name`` only).
 
     Raises:
       KeyError: ``name`` is not one of ``tools``.
@@ -93,43 +90,100 @@ def tool_call_grammar(tools: list[dict], name: str | None = None, single: bool =
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
     schema["$defs"] = defs
     schema["x-guidance"] = {"whitespace_flexible": False}  # compact JSON: no padding up to max_tokens
-    call = f'"{OPEN}\\n" %json {json.dumps(schema)} "\\n{CLOSE}"'
+    return schema
+
+
+def tool_call_grammar(tools: list[dict], name: str | None = None, single: bool = False) -> str:
+    """A Lark grammar (llguidance dialect, ``%json``) for one or more calls of ``tools``, or
+    of the function ``name`` only, and nothing else. ``single``: exactly one call
+    (``parallel_tool_calls: false``; a named function is always one call).
+
+    Raises:
+      KeyError: ``name`` is not one of ``tools``.
+    """
+    call = f'"{OPEN}\\n" %json {json.dumps(_calls_schema(tools, name))} "\\n{CLOSE}"'
     if name is not None or single:  # exactly one call
         return f"start: {call}\n"
     return f'start: call ("\\n" call)*\ncall: {call}\n'
 
 
-def parse(text: str) -> tuple[str | None, list[dict]]:
-    """Split a model answer into (content, calls).
+def at_most_one_call_grammar(tools: list[dict]) -> str:
+    """A Lark grammar for ``tool_choice: "auto"`` with ``parallel_tool_calls: false``: any
+    text without a call block, or such text then exactly one call of ``tools`` and the end.
 
-    Returns:
-      ``content``: the text outside call blocks (stripped; None when empty) and ``calls``:
-      OpenAI ``tool_calls`` entries (``{"id", "type": "function", "function": {"name",
-      "arguments"}}``, arguments as JSON text). Blocks that are not JSON objects with a
-      string ``name`` stay in the content, as text. After at least one call, an unfinished
-      call block at the end (cut by ``max_tokens``) is dropped, not shown as content.
+    The text before a call and the call's opening tag are one lexeme (text whose only
+    ``<tool_call>`` is at its end): llguidance's lexer does not backtrack, so a free-text
+    terminal followed by a ``"<tool_call>"`` terminal would never reach the tag.
     """
-    calls, kept, pos = [], [], 0
-    for m in _BLOCK.finditer(text):
-        try:
-            obj = json.loads(m.group(1))
-        except ValueError:
-            continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            continue
-        args = obj.get("arguments", obj.get("parameters", {}))
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}})
-        kept.append(text[pos:m.start()])
-        pos = m.end()
-    tail = text[pos:].strip()
-    cut_call = tail.startswith(OPEN) or (tail != "" and OPEN.startswith(tail))  # "<tool_call>{..." or "<tool"
-    kept.append(text[pos:] if not (calls and cut_call) else "")
-    content = "".join(kept).strip() if calls else text
-    return (content or None), calls
+    tag = re.escape(OPEN).replace("/", "\\/")
+    return (f'start: TEXT? | OPENING "\\n" %json {json.dumps(_calls_schema(tools, None))} "\\n{CLOSE}"\n'
+            f"TEXT: /(?s:.+)/ & ~/(?s:.*{tag}.*)/\n"
+            f"OPENING: /(?s:.*){tag}/ & ~/(?s:.*{tag}.+)/\n")
 
 
-def may_become_call(text: str) -> bool:
-    """Whether a streamed answer so far could still turn into a call block (so it is held back)."""
-    stripped = text.lstrip()
-    return OPEN.startswith(stripped) or stripped.startswith(OPEN)
+def parse(text: str, truncated: bool = False) -> tuple[str | None, list[dict]]:
+    """Split a model answer into (content, calls), as vLLM's Hermes parser does.
+
+    Args:
+      text: the answer (after any reasoning).
+      truncated: the answer was cut by ``max_tokens``: a trailing start of the opening tag
+        (``"<tool_c"``) is a cut call too.
+    Returns:
+      ``content``: the text before the first call block (right-stripped), or the whole text
+      when it holds no call, or None when empty; ``calls``: OpenAI ``tool_calls`` entries
+      (``{"id", "type": "function", "function": {"name", "arguments"}}``, arguments as JSON
+      text). Blocks that are not JSON objects with a string ``name`` are not calls; with no
+      call and no cut block the text stays content as it is. A block cut by ``max_tokens``
+      (no ``</tool_call>``) is dropped, never shown as content; complete calls before it are
+      kept. Text after the first call block is not content (Hermes answers put calls last).
+    """
+    first = text.find(OPEN)
+    if first < 0:
+        k = _open_prefix_len(text) if truncated else 0
+        return ((text[:len(text) - k].rstrip() if k else text) or None), []
+    calls, pos, cut = [], first, False
+    while pos >= 0:
+        end = text.find(CLOSE, pos)
+        if end < 0:
+            cut = True
+            break
+        call = _call(text[pos + len(OPEN):end])
+        if call is not None:
+            calls.append(call)
+        pos = text.find(OPEN, end)
+    if not calls and not cut:
+        return (text or None), []
+    return (text[:first].rstrip() or None), calls
+
+
+def _call(block: str) -> dict | None:
+    """The OpenAI call of one block's JSON, or None when it is not ``{"name": str, ...}``."""
+    try:
+        obj = json.loads(block)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+def _open_prefix_len(text: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``<tool_call>``."""
+    for k in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if text.endswith(OPEN[:k]):
+            return k
+    return 0
+
+
+def stable_content(text: str) -> str:
+    """The part of an unfinished answer that streams as content now: the text before the
+    first ``<tool_call>`` (or before a tail that may become one), without trailing
+    whitespace (`parse` strips it before a call). Always a prefix of `parse`'s content of
+    the finished answer."""
+    first = text.find(OPEN)
+    head = text if first < 0 else text[:first]
+    if first < 0:
+        head = head[:len(head) - _open_prefix_len(head)]
+    return head.rstrip()

@@ -27,6 +27,11 @@ NO_TEMPLATE = ("this model has no chat template (a pretrained base model has non
                "--chat-template FILE or a bundled name such as gemma3 (LLM(chat_template=...) offline), "
                "or send a prompt to /v1/completions")
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+# names the renderer passes to ``apply_chat_template`` itself (or its tokenizing options)
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs"})
 _HOLE = "\ue000jxi{}\ue001"  # stands for message i's content while rendering (private-use characters)
 _HOLE_RE = re.compile("\ue000jxi(\\d+)\ue001")
 
@@ -89,7 +94,8 @@ def _checked_tool_calls(calls) -> list:
 
 def render_conversation(convo: list[dict], tokenizer, *, add_generation_prompt: bool = True,
                         continue_final_message: bool = False, tools: list[dict] | None = None,
-                        parse_special: bool = False) -> tuple[str, list[int]]:
+                        parse_special: bool = False,
+                        chat_template_kwargs: dict | None = None) -> tuple[str, list[int]]:
     """Render ``convo`` (dicts with a role in `ROLES`, string content, and for assistant turns
     optional OpenAI ``tool_calls``) with the chat template; returns ``(text, token_ids)``.
 
@@ -98,11 +104,14 @@ def render_conversation(convo: list[dict], tokenizer, *, add_generation_prompt: 
         the template has no tool support of its own).
       parse_special: map special-token strings inside message contents to their ids (off:
         they are plain text; the template's own markers are special either way).
+      chat_template_kwargs: more template variables (``{"enable_thinking": false}``), as
+        vLLM's ``chat_template_kwargs`` (`check_template_kwargs`).
     Raises:
       RequestError (param ``messages``): no messages, no tokenizer or template, invalid
       Unicode, the template rejects the conversation, ``continue_final_message`` without a
-      final assistant message.
+      final assistant message; (param ``chat_template_kwargs``) see `check_template_kwargs`.
     """
+    chat_template_kwargs = check_template_kwargs(chat_template_kwargs)
     if not convo:
         raise RequestError("messages must contain at least one message", param="messages")
     if tokenizer is None or not tokenizer.has_chat_template:
@@ -124,10 +133,31 @@ def render_conversation(convo: list[dict], tokenizer, *, add_generation_prompt: 
     try:
         text = tokenizer.render_chat(holes, add_generation_prompt=add_generation_prompt,
                                      continue_final_message=continue_final_message,
-                                     tools=tools if native_tools else None)
+                                     tools=tools if native_tools else None,
+                                     chat_template_kwargs=chat_template_kwargs)
     except Exception as exc:  # jinja errors raised by the template (e.g. role order)
         raise RequestError(f"the chat template rejected the messages: {exc}", param="messages") from exc
     return _encode_filled(text, contents, tokenizer, parse_special)
+
+
+def check_template_kwargs(kwargs) -> dict:
+    """A request's ``chat_template_kwargs``, checked: an object whose keys are not the names
+    the renderer passes itself (messages, tools, the generation-prompt switches and the
+    tokenizer's own call options), so a client adds template variables but cannot replace
+    the conversation or the tokenization.
+
+    Raises:
+      RequestError (param ``chat_template_kwargs``): not an object, or a reserved key.
+    """
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise RequestError("chat_template_kwargs must be an object", param="chat_template_kwargs")
+    reserved = sorted(set(kwargs) & RESERVED_TEMPLATE_KWARGS)
+    if reserved:
+        raise RequestError(f"chat_template_kwargs may not set {', '.join(reserved)} (give them as request fields)",
+                           param="chat_template_kwargs")
+    return dict(kwargs)
 
 
 def _as_template_message(m: dict, native_tools: bool) -> dict:

@@ -106,7 +106,8 @@ class Tokenizer:
         return self.has_chat_template and "tools" in str(self._tok.chat_template)
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    continue_final_message: bool = False, tools: list[dict] | None = None) -> str:
+                    continue_final_message: bool = False, tools: list[dict] | None = None,
+                    chat_template_kwargs: dict[str, Any] | None = None) -> str:
         """Render ``messages`` with the chat template (transformers ``apply_chat_template``).
 
         Args:
@@ -115,6 +116,8 @@ class Tokenizer:
           continue_final_message: leave the last (assistant) message open so the model
             continues it; then no generation prompt is added.
           tools: OpenAI tool definitions, for templates that render them (`template_takes_tools`).
+          chat_template_kwargs: more variables for the template (``enable_thinking``); their
+            names must not be the arguments above (`jaxinfer.tokenizer.chat` checks that).
         Raises:
           ValueError: the tokenizer has no chat template, or the template rejects the messages.
         """
@@ -122,7 +125,8 @@ class Tokenizer:
             raise ValueError("this model's tokenizer has no chat template")
         return self._tok.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt and not continue_final_message,
-            continue_final_message=continue_final_message, **({"tools": tools} if tools else {}))
+            continue_final_message=continue_final_message, **(chat_template_kwargs or {}),
+            **({"tools": tools} if tools else {}))
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             continue_final_message: bool = False) -> list[int]:

@@ -9,7 +9,13 @@ k alternatives; ``top_logprobs`` without ``logprobs: true`` is a 400.
 Structured outputs come from at most one of ``response_format`` (``json_object`` /
 ``json_schema``), vLLM's ``structured_outputs``, and (chat) ``tool_choice`` ``"required"``
 or a named function, which constrain the answer to tool-call blocks
-(`jaxinfer.structured_outputs.tool_calls.tool_call_grammar`). Errors in them name the field the client sent.
+(`jaxinfer.structured_outputs.tool_calls.tool_call_grammar`). ``parallel_tool_calls: false``
+holds for every ``tool_choice``: with ``"auto"`` (or unset) and no other constraint the
+answer is held to text with at most one call
+(`jaxinfer.structured_outputs.tool_calls.at_most_one_call_grammar`); with another
+constraint, that one applies (it admits no call block of its own accord) and the answer's
+calls are cut to one when parsed. Errors in them name the field the client sent. With a
+reasoning parser, `with_reasoning` moves the constraint after the reasoning.
 """
 from __future__ import annotations
 
@@ -60,8 +66,9 @@ def structured_aliases(req: _GenerationRequest) -> dict[str, str]:
     return {}
 
 
-def tool_mode(req: ChatCompletionRequest) -> str:
-    """``"none"`` (no tools offered or ``tool_choice: none``), ``"auto"``, ``"required"`` or ``"named"``.
+def tool_mode(req) -> str:
+    """``"none"`` (no tools offered or ``tool_choice: none``), ``"auto"``, ``"required"`` or ``"named"``
+    for a request with ``tools`` and ``tool_choice`` (chat, or ``/tokenize``).
 
     Raises:
       RequestError (param ``tool_choice``): a choice without tools, or a name not among them.
@@ -79,7 +86,7 @@ def tool_mode(req: ChatCompletionRequest) -> str:
     return "named"
 
 
-def tools_as_dicts(req: ChatCompletionRequest) -> list[dict] | None:
+def tools_as_dicts(req) -> list[dict] | None:
     """The request's tools as OpenAI dicts, when they are offered to the model (mode not none)."""
     if tool_mode(req) == "none":
         return None
@@ -112,10 +119,26 @@ def structured_constraint(req: _GenerationRequest) -> StructuredOutputsParams | 
         name = req.tool_choice.function.name if tool_mode(req) == "named" else None
         found.append(("tool_choice", StructuredOutputsParams(grammar=tool_calls.tool_call_grammar(
             tools_as_dicts(req), name, single=req.parallel_tool_calls is False))))
+    elif not found and isinstance(req, ChatCompletionRequest) and single_call(req) and tool_mode(req) == "auto":
+        found.append(("tool_choice", StructuredOutputsParams(grammar=tool_calls.at_most_one_call_grammar(
+            tools_as_dicts(req)))))
     if len(found) > 1:
         raise RequestError(f"only one output constraint per request; got {', '.join(f for f, _ in found)}",
                            param=found[1][0])
     return found[0][1] if found else None
+
+
+def single_call(req: ChatCompletionRequest) -> bool:
+    """``parallel_tool_calls: false`` with tools offered: at most one call per answer."""
+    return req.parallel_tool_calls is False and tool_mode(req) != "none"
+
+
+def with_reasoning(params: SamplingParams, mode: str | None) -> SamplingParams:
+    """``params`` with its constraint moved after the reasoning of an output that starts in
+    ``mode`` (`jaxinfer.reasoning`; None or ``"content"``: unchanged), as vLLM applies
+    structured outputs only once the reasoning has ended."""
+    so = params.structured_outputs
+    return params if so is None else params.replace(structured_outputs=so.after_reasoning(mode))
 
 
 def _constraint(make, param: str) -> StructuredOutputsParams:

@@ -19,7 +19,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from jaxinfer.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from jaxinfer.entrypoints.openai.params import tools_as_dicts
+from jaxinfer.entrypoints.openai.protocol import (ChatCompletionRequest, ChatMessage, CompletionRequest,
+                                                  TokenizeRequest)
 from jaxinfer.tokenizer.chat import check_text, render_conversation, supports_system_role
 from jaxinfer.errors import RequestError
 
@@ -58,22 +60,26 @@ def completion_prompts(req: CompletionRequest, tokenizer) -> list[Prompt]:
     return [Prompt(list(ids)) for ids in p]
 
 
-def chat_prompt(req: ChatCompletionRequest | list[ChatMessage], tokenizer, *, add_generation_prompt: bool = True,
-                continue_final_message: bool = False, tools: list[dict] | None = None,
-                parse_special: bool = False) -> Prompt:
+def chat_prompt(req: ChatCompletionRequest | TokenizeRequest, tokenizer, *, parse_special: bool = False) -> Prompt:
     """Render a conversation with the chat template and encode it (`jaxinfer.tokenizer.chat`).
 
+    One function for ``/v1/chat/completions`` and ``/tokenize`` (``messages``), so that
+    ``/tokenize`` returns exactly the ids a chat request with the same fields is prompted
+    with: the messages and the template inputs (`add_generation_prompt`,
+    `continue_final_message`, the tools when ``tool_choice`` is not ``none``,
+    `chat_template_kwargs`).
+
     Args:
-      tools: tool definitions offered to the model (OpenAI dicts), or None.
       parse_special: special-token strings in message contents become control tokens.
     Raises:
-      RequestError (param ``messages``): see `jaxinfer.tokenizer.chat.render_conversation`.
+      RequestError (param ``messages``, ``tool_choice`` or ``chat_template_kwargs``): see
+      `jaxinfer.tokenizer.chat.render_conversation` and `params.tools_as_dicts`.
     """
-    messages = req.messages if isinstance(req, ChatCompletionRequest) else req
-    convo = [_message_dict(m) for m in messages]
-    text, ids = render_conversation(convo, tokenizer, add_generation_prompt=add_generation_prompt,
-                                    continue_final_message=continue_final_message, tools=tools,
-                                    parse_special=parse_special)
+    convo = [_message_dict(m) for m in req.messages]
+    text, ids = render_conversation(convo, tokenizer, add_generation_prompt=req.add_generation_prompt is not False,
+                                    continue_final_message=bool(req.continue_final_message),
+                                    tools=tools_as_dicts(req), parse_special=parse_special,
+                                    chat_template_kwargs=req.chat_template_kwargs)
     return Prompt(ids, text)
 
 

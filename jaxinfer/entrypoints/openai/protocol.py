@@ -21,6 +21,9 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool | None = Field(False, description="Send a final chunk with `usage` before `[DONE]`.")
+    continuous_usage_stats: bool | None = Field(
+        False, description="With `include_usage`: every chunk also carries `usage` (the prompt's tokens and its "
+                           "choice's completion tokens so far), as vLLM.")
 
 
 class JSONSchemaFormat(_Strict):
@@ -85,6 +88,11 @@ class _GenerationRequest(_Strict):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """``usage`` on every chunk: ``continuous_usage_stats`` counts only with ``include_usage`` (vLLM)."""
+        return self.include_usage and bool(self.stream_options.continuous_usage_stats)
 
 
 class CompletionRequest(_GenerationRequest):
@@ -155,7 +163,21 @@ class NamedToolChoice(_Strict):
     function: NamedFunction
 
 
-class ChatCompletionRequest(_GenerationRequest):
+class _ChatTemplateInputs(_Strict):
+    """What the chat template renders besides the messages (chat completions and ``/tokenize``)."""
+
+    add_generation_prompt: bool | None = Field(True, description="End the prompt with the assistant header.")
+    continue_final_message: bool | None = Field(
+        False, description="Continue the last (assistant) message instead of starting a new one.")
+    tools: list[Tool] | None = Field(None, description="Functions the model may call (`message.tool_calls`).")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="`none`, `auto` (default with tools), `required` (at least one call, enforced) or "
+                          "`{\"type\": \"function\", \"function\": {\"name\"}}` (that call, enforced).")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="Extra variables for the chat template, e.g. `{\"enable_thinking\": false}` (vLLM).")
+
+
+class ChatCompletionRequest(_ChatTemplateInputs, _GenerationRequest):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(..., description="The conversation; rendered with the chat template.")
@@ -164,25 +186,21 @@ class ChatCompletionRequest(_GenerationRequest):
                                                                        "the context limit).")
     logprobs: bool | None = Field(False, description="Return the log-probability of each output token.")
     top_logprobs: int | None = Field(None, ge=0, le=20, description="Alternatives per token (needs `logprobs`).")
-    add_generation_prompt: bool | None = Field(True, description="End the prompt with the assistant header.")
-    continue_final_message: bool | None = Field(
-        False, description="Continue the last (assistant) message instead of starting a new one.")
-    tools: list[Tool] | None = Field(None, description="Functions the model may call (`message.tool_calls`).")
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
-        None, description="`none`, `auto` (default with tools), `required` (at least one call, enforced) or "
-                          "`{\"type\": \"function\", \"function\": {\"name\"}}` (that call, enforced).")
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: bool | None = Field(
+        None, description="false: at most one call per answer, enforced by the token mask for every `tool_choice`.")
+    include_reasoning: bool | None = Field(
+        True, description="With `--reasoning-parser`: false drops the reasoning from the answer (vLLM).")
 
 
-class TokenizeRequest(_Strict):
-    """``POST /tokenize``: a `prompt` (text or ids) or chat `messages`."""
+class TokenizeRequest(_ChatTemplateInputs):
+    """``POST /tokenize``: a `prompt` (text or ids) or chat `messages` with the chat request's
+    template inputs (`tools`, `tool_choice`, `chat_template_kwargs`, ...), which give the
+    ids a chat request with the same fields is prompted with."""
 
     model: str | None = None
     prompt: str | list[int] | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = Field(True, description="For `prompt` text: add BOS if the tokenizer does.")
-    add_generation_prompt: bool | None = True
-    continue_final_message: bool | None = False
 
 
 class DetokenizeRequest(_Strict):
@@ -251,13 +269,19 @@ class ToolCallOut(BaseModel):
 
 
 class AssistantMessage(BaseModel):
+    """The answer; ``reasoning_content`` and ``reasoning`` (vLLM's older and newer names of
+    the same text) only with ``--reasoning-parser``."""
+
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[ToolCallOut] | None = None
 
     @model_serializer(mode="wrap")
-    def _drop_no_calls(self, handler):
-        return {k: v for k, v in handler(self).items() if k != "tool_calls" or v}
+    def _drop_absent(self, handler):
+        return {k: v for k, v in handler(self).items()
+                if (k != "tool_calls" or v) and (k not in ("reasoning", "reasoning_content") or v is not None)}
 
 
 class ChatChoice(BaseModel):
@@ -295,6 +319,8 @@ class DeltaMessage(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")

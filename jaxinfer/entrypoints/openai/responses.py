@@ -6,16 +6,28 @@ gained since the last chunk: text difference, its tokens' logprobs, finish reaso
 ``usage_chunk``. Deltas are differences of the engine's cumulative ``text``, which never
 shrinks, so streamed text concatenated equals the non-streamed text (SC-10).
 
-A chat request with tools (``tool_choice`` not ``none``) has its answer parsed for
+With a reasoning parser (``--reasoning-parser``, `jaxinfer.reasoning`) a chat answer is
+first split into ``reasoning_content`` / ``reasoning`` (both names, as vLLM) and the
+content; streamed, a `jaxinfer.reasoning.ReasoningStream` per choice sends
+``delta.reasoning_content`` / ``delta.reasoning`` and holds back only a tail that may be
+the start of ``</think>``.
+
+A chat request with tools (``tool_choice`` not ``none``) has its content parsed for
 tool-call blocks (`jaxinfer.structured_outputs.tool_calls`): calls become ``message.tool_calls`` with
-``finish_reason: "tool_calls"``. Streamed, an answer that starts as a call block is held
-back until it ends, then sent as one ``delta.tool_calls`` chunk (each call's id, name and
-whole arguments) with the finish reason; any other answer streams as text.
+``finish_reason: "tool_calls"`` (``"length"`` when ``max_tokens`` cut the answer: complete
+calls are kept, a cut one is dropped and never shown as content). Streamed, the content
+before the first call block streams as text (a tail that may become ``<tool_call>`` and
+trailing whitespace held back); the calls are sent at the end as one ``delta.tool_calls``
+chunk (each call's id, name and whole arguments) with the finish reason. Streamed
+content concatenated equals the non-streamed content.
+
+``usage`` on a chunk: passed in by the caller (``stream_options.continuous_usage_stats``).
 """
 from __future__ import annotations
 
 import dataclasses
 
+from jaxinfer.reasoning import ReasoningParser, ReasoningStream
 from jaxinfer.structured_outputs import tool_calls
 from jaxinfer.entrypoints.openai import logprobs as lp
 from jaxinfer.entrypoints.openai import protocol as P
@@ -30,7 +42,8 @@ class ChoiceCursor:
     num_tokens: int = 0
     text_offsets: lp.TextOffsets = dataclasses.field(default_factory=lp.TextOffsets)  # legacy ``text_offset``
     finished: bool = False
-    plain_text: bool = False  # tools offered: the answer is known not to start with a call block
+    reasoning: ReasoningStream | None = None  # chat with a reasoning parser
+    content: str = ""  # chat content sent so far (with a reasoning parser or tools)
 
 
 def usage(prompt_lengths: list[int], outputs: list[RequestOutput]) -> P.Usage:
@@ -57,11 +70,13 @@ class _Format:
         self.logprobs = logprobs
         self.tokenizer = tokenizer
 
-    def first_chunks(self, num_choices: int) -> list[str]:
+    def first_chunks(self, num_choices: int, usages: list[P.Usage] | None = None) -> list[str]:
         return []
 
-    def delta_chunk(self, index: int, out: RequestOutput, cur: ChoiceCursor) -> str | None:
-        """The chunk for what choice ``index`` gained since ``cur`` (updated), or None if nothing."""
+    def delta_chunk(self, index: int, out: RequestOutput, cur: ChoiceCursor,
+                    usage: P.Usage | None = None) -> str | None:
+        """The chunk for what choice ``index`` gained since ``cur`` (updated), or None if
+        nothing; ``usage`` rides on it when given."""
         comp = out.outputs[0]
         text = comp.text[cur.text_len:]
         token_ids = comp.token_ids[cur.num_tokens:]
@@ -70,6 +85,7 @@ class _Format:
             return None
         entries = (comp.logprobs or [])[cur.num_tokens:] if self.logprobs is not None else None
         chunk = self._chunk(index, text, token_ids, entries, finish, cur)
+        chunk.usage = usage
         cur.text_len, cur.num_tokens = len(comp.text), len(comp.token_ids)
         cur.finished = finish is not None
         return chunk.model_dump_json()
@@ -145,21 +161,38 @@ def _without_generation(out: RequestOutput) -> RequestOutput:
 class ChatFormat(_Format):
     """``/v1/chat/completions``: ``chat.completion`` / ``chat.completion.chunk`` objects.
 
-    ``parse_tools``: tools were offered, so answers are parsed for tool calls.
+    Args (besides `_Format`'s):
+      parse_tools: tools were offered, so answers are parsed for tool calls.
+      max_calls: keep at most this many calls (``parallel_tool_calls: false``: 1), or None.
+      reasoning: the `ReasoningParser` (``--reasoning-parser``), or None.
+      reasoning_mode: the mode each output starts in (`ReasoningParser.start_mode`).
+      include_reasoning: False drops the reasoning from the answer (vLLM's ``include_reasoning``).
     """
 
-    def __init__(self, *args, parse_tools: bool = False):
+    def __init__(self, *args, parse_tools: bool = False, max_calls: int | None = None,
+                 reasoning: ReasoningParser | None = None, reasoning_mode: str | None = None,
+                 include_reasoning: bool = True):
         super().__init__(*args)
         self.parse_tools = parse_tools
+        self.max_calls = max_calls
+        self.reasoning = reasoning
+        self.reasoning_mode = reasoning_mode
+        self.include_reasoning = include_reasoning
 
     def _message(self, comp) -> tuple[P.AssistantMessage, str | None]:
-        """The message and finish reason of a finished choice (tool calls parsed out)."""
+        """The message and finish reason of a finished choice (reasoning and tool calls parsed out)."""
+        reasoning, content = (self.reasoning.split(comp.text, self.reasoning_mode) if self.reasoning is not None
+                              else (None, comp.text))
+        calls = []
         if self.parse_tools:
-            content, calls = tool_calls.parse(comp.text)
-            if calls:
-                finish = "tool_calls" if comp.finish_reason == "stop" else comp.finish_reason
-                return P.AssistantMessage(content=content, tool_calls=calls), finish
-        return P.AssistantMessage(content=comp.text), comp.finish_reason
+            parsed, calls = tool_calls.parse(content or "", truncated=comp.finish_reason == "length")
+            calls = calls[:self.max_calls] if self.max_calls is not None else calls
+            if calls or parsed != (content or None):  # calls, or a cut call dropped
+                content = parsed
+        finish = "tool_calls" if calls and comp.finish_reason == "stop" else comp.finish_reason
+        reasoning = reasoning if self.include_reasoning else None
+        return P.AssistantMessage(content=content, reasoning_content=reasoning, reasoning=reasoning,
+                                  tool_calls=calls or None), finish
 
     def response(self, outputs: list[RequestOutput], prompt_lengths: list[int]) -> dict:
         choices = []
@@ -173,34 +206,55 @@ class ChatFormat(_Format):
                                         usage=usage(prompt_lengths, outputs))
         return body.model_dump()
 
-    def first_chunks(self, num_choices: int) -> list[str]:
+    def first_chunks(self, num_choices: int, usages: list[P.Usage] | None = None) -> list[str]:
         """One ``delta: {role: assistant, content: ""}`` chunk per choice, sent first."""
         return [P.ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[
-            P.ChatChunkChoice(index=i, delta=P.DeltaMessage(role="assistant", content=""))]).model_dump_json()
-            for i in range(num_choices)]
+            P.ChatChunkChoice(index=i, delta=P.DeltaMessage(role="assistant", content=""))],
+            usage=usages[i] if usages else None).model_dump_json() for i in range(num_choices)]
 
-    def delta_chunk(self, index: int, out: RequestOutput, cur: ChoiceCursor) -> str | None:
-        """As `_Format.delta_chunk`; with tools, an answer that may be a call block is held
-        back, and a finished one that is becomes a ``tool_calls`` delta."""
+    def delta_chunk(self, index: int, out: RequestOutput, cur: ChoiceCursor,
+                    usage: P.Usage | None = None) -> str | None:
+        """As `_Format.delta_chunk`; with a reasoning parser or tools, the reasoning and the
+        content stream apart (each holding back what may still change class) and a finished
+        answer's calls come as one ``tool_calls`` delta."""
+        if not self.parse_tools and self.reasoning is None:
+            return super().delta_chunk(index, out, cur, usage)
         comp = out.outputs[0]
-        if not self.parse_tools or cur.plain_text:
-            return super().delta_chunk(index, out, cur)
-        if comp.finish_reason is None and tool_calls.may_become_call(comp.text):
+        if cur.finished:
             return None
-        message, finish = self._message(comp) if comp.finish_reason is not None else (None, None)
-        if message is None or not message.tool_calls:
-            cur.plain_text = True
-            return super().delta_chunk(index, out, cur)
-        calls = [P.DeltaToolCall(index=k, id=c.id, type="function",
-                                 function=P.DeltaFunction(name=c.function.name, arguments=c.function.arguments))
-                 for k, c in enumerate(message.tool_calls)]
+        finish = comp.finish_reason if comp.finish_reason in ("stop", "length") else None
+        reasoning, content = self._stream_parts(comp, cur, finish is not None)
+        calls = None
+        if finish is not None and self.parse_tools:
+            message, finish = self._message(comp)
+            content, calls = message.content or "", message.tool_calls
+        delta_content = content[len(cur.content):] if content.startswith(cur.content) else ""
+        if not (reasoning or delta_content or calls or finish):
+            return None
         entries = (comp.logprobs or [])[cur.num_tokens:] if self.logprobs is not None else None
         logprobs = (lp.chat_logprobs(comp.token_ids[cur.num_tokens:], entries, self.logprobs, self.tokenizer)
                     if entries is not None else None)
-        delta = P.DeltaMessage(content=message.content, tool_calls=calls)
-        cur.text_len, cur.num_tokens, cur.finished = len(comp.text), len(comp.token_ids), True
-        return P.ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[
+        deltas = [P.DeltaToolCall(index=k, id=c.id, type="function",
+                                  function=P.DeltaFunction(name=c.function.name, arguments=c.function.arguments))
+                  for k, c in enumerate(calls or [])]
+        delta = P.DeltaMessage(content=delta_content or None, reasoning_content=reasoning or None,
+                               reasoning=reasoning or None, tool_calls=deltas or None)
+        cur.content += delta_content
+        cur.text_len, cur.num_tokens, cur.finished = len(comp.text), len(comp.token_ids), finish is not None
+        return P.ChatCompletionChunk(id=self.id, created=self.created, model=self.model, usage=usage, choices=[
             P.ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish)]).model_dump_json()
+
+    def _stream_parts(self, comp, cur: ChoiceCursor, final: bool) -> tuple[str, str]:
+        """(the reasoning gained since the last chunk, the content that may stream so far)."""
+        if self.reasoning is None:
+            reasoning, answer = "", comp.text
+        else:
+            if cur.reasoning is None:
+                cur.reasoning = ReasoningStream(self.reasoning, self.reasoning_mode)
+            reasoning, _ = cur.reasoning.update(comp.text, final=final)
+            answer = cur.reasoning.content
+            reasoning = reasoning if self.include_reasoning else ""
+        return reasoning, (tool_calls.stable_content(answer) if self.parse_tools and not final else answer)
 
     def _chunk(self, index, text, token_ids, entries, finish, cur):
         logprobs = (lp.chat_logprobs(token_ids, entries, self.logprobs, self.tokenizer)

@@ -22,12 +22,13 @@ from fastapi import Request
 from jaxinfer.entrypoints.openai import params as params_mod
 from jaxinfer.entrypoints.openai import responses_input as I
 from jaxinfer.entrypoints.openai.errors import APIError, from_exception
-from jaxinfer.entrypoints.openai.responses_output import ResponsesFormat
+from jaxinfer.entrypoints.openai.responses_output import ResponsesFormat, Splitter
 from jaxinfer.entrypoints.openai.responses_protocol import ResponseDeleted, ResponsesRequest
 from jaxinfer.entrypoints.openai.responses_store import ResponseStore
 from jaxinfer.entrypoints.openai.responses_stream import response_events
 from jaxinfer.entrypoints.openai.serving import ServingContext, run_chat
 from jaxinfer.errors import RequestError
+from jaxinfer.reasoning import get_parser
 
 
 def not_found(response_id: str, param: str | None = None) -> APIError:
@@ -80,6 +81,7 @@ async def create_response(req: ResponsesRequest, raw: Request, ctx: ServingConte
         conversation = _conversation(req, store)
         chat = I.chat_request(req, conversation)
         parse_tools = params_mod.tool_mode(chat) != "none"
+        max_calls = 1 if params_mod.single_call(chat) else None
     except RequestError as exc:
         raise from_exception(exc) from exc
     except pydantic.ValidationError as exc:  # the mapping checks what chat validates; a backstop
@@ -90,8 +92,10 @@ async def create_response(req: ResponsesRequest, raw: Request, ctx: ServingConte
         if stored:
             store.put(body, conversation)
 
-    def make_fmt(model, engine, params) -> ResponsesFormat:
-        return ResponsesFormat(req, model.name, parse_tools=parse_tools, store=stored, on_done=on_done)
+    def make_fmt(model, engine, params, mode) -> ResponsesFormat:
+        splitter = Splitter(parse_tools, max_calls, get_parser(engine.config.reasoning_parser), mode)
+        return ResponsesFormat(req, model.name, splitter=splitter, store=stored, on_done=on_done,
+                               tokenizer=engine.tokenizer)
 
     return await run_chat(chat, raw, ctx, aliases=I.error_aliases(chat), make_fmt=make_fmt, sse=response_events)
 

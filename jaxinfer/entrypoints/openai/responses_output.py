@@ -6,12 +6,12 @@ uses the same pieces with the item ids it announced, so a streamed response's fi
 equals the non-streamed one's (ids and timestamps aside). Every finished response goes to
 ``on_done`` (the store, when the request is stored).
 
-An answer is split (`split_answer`) into reasoning (only with a reasoning parser: the seam
-``reasoning_parser`` is None until the server has one, so no ``reasoning`` item is made),
-content and tool calls (`jaxinfer.structured_outputs.tool_calls.parse`, as chat does; with
-tools offered the content is stripped of surrounding whitespace, calls or not), then
+An answer is split (`split_answer`) exactly as chat splits it (`ChatFormat._message`): the
+reasoning first when the server has a reasoning parser (``--reasoning-parser``,
+`jaxinfer.reasoning`), then content and tool calls (`jaxinfer.structured_outputs.tool_calls.parse`,
+a call cut by the token limit dropped, at most one call with ``parallel_tool_calls: false``),
 laid out as ``[reasoning?, message?, function_call...]``: the message is there when there is
-content or no call at all. ``finish_reason`` ``length`` makes the response and its message
+content, or nothing else (so an output is never empty). ``finish_reason`` ``length`` makes the response and its message
 ``incomplete`` with ``incomplete_details.reason`` ``max_output_tokens``.
 """
 from __future__ import annotations
@@ -23,10 +23,8 @@ from typing import Callable
 
 from jaxinfer.entrypoints.openai import responses_protocol as R
 from jaxinfer.outputs import RequestOutput
+from jaxinfer.reasoning import ReasoningParser
 from jaxinfer.structured_outputs import tool_calls
-
-ReasoningParser = Callable[[str], tuple[str | None, str]]  # text -> (reasoning or None, the rest)
-
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
@@ -41,15 +39,32 @@ class Answer:
     calls: list[dict]
 
 
-def split_answer(text: str, *, parse_tools: bool, reasoning_parser: ReasoningParser | None = None) -> Answer:
-    """``text`` as reasoning, content and calls (calls only when tools were offered)."""
-    reasoning = None
-    if reasoning_parser is not None:
-        reasoning, text = reasoning_parser(text)
-    if not parse_tools:
-        return Answer(reasoning, text, [])
-    content, calls = tool_calls.parse(text)  # with calls: stripped; without: stripped here too (streaming)
-    return Answer(reasoning, content if calls else (text.strip() or None), calls)
+@dataclasses.dataclass(frozen=True)
+class Splitter:
+    """How answers of one request are split (what chat's format does with the same settings).
+
+    Attributes:
+      parse_tools: tools were offered (tool choice not ``none``).
+      max_calls: at most this many calls (``parallel_tool_calls: false``: 1), or None.
+      reasoning: the server's `ReasoningParser`, or None.
+      mode: the mode the output starts in (`ReasoningParser.start_mode`), with a parser.
+    """
+
+    parse_tools: bool = False
+    max_calls: int | None = None
+    reasoning: ReasoningParser | None = None
+    mode: str | None = None
+
+    def split(self, text: str, truncated: bool = False) -> Answer:
+        """``text`` (finished; ``truncated``: cut by the token limit) as reasoning, content, calls."""
+        reasoning, content = self.reasoning.split(text, self.mode) if self.reasoning is not None else (None, text)
+        calls = []
+        if self.parse_tools:
+            parsed, calls = tool_calls.parse(content or "", truncated=truncated)
+            calls = calls[:self.max_calls] if self.max_calls is not None else calls
+            if calls or parsed != (content or None):  # calls, or a cut call dropped
+                content = parsed
+        return Answer(reasoning, content, calls)
 
 
 @dataclasses.dataclass
@@ -76,12 +91,22 @@ def reasoning_item(item_id: str, text: str, status: str) -> dict:
     return R.ReasoningItem(id=item_id, content=[R.ReasoningText(text=text)], status=status).model_dump()
 
 
+def has_message(answer: Answer) -> bool:
+    """Whether the output has a message: when there is content, or nothing else at all."""
+    return answer.content is not None or (not answer.calls and answer.reasoning is None)
+
+
+def reasoning_status(answer: Answer, status: str) -> str:
+    """The reasoning item's status: ``completed`` once an answer followed it, else the response's."""
+    return "completed" if answer.content is not None or answer.calls else status
+
+
 def output_items(answer: Answer, ids: ItemIds, status: str) -> list[dict]:
     """The output list of a finished answer (``status``: the message's, ``completed`` / ``incomplete``)."""
     items = []
     if answer.reasoning is not None:
-        items.append(reasoning_item(ids.reasoning, answer.reasoning, status))
-    if answer.content is not None or not answer.calls:
+        items.append(reasoning_item(ids.reasoning, answer.reasoning, reasoning_status(answer, status)))
+    if has_message(answer):
         items.append(message_item(ids.message, answer.content or "", status))
     items.extend(call_item(c) for c in answer.calls)
     return items
@@ -92,6 +117,7 @@ def status_of(out: RequestOutput) -> str:
 
 
 def usage(out: RequestOutput, prompt_tokens: int, reasoning_tokens: int = 0) -> dict:
+    """``reasoning_tokens``: of the output tokens, those of the reasoning."""
     generated = len(out.outputs[0].token_ids)
     return R.ResponseUsage(input_tokens=prompt_tokens,
                            input_tokens_details=R.InputTokensDetails(cached_tokens=out.num_cached_tokens),
@@ -106,25 +132,27 @@ class ResponsesFormat:
     Args:
       req: the request (its settings are echoed in the response object).
       model: the served model's name.
-      parse_tools: tools were offered (tool choice not ``none``): answers are parsed for calls.
+      splitter: how its answers are split (tools, reasoning).
       store: whether the response is stored (echoed as ``store``).
       on_done: called with each finished response object (dict).
-      reasoning_parser: the reasoning split, or None (no ``reasoning`` items).
+      tokenizer: counts the reasoning's tokens (``output_tokens_details.reasoning_tokens``:
+        the reasoning text re-encoded), or None.
     """
 
-    def __init__(self, req: R.ResponsesRequest, model: str, *, parse_tools: bool, store: bool,
-                 on_done: Callable[[dict], None], reasoning_parser: ReasoningParser | None = None):
+    def __init__(self, req: R.ResponsesRequest, model: str, *, splitter: Splitter, store: bool,
+                 on_done: Callable[[dict], None], tokenizer=None):
         self.id = new_id("resp")
         self.created = int(time.time())
         self.req = req
         self.model = model
-        self.parse_tools = parse_tools
+        self.splitter = splitter
         self.store = store
         self.on_done = on_done
-        self.reasoning_parser = reasoning_parser
+        self.tokenizer = tokenizer
 
-    def split(self, text: str) -> Answer:
-        return split_answer(text, parse_tools=self.parse_tools, reasoning_parser=self.reasoning_parser)
+    def split(self, out: RequestOutput) -> Answer:
+        comp = out.outputs[0]
+        return self.splitter.split(comp.text, truncated=comp.finish_reason == "length")
 
     def skeleton(self, status: str = "in_progress") -> dict:
         """The response object with no output yet (``response.created`` / ``in_progress``)."""
@@ -142,14 +170,21 @@ class ResponsesFormat:
     def finish(self, out: RequestOutput, prompt_tokens: int, items: list[dict]) -> dict:
         """The finished response object with these output ``items``; handed to ``on_done``."""
         body = self.skeleton(status_of(out))
-        body.update(output=items, usage=usage(out, prompt_tokens), completed_at=int(time.time()))
+        body.update(output=items, usage=usage(out, prompt_tokens, self._reasoning_tokens(items)),
+                    completed_at=int(time.time()))
         if body["status"] == "incomplete":
             body["incomplete_details"] = {"reason": "max_output_tokens"}
         self.on_done(body)
         return body
 
+    def _reasoning_tokens(self, items: list[dict]) -> int:
+        text = "".join(part["text"] for item in items if item["type"] == "reasoning" for part in item["content"])
+        if not text or self.tokenizer is None:
+            return 0
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
     def response(self, outputs: list[RequestOutput], prompt_lengths: list[int]) -> dict:
         """The JSON answer (`serving.run_chat`'s non-streamed path: one output, one prompt)."""
         out = outputs[0]
-        items = output_items(self.split(out.outputs[0].text), ItemIds(), status_of(out))
+        items = output_items(self.split(out), ItemIds(), status_of(out))
         return self.finish(out, prompt_lengths[0], items)

@@ -4,21 +4,24 @@ Each event is ``event: <type>`` + ``data: <json>`` with a ``sequence_number`` co
 in the order the ``openai`` SDK's stream helper accumulates (``client.responses.stream``):
 
   response.created, response.in_progress,
-  [message]  response.output_item.added, response.content_part.added,
-             response.output_text.delta..., response.output_text.done,
-             response.content_part.done, response.output_item.done,
-  [per call] response.output_item.added, response.function_call_arguments.delta,
-             response.function_call_arguments.done, response.output_item.done,
+  [reasoning] response.output_item.added, response.content_part.added,
+              response.reasoning_text.delta..., response.reasoning_text.done,
+              response.content_part.done, response.output_item.done,
+  [message]   response.output_item.added, response.content_part.added,
+              response.output_text.delta..., response.output_text.done,
+              response.content_part.done, response.output_item.done,
+  [per call]  response.output_item.added, response.function_call_arguments.delta,
+              response.function_call_arguments.done, response.output_item.done,
   response.completed (or response.incomplete when ``max_output_tokens`` cut it).
 
 A failure after the stream began (deadline, engine failure, abort) sends ``error`` and
-``response.failed``; there is no ``[DONE]`` line. Text is streamed as it is generated; with
-tools offered, text that may be (or lead into) a ``<tool_call>`` block is held back, and the
-answer's leading and trailing whitespace too (it is stripped when tools are parsed), so
-that the deltas concatenate to the final message text and the final response equals the
-non-streamed one (`jaxinfer.entrypoints.openai.responses_output`). Calls are sent whole
-once the answer is finished (one arguments delta each). With a reasoning parser, the
-answer is held until it is finished (the seam: no incremental reasoning split yet).
+``response.failed``; there is no ``[DONE]`` line. Text streams as it is generated, split as
+chat streams it: the reasoning through `jaxinfer.reasoning.ReasoningStream` (with
+``--reasoning-parser``), and, with tools offered, only the content that cannot become a call
+(`jaxinfer.structured_outputs.tool_calls.stable_content`), so no call text ever reaches a
+delta. Deltas concatenate to the final texts, and the final response equals the
+non-streamed one (`jaxinfer.entrypoints.openai.responses_output`; ids aside). Calls are sent
+whole once the answer is finished (one arguments delta each).
 """
 from __future__ import annotations
 
@@ -32,22 +35,8 @@ from jaxinfer.entrypoints.openai import serving
 from jaxinfer.entrypoints.openai.errors import APIError, from_exception
 from jaxinfer.engine.output_stream import OutputStream
 from jaxinfer.outputs import RequestOutput
-from jaxinfer.structured_outputs.tool_calls import OPEN
-
-
-def streamable_text(text: str, *, parse_tools: bool) -> str:
-    """The part of a growing answer that is surely message text: all of it without tools;
-    with tools, what comes before a call block (or a partial ``<tool_call>`` at the end),
-    without leading or trailing whitespace. Grows monotonically with ``text``."""
-    if not parse_tools:
-        return text
-    cut = text.find(OPEN)
-    head = text if cut < 0 else text[:cut]
-    for j in range(min(len(OPEN) - 1, len(head)), 0, -1):
-        if head.endswith(OPEN[:j]):
-            head = head[:-j]
-            break
-    return head.strip()
+from jaxinfer.reasoning import ReasoningStream
+from jaxinfer.structured_outputs import tool_calls
 
 
 class _Events:
@@ -62,85 +51,121 @@ class _Events:
         return f"event: {type_}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-class _Writer:
-    """What one streamed response has sent: its output items so far, the message's text."""
+class _Part:
+    """One streamed text part: the reasoning item's ``reasoning_text`` or the message's ``output_text``."""
 
-    def __init__(self, fmt: O.ResponsesFormat):
-        self.fmt = fmt
-        self.ev = _Events()
-        self.ids = O.ItemIds()
-        self.items: list[dict] = []  # finished items, in output order
-        self.message_index: int | None = None  # output_index of the open message
-        self.sent = ""  # message text sent
+    def __init__(self, kind: str, item_id: str):
+        self.kind = kind  # "reasoning" or "message"
+        self.item_id = item_id
+        self.index: int | None = None  # output_index once opened
+        self.sent = ""
+        self.closed = False
 
     @property
-    def hold_all(self) -> bool:
-        return self.fmt.reasoning_parser is not None
+    def part_type(self) -> str:
+        return "reasoning_text" if self.kind == "reasoning" else "output_text"
+
+    def part(self, text: str) -> dict:
+        return {"type": "reasoning_text", "text": text} if self.kind == "reasoning" else {
+            "type": "output_text", "text": text, "annotations": []}
+
+    def item(self, text: str | None, status: str) -> dict:
+        if self.kind == "reasoning":
+            item = O.reasoning_item(self.item_id, text or "", status)
+            return {**item, "content": []} if text is None else item
+        return O.message_item(self.item_id, text, status)
+
+
+class _Writer:
+    """What one streamed response has sent: its finished items, the open text part."""
+
+    def __init__(self, fmt: O.ResponsesFormat, mode: str | None):
+        self.fmt = fmt
+        self.ev = _Events()
+        ids = O.ItemIds()
+        self.items: list[dict] = []  # output items so far, in output order (finished or open)
+        self.reasoning = _Part("reasoning", ids.reasoning)
+        self.message = _Part("message", ids.message)
+        sp = fmt.splitter
+        self.rstream = ReasoningStream(sp.reasoning, mode) if sp.reasoning is not None else None
 
     def start(self) -> list[str]:
         return [self.ev("response.created", response=self.fmt.skeleton()),
                 self.ev("response.in_progress", response=self.fmt.skeleton())]
 
     def progress(self, text: str) -> list[str]:
-        """Events for an unfinished answer's new text."""
-        if self.hold_all:
-            return []
-        return self._text_to(streamable_text(text, parse_tools=self.fmt.parse_tools))
-
-    def _open_message(self) -> list[str]:
-        self.message_index = len(self.items)
-        item = O.message_item(self.ids.message, None, "in_progress")
-        return [self.ev("response.output_item.added", output_index=self.message_index, item=item),
-                self.ev("response.content_part.added", item_id=self.ids.message, output_index=self.message_index,
-                        content_index=0, part={"type": "output_text", "text": "", "annotations": []})]
-
-    def _text_to(self, text: str) -> list[str]:
+        """Events for an unfinished answer's text so far."""
+        answer = text
         events = []
-        if text and self.message_index is None:
-            events += self._open_message()
-        if len(text) > len(self.sent) and text.startswith(self.sent):
-            events.append(self.ev("response.output_text.delta", item_id=self.ids.message,
-                                  output_index=self.message_index, content_index=0, delta=text[len(self.sent):],
-                                  logprobs=[]))
-            self.sent = text
+        if self.rstream is not None:
+            self.rstream.update(text)
+            events += self._grow(self.reasoning, self._reasoning_so_far())
+            answer = self.rstream.content
+        content = tool_calls.stable_content(answer) if self.fmt.splitter.parse_tools else answer
+        if content:
+            events += self._close(self.reasoning, self._reasoning_so_far(), "completed")
+            events += self._grow(self.message, content)
         return events
+
+    def _reasoning_so_far(self) -> str:
+        return self.rstream.reasoning if self.rstream is not None else ""
+
+    def _open(self, part: _Part) -> list[str]:
+        part.index = len(self.items)
+        self.items.append(part.item(None, "in_progress"))
+        return [self.ev("response.output_item.added", output_index=part.index, item=part.item(None, "in_progress")),
+                self.ev("response.content_part.added", item_id=part.item_id, output_index=part.index,
+                        content_index=0, part=part.part(""))]
+
+    def _grow(self, part: _Part, text: str) -> list[str]:
+        """Open ``part`` on its first text; a delta for what ``text`` adds to what was sent."""
+        if not text or part.closed or not text.startswith(part.sent) or len(text) == len(part.sent):
+            return []
+        events = self._open(part) if part.index is None else []
+        kind = "response.reasoning_text.delta" if part.kind == "reasoning" else "response.output_text.delta"
+        extra = {} if part.kind == "reasoning" else {"logprobs": []}
+        events.append(self.ev(kind, item_id=part.item_id, output_index=part.index, content_index=0,
+                              delta=text[len(part.sent):], **extra))
+        part.sent = text
+        return events
+
+    def _close(self, part: _Part, text: str, status: str, force: bool = False) -> list[str]:
+        """Send what ``text`` adds, then the part's and item's done events (an unopened part
+        is opened first only when ``force``)."""
+        if part.closed or (part.index is None and not force):
+            return []
+        if part.index is None:
+            events = self._open(part)
+        else:
+            events = []
+        if not text.startswith(part.sent):  # cannot happen (the splits are prefix-stable); never resend
+            text = part.sent
+        events += self._grow(part, text)
+        part.closed = True
+        item = part.item(text, status)
+        self.items[part.index] = item
+        done = "response.reasoning_text.done" if part.kind == "reasoning" else "response.output_text.done"
+        extra = {} if part.kind == "reasoning" else {"logprobs": []}
+        return events + [
+            self.ev(done, item_id=part.item_id, output_index=part.index, content_index=0, text=text, **extra),
+            self.ev("response.content_part.done", item_id=part.item_id, output_index=part.index, content_index=0,
+                    part=part.part(text)),
+            self.ev("response.output_item.done", output_index=part.index, item=item)]
 
     def finish(self, out: RequestOutput, prompt_tokens: int) -> list[str]:
         """The closing events of a finished answer, ending with ``response.completed`` / ``incomplete``."""
-        answer = self.fmt.split(out.outputs[0].text)
+        answer = self.fmt.split(out)
         status = O.status_of(out)
         events = []
-        if answer.reasoning is not None:
-            item = O.reasoning_item(self.ids.reasoning, answer.reasoning, status)
-            events += self._whole_item(item)
-        if answer.content is not None or not answer.calls or self.message_index is not None:
-            events += self._close_message(answer.content or "", status)
+        if answer.reasoning is not None or self.reasoning.index is not None:
+            events += self._close(self.reasoning, answer.reasoning or "", O.reasoning_status(answer, status), force=True)
+        if O.has_message(answer) or self.message.index is not None:
+            events += self._close(self.message, answer.content or "", status, force=True)
         for call in answer.calls:
             events += self._call(O.call_item(call))
         body = self.fmt.finish(out, prompt_tokens, self.items)
         kind = "response.completed" if body["status"] == "completed" else "response.incomplete"
         return events + [self.ev(kind, response=body)]
-
-    def _close_message(self, content: str, status: str) -> list[str]:
-        events = [] if self.message_index is not None else self._open_message()
-        if not content.startswith(self.sent):  # cannot happen (streamable_text); never resend text
-            content = self.sent
-        events += self._text_to(content)
-        part = {"type": "output_text", "text": content, "annotations": []}
-        item = O.message_item(self.ids.message, content, status)
-        events += [self.ev("response.output_text.done", item_id=self.ids.message, output_index=self.message_index,
-                           content_index=0, text=content, logprobs=[]),
-                   self.ev("response.content_part.done", item_id=self.ids.message, output_index=self.message_index,
-                           content_index=0, part=part),
-                   self.ev("response.output_item.done", output_index=self.message_index, item=item)]
-        self.items.append(item)
-        return events
-
-    def _whole_item(self, item: dict) -> list[str]:
-        index = len(self.items)
-        self.items.append(item)
-        return [self.ev("response.output_item.added", output_index=index, item={**item, "status": "in_progress"}),
-                self.ev("response.output_item.done", output_index=index, item=item)]
 
     def _call(self, item: dict) -> list[str]:
         index = len(self.items)
@@ -166,7 +191,7 @@ async def response_events(job, stream: OutputStream, first: list[RequestOutput],
     """The event stream of one response (`serving.run_chat`'s ``sse`` hook; one engine request)."""
     ae = job.model.async_engine
     abort = lambda: ae.abort(sorted(stream.unfinished))  # noqa: E731
-    writer = _Writer(job.fmt)
+    writer = _Writer(job.fmt, job.reasoning_modes[0] if job.reasoning_modes else None)
     prompt_tokens = len(job.prompts[0].token_ids)
     try:
         async with serving.abort_on_disconnect(raw, abort):

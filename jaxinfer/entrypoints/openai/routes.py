@@ -121,17 +121,15 @@ async def model(model_id: str, ctx: ServingContext = Depends(get_ctx)):
 @debug.post("/tokenize", response_model=TokenizeResponse)
 async def tokenize(body: TokenizeRequest, ctx: ServingContext = Depends(get_ctx)):
     """The prompt token ids the engine would see for `prompt` (text or ids) or chat `messages`
-    (no truncation applied)."""
+    with the chat request's template inputs (`tools`, `tool_choice`, `chat_template_kwargs`,
+    `add_generation_prompt`, `continue_final_message`); no truncation applied."""
     engine = ctx.engine(ctx.model(body.model))
     try:
         if (body.prompt is None) == (body.messages is None):
             raise RequestError("give exactly one of prompt or messages", param="prompt")
         if body.messages is not None:
-            ids = (await asyncio.to_thread(
-                prompts_mod.chat_prompt, body.messages, engine.tokenizer,
-                add_generation_prompt=body.add_generation_prompt is not False,
-                continue_final_message=bool(body.continue_final_message),
-                parse_special=ctx.config.parse_special_tokens_in_messages)).token_ids
+            ids = (await asyncio.to_thread(prompts_mod.chat_prompt, body, engine.tokenizer,
+                                           parse_special=ctx.config.parse_special_tokens_in_messages)).token_ids
         elif isinstance(body.prompt, str):
             ids = await asyncio.to_thread(prompts_mod.encode_text, engine.tokenizer, body.prompt,
                                           add_special_tokens=body.add_special_tokens is not False)

@@ -42,13 +42,15 @@ from jaxinfer.entrypoints.openai.config import ServerConfig
 from jaxinfer.entrypoints.openai.errors import APIError, client_closed_error, from_exception, queue_wait_error, timeout_error
 from jaxinfer.entrypoints.openai.metrics import Metrics
 from jaxinfer.entrypoints.openai.model_registry import ModelRegistry, ServedModel
-from jaxinfer.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
+from jaxinfer.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, PromptTokensDetails, Usage,
+                                                  _GenerationRequest)
 from jaxinfer.entrypoints.openai.responses import ChatFormat, ChoiceCursor, CompletionFormat, usage
 from jaxinfer.entrypoints.openai.responses_store import ResponseStore
 from jaxinfer.engine.async_engine import AsyncEngine, EngineNotReadyError, RequestSpec
 from jaxinfer.engine.output_stream import OutputStream
 from jaxinfer.errors import QueueFullError
 from jaxinfer.outputs import RequestOutput
+from jaxinfer.reasoning import PROMPT_TAIL_TOKENS, get_parser
 from jaxinfer.sampling_params import SamplingParams, choice_seed
 
 logger = logging.getLogger(__name__)
@@ -111,6 +113,7 @@ class _Job:
     max_model_len: int
     model: ServedModel  # the model that answers
     received: float  # time.monotonic() when the handler started: the engine requests' arrival_time
+    reasoning_modes: list[str | None] | None = None  # per prompt: where its output starts (`jaxinfer.reasoning`)
 
 
 async def create_completion(req: CompletionRequest, raw: Request, ctx: ServingContext):
@@ -126,27 +129,35 @@ async def create_completion(req: CompletionRequest, raw: Request, ctx: ServingCo
             with _as_api_error(aliases):
                 params = params_mod.completion_params(req)
                 _compile_grammar(engine, params)
+                prompts = prompts_mod.completion_prompts(req, engine.tokenizer)
+                modes = [_reasoning_mode(engine, p) for p in prompts]
+                for mode in set(modes):
+                    _compile_grammar(engine, params_mod.with_reasoning(params, mode))
                 return params, [_truncate(p, req, params.max_tokens or default, engine, ctx.config)
-                                for p in prompts_mod.completion_prompts(req, engine.tokenizer)]
+                                for p in prompts], modes
 
-        params, prompts = await asyncio.to_thread(prepare)
+        params, prompts, modes = await asyncio.to_thread(prepare)
         fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", model.name, int(time.time()), params.logprobs,
                                engine.tokenizer, echo=bool(req.echo), echo_only=params_mod.echo_only(req))
-        return _Job(req, prompts, params, fmt, aliases, default, _max_model_len(engine), model, received)
+        return _Job(req, prompts, params, fmt, aliases, default, _max_model_len(engine), model, received, modes)
 
     return await _run(await job_on(ctx.model(req.model)), job_on, raw, ctx, chat=False)
 
 
 async def create_chat_completion(req: ChatCompletionRequest, raw: Request, ctx: ServingContext):
     """``POST /v1/chat/completions``."""
-    def make_fmt(model: ServedModel, engine, params: SamplingParams) -> ChatFormat:
+    def make_fmt(model: ServedModel, engine, params: SamplingParams, mode: str | None) -> ChatFormat:
         return ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", model.name, int(time.time()), params.logprobs,
-                          engine.tokenizer, parse_tools=params_mod.tool_mode(req) != "none")
+                          engine.tokenizer, parse_tools=params_mod.tool_mode(req) != "none",
+                          max_calls=1 if params_mod.single_call(req) else None,
+                          reasoning=get_parser(engine.config.reasoning_parser), reasoning_mode=mode,
+                          include_reasoning=req.include_reasoning is not False)
 
     return await run_chat(req, raw, ctx, aliases=params_mod.chat_aliases(req), make_fmt=make_fmt)
 
 
-MakeFormat = Callable[[ServedModel, object, SamplingParams], object]  # (model, engine, params) -> a format
+# (model, engine, params, reasoning mode: `jaxinfer.reasoning`, None without a parser) -> a format
+MakeFormat = Callable[[ServedModel, object, SamplingParams, "str | None"], object]
 StreamWriter = Callable[..., AsyncIterator[str]]  # (job, stream, first outputs, index, raw, ctx) -> SSE text
 
 
@@ -165,15 +176,15 @@ async def run_chat(req: ChatCompletionRequest, raw: Request, ctx: ServingContext
             with _as_api_error(aliases):
                 params = params_mod.chat_params(req)
                 _compile_grammar(engine, params)
-                prompt = prompts_mod.chat_prompt(req, engine.tokenizer, add_generation_prompt=req.add_generation_prompt
-                                                 is not False, continue_final_message=bool(req.continue_final_message),
-                                                 tools=params_mod.tools_as_dicts(req),
+                prompt = prompts_mod.chat_prompt(req, engine.tokenizer,
                                                  parse_special=ctx.config.parse_special_tokens_in_messages)
-                return params, [_truncate(prompt, req, params.max_tokens, engine, ctx.config)]
+                mode = _reasoning_mode(engine, prompt, req.chat_template_kwargs)
+                _compile_grammar(engine, params_mod.with_reasoning(params, mode))
+                return params, [_truncate(prompt, req, params.max_tokens, engine, ctx.config)], mode
 
-        params, prompts = await asyncio.to_thread(prepare)
-        fmt = make_fmt(model, engine, params)
-        return _Job(req, prompts, params, fmt, aliases, None, _max_model_len(engine), model, received)
+        params, prompts, mode = await asyncio.to_thread(prepare)
+        fmt = make_fmt(model, engine, params, mode)
+        return _Job(req, prompts, params, fmt, aliases, None, _max_model_len(engine), model, received, [mode])
 
     return await _run(await job_on(ctx.model(req.model)), job_on, raw, ctx, chat=True, sse=sse)
 
@@ -259,6 +270,18 @@ def _compile_grammar(engine, params: SamplingParams) -> None:
         engine.grammar_engine().matcher(params.structured_outputs)
 
 
+def _reasoning_mode(engine, prompt: prompts_mod.Prompt, template_kwargs: dict | None = None) -> str | None:
+    """The reasoning mode ``prompt`` leaves its output in (`jaxinfer.reasoning.ReasoningParser.start_mode`),
+    or None without ``--reasoning-parser``. A token-id prompt is read from its decoded end."""
+    parser = get_parser(engine.config.reasoning_parser)
+    if parser is None:
+        return None
+    text = prompt.text
+    if text is None and engine.tokenizer is not None:
+        text = engine.tokenizer.decode(prompt.token_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
+    return parser.start_mode(text, template_kwargs)
+
+
 def _max_model_len(engine) -> int:
     return engine.config.scheduler.max_model_len
 
@@ -285,11 +308,13 @@ def _specs(job: _Job, config: ServerConfig) -> list[RequestSpec]:
     base = job.fmt.id
     n = job.params.n
     out = []
-    for i, (p, j) in enumerate(itertools.product(job.prompts, range(n))):
+    modes = job.reasoning_modes or [None] * len(job.prompts)
+    for i, ((p, mode), j) in enumerate(itertools.product(zip(job.prompts, modes), range(n))):
         max_tokens = params_mod.default_max_tokens(job.params.max_tokens, job.default_max_tokens,
                                                    len(p.token_ids), job.max_model_len)
         seed = job.params.seed if n == 1 else choice_seed(job.params.seed, j)
-        params = dataclasses.replace(job.params, n=1, seed=seed, max_tokens=max_tokens)
+        params = dataclasses.replace(params_mod.with_reasoning(job.params, mode), n=1, seed=seed,
+                                     max_tokens=max_tokens)
         out.append(RequestSpec(f"{base}-{i}", p.token_ids, params, prompt=p.text, deadline=deadline,
                                max_queue_wait=config.queue_wait_expiry, arrival_time=job.received))
     return out
@@ -399,9 +424,10 @@ async def _sse(job: _Job, stream: OutputStream, first: list[RequestOutput], inde
     abort = lambda: job.model.async_engine.abort(sorted(stream.unfinished))  # noqa: E731
     cursors = [ChoiceCursor() for _ in index]
     final: dict[str, RequestOutput] = {}
+    live = _live_usage(job) if job.request.continuous_usage else None
     try:
         async with abort_on_disconnect(raw, abort):
-            for chunk in job.fmt.first_chunks(len(index)):
+            for chunk in job.fmt.first_chunks(len(index), [live(i, None) for i in range(len(index))] if live else None):
                 yield _event(chunk)
             batch = first
             while True:
@@ -412,7 +438,8 @@ async def _sse(job: _Job, stream: OutputStream, first: list[RequestOutput], inde
                         yield _event(json.dumps(error.body()))
                         yield _event("[DONE]")
                         return
-                    chunk = job.fmt.delta_chunk(index[out.request_id], out, cursors[index[out.request_id]])
+                    i = index[out.request_id]
+                    chunk = job.fmt.delta_chunk(i, out, cursors[i], live(i, out) if live else None)
                     if chunk is not None:
                         yield _event(chunk)
                     if out.finished:
@@ -433,6 +460,21 @@ async def _sse(job: _Job, stream: OutputStream, first: list[RequestOutput], inde
     finally:
         if not stream.finished:
             abort()
+
+
+def _live_usage(job: _Job) -> Callable[[int, RequestOutput | None], Usage]:
+    """``stream_options.continuous_usage_stats``: the usage a chunk of choice ``i`` carries
+    (vLLM's): its prompt's tokens and the choice's completion tokens so far (0 before its
+    first output)."""
+    lengths, n = _lengths(job), job.params.n
+
+    def live(i: int, out: RequestOutput | None) -> Usage:
+        prompt = lengths[i // n]
+        done = len(out.outputs[0].token_ids) if out is not None else 0
+        cached = out.num_cached_tokens if out is not None else 0
+        return Usage(prompt_tokens=prompt, completion_tokens=done, total_tokens=prompt + done,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+    return live
 
 
 def stream_failure(out: RequestOutput, ctx: ServingContext, model: ServedModel) -> APIError | None:
