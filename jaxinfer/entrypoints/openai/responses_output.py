@@ -6,13 +6,14 @@ uses the same pieces with the item ids it announced, so a streamed response's fi
 equals the non-streamed one's (ids and timestamps aside). Every finished response goes to
 ``on_done`` (the store, when the request is stored).
 
-An answer is split (`split_answer`) exactly as chat splits it (`ChatFormat._message`): the
+An answer is split (`Splitter.split`) exactly as chat splits it (`ChatFormat._message`): the
 reasoning first when the server has a reasoning parser (``--reasoning-parser``,
 `jaxinfer.reasoning`), then content and tool calls (`jaxinfer.structured_outputs.tool_calls.parse`,
 a call cut by the token limit dropped, at most one call with ``parallel_tool_calls: false``),
 laid out as ``[reasoning?, message?, function_call...]``: the message is there when there is
-content, or nothing else (so an output is never empty). ``finish_reason`` ``length`` makes the response and its message
-``incomplete`` with ``incomplete_details.reason`` ``max_output_tokens``.
+content, or nothing else (so an output is never empty). ``finish_reason`` ``length`` makes
+the response and its message ``incomplete`` with ``incomplete_details.reason``
+``max_output_tokens``; the reasoning item is ``completed`` once an answer followed it.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from jaxinfer.entrypoints.openai import responses_protocol as R
 from jaxinfer.outputs import RequestOutput
 from jaxinfer.reasoning import ReasoningParser
 from jaxinfer.structured_outputs import tool_calls
+
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"

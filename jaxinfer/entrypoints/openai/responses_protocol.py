@@ -25,7 +25,8 @@ _ITEM_SCHEMAS = [
         "content": {"anyOf": [{"type": "string"}, _TEXT_PARTS]}}, "required": ["role", "content"]},
     {"title": "function_call", "type": "object", "properties": {
         "type": {"enum": ["function_call"]}, "call_id": {"type": "string"}, "name": {"type": "string"},
-        "arguments": {"type": "string", "description": "JSON text"}}, "required": ["type", "call_id", "name", "arguments"]},
+        "arguments": {"type": "string", "description": "JSON text"}},
+     "required": ["type", "call_id", "name", "arguments"]},
     {"title": "function_call_output", "type": "object", "properties": {
         "type": {"enum": ["function_call_output"]}, "call_id": {"type": "string"},
         "output": {"anyOf": [{"type": "string"}, _TEXT_PARTS]}}, "required": ["type", "call_id", "output"]},

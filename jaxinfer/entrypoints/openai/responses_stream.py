@@ -61,10 +61,6 @@ class _Part:
         self.sent = ""
         self.closed = False
 
-    @property
-    def part_type(self) -> str:
-        return "reasoning_text" if self.kind == "reasoning" else "output_text"
-
     def part(self, text: str) -> dict:
         return {"type": "reasoning_text", "text": text} if self.kind == "reasoning" else {
             "type": "output_text", "text": text, "annotations": []}
@@ -134,10 +130,7 @@ class _Writer:
         is opened first only when ``force``)."""
         if part.closed or (part.index is None and not force):
             return []
-        if part.index is None:
-            events = self._open(part)
-        else:
-            events = []
+        events = self._open(part) if part.index is None else []
         if not text.startswith(part.sent):  # cannot happen (the splits are prefix-stable); never resend
             text = part.sent
         events += self._grow(part, text)
@@ -158,7 +151,8 @@ class _Writer:
         status = O.status_of(out)
         events = []
         if answer.reasoning is not None or self.reasoning.index is not None:
-            events += self._close(self.reasoning, answer.reasoning or "", O.reasoning_status(answer, status), force=True)
+            events += self._close(self.reasoning, answer.reasoning or "", O.reasoning_status(answer, status),
+                                  force=True)
         if O.has_message(answer) or self.message.index is not None:
             events += self._close(self.message, answer.content or "", status, force=True)
         for call in answer.calls:
