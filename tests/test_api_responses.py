@@ -248,3 +248,11 @@ def test_stream_writer_deltas_equal_the_final_message(answer):
     assert "<tool_call" not in deltas or "tool_call>not json" in answer
     added = [p["output_index"] for p in parsed if p["type"] == "response.output_item.added"]
     assert added == list(range(len(final["output"])))
+
+
+def test_a_response_larger_than_the_byte_budget_says_it_was_not_stored():
+    with running_app(fake_engine(max_model_len=C), responses_store_max_bytes=1500) as (app, _):
+        http = TestClient(app, raise_server_exceptions=False)
+        r = http.post("/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 2}).json()
+        assert r["store"] is False
+        assert_error(http.get(f"/v1/responses/{r['id']}"), 404)

@@ -89,8 +89,8 @@ async def create_response(req: ResponsesRequest, raw: Request, ctx: ServingConte
                        param="input") from exc
 
     def on_done(body: dict) -> None:
-        if stored:
-            store.put(body, conversation)
+        if stored and not store.put(body, conversation):  # larger than the whole budget
+            body["store"] = False
 
     def make_fmt(model, engine, params, mode) -> ResponsesFormat:
         splitter = Splitter(parse_tools, max_calls, get_parser(engine.config.reasoning_parser), mode)

@@ -170,7 +170,8 @@ class ResponsesFormat:
             tools=req.tools or [], user=req.user, metadata=req.metadata or {}).model_dump()
 
     def finish(self, out: RequestOutput, prompt_tokens: int, items: list[dict]) -> dict:
-        """The finished response object with these output ``items``; handed to ``on_done``."""
+        """The finished response object with these output ``items``; handed to ``on_done``
+        (which sets ``store`` false when the store could not keep it)."""
         body = self.skeleton(status_of(out))
         body.update(output=items, usage=usage(out, prompt_tokens, self._reasoning_tokens(items)),
                     completed_at=int(time.time()))
