@@ -142,6 +142,9 @@ def _text(content, where: str) -> str:
             texts.append(part["text"])
         elif kind == "refusal" and isinstance(part.get("refusal"), str):
             texts.append(part["refusal"])
+        elif kind in TEXT_PARTS or kind == "refusal":
+            field = "refusal" if kind == "refusal" else "text"
+            raise RequestError(f"{where}[{j}]: {kind} parts need a string {field}", param="input")
         else:
             raise RequestError(f"{where}[{j}]: part type {kind!r} is not supported (this server reads text: "
                                f"input_text / output_text)", param="input")
