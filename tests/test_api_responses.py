@@ -131,6 +131,9 @@ def test_store_limit_evicts_through_the_api(api):
     assert api.http.delete(f"/v1/responses/{ids[3]}").json() == {"id": ids[3], "object": "response",
                                                                  "deleted": True}
     assert_error(api.http.get(f"/v1/responses/{ids[3]}"), 404)
+    assert metric(api.http, "jaxinfer_responses_stored") <= 3
+    assert metric(api.http, "jaxinfer_responses_store_evictions_total") >= 1
+    assert metric(api.http, "jaxinfer_responses_store_bytes") > 0
 
 
 def test_store_false_and_echoed_fields(api):

@@ -41,8 +41,10 @@ def test_entry_limit_evicts_least_recently_used():
         s.put(resp(i), CONVO)
     assert s.get("resp_0") is not None  # refreshed: resp_1 is now the least recently used
     s.put(resp(3), CONVO)
-    assert s.get("resp_1") is None
+    assert s.get("resp_1") is None and s.evictions == 1
     assert all(s.get(f"resp_{i}") is not None for i in (0, 2, 3)) and len(s) == 3
+    s.delete("resp_0")
+    assert s.evictions == 1  # a delete is no eviction
 
 
 def test_byte_limit_and_oversized_entries():

@@ -57,6 +57,7 @@ def create_app(models: AsyncEngine | ModelRegistry, server_config: ServerConfig 
     store = ResponseStore(config.responses_store_max_entries, config.responses_store_max_bytes,
                           config.responses_store_max_age)
     ctx = ServingContext(models, config, Metrics(models), responses=store)
+    ctx.metrics.register_responses_store(store)
     for m in models:
         m.async_engine.add_ready_callback(lambda engine: check_chat_template(engine.tokenizer))
 

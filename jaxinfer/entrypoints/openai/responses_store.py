@@ -71,6 +71,7 @@ class ResponseStore:
         self._lru: collections.OrderedDict[str, _Entry] = collections.OrderedDict()  # least recent first
         self._by_age: collections.OrderedDict[str, float] = collections.OrderedDict()  # oldest first
         self._bytes = 0
+        self.evictions = 0  # entries dropped by a limit (not by DELETE), since start
         self._lock = threading.Lock()
 
     @property
@@ -102,6 +103,7 @@ class ResponseStore:
             self._expire()
             while len(self._lru) > self.max_entries or self._bytes > self.max_bytes:
                 self._drop(next(iter(self._lru)))
+                self.evictions += 1
         return True
 
     def get(self, response_id: str) -> StoredResponse | None:
@@ -135,6 +137,7 @@ class ResponseStore:
             if created > horizon:
                 return
             self._drop(oldest)
+            self.evictions += 1
 
 
 def _dumps(value) -> bytes:
