@@ -53,8 +53,8 @@ def test_input_items_map_onto_chat_messages():
         {"type": "function_call", "call_id": "call_b", "name": "g", "arguments": "{}"},
         {"type": "function_call_output", "call_id": "call_a", "output": "1"},
         {"type": "function_call_output", "call_id": "call_b", "output": [{"type": "input_text", "text": "2"}]}])
-    assert I.to_messages(items, "Be brief.") == [
-        {"role": "system", "content": "Be brief."},
+    assert I.to_messages(items, "Answer in one line.") == [
+        {"role": "system", "content": "Answer in one line."},
         {"role": "user", "content": "Weather ?"},
         {"role": "assistant", "content": "Let me look.", "tool_calls": [
             {"id": "call_a", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}},
@@ -65,9 +65,9 @@ def test_input_items_map_onto_chat_messages():
 
 
 def test_prompt_is_the_chat_prompt_of_the_mapped_conversation(api):
-    r = create(api, instructions="Be brief.", input=[{"role": "user", "content": "Weather?"}], tools=[TOOL])
+    r = create(api, instructions="Answer in one line.", input=[{"role": "user", "content": "Weather?"}], tools=[TOOL])
     assert r.status_code == 200, r.text
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"}]
+    msgs = [{"role": "system", "content": "Answer in one line."}, {"role": "user", "content": "Weather?"}]
     tools = [{"type": "function", "function": {k: v for k, v in TOOL.items() if k != "type"}}]
     expected = prompts.chat_prompt(ChatCompletionRequest(messages=msgs, tools=tools), tokenizer())
     assert r.json()["usage"]["input_tokens"] == len(expected.token_ids)
@@ -145,7 +145,7 @@ def test_store_false_and_echoed_fields(api):
 
 
 def test_previous_response_id_prepends_the_stored_conversation(api):
-    r1 = create(api, input="first", instructions="Be brief.").json()
+    r1 = create(api, input="first", instructions="Answer in one line.").json()
     r2 = create(api, input="second", previous_response_id=r1["id"]).json()
     answer = r1["output"][0]["content"][0]["text"]
     msgs = [{"role": "user", "content": "first"}, {"role": "assistant", "content": answer},

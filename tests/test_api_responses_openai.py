@@ -59,14 +59,14 @@ def _plain(items) -> list[dict]:
 
 
 def test_plain_create(server):
-    r = server.client.responses.create(input="Say hello.", instructions="Be brief.", **GREEDY)
+    r = server.client.responses.create(input="Say hello.", instructions="Answer in one line.", **GREEDY)
     assert r.object == "response" and r.id.startswith("resp_") and r.model == M
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"  # a random model
     assert [o.type for o in r.output] == ["message"] and r.output[0].content[0].type == "output_text"
     assert r.output_text == r.output[0].content[0].text and r.output_text
     assert r.usage.output_tokens == 8 and r.usage.total_tokens == r.usage.input_tokens + 8
     chat = server.client.chat.completions.create(model=M, temperature=0, max_tokens=8, messages=[
-        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}])
+        {"role": "system", "content": "Answer in one line."}, {"role": "user", "content": "Say hello."}])
     assert chat.choices[0].message.content == r.output_text  # the chat path, the same answer
     assert chat.usage.prompt_tokens == r.usage.input_tokens
 
