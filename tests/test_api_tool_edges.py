@@ -176,3 +176,21 @@ def test_continuous_usage_stats_puts_usage_on_every_chunk(srv, endpoint):
     plain = sse_json(srv.http.post("/v1/completions", json={
         **body, "prompt": "Hello there", "stream_options": {"continuous_usage_stats": True}}).content)
     assert not any(e.get("usage") for e in plain)  # without include_usage: no usage at all (vLLM)
+
+
+def test_a_tool_schema_that_cannot_compile_is_400_naming_tools(srv):
+    bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "no-such-type"}}}]
+    for fields in ({"tool_choice": "required"}, {"parallel_tool_calls": False}):
+        r = srv.http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                                                         "tools": bad, **fields})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+
+
+def test_parallel_tool_calls_false_with_another_constraint_keeps_that_constraint(srv):
+    """``auto`` + ``parallel_tool_calls: false`` + ``response_format``: the format applies (no 400
+    for two constraints), and a call it let through is cut to one when parsed."""
+    fields = dict(messages=[{"role": "user", "content": "x"}], tools=TOOLS, parallel_tool_calls=False)
+    c = srv.chat(['{"ok":', "true}"], response_format={"type": "json_object"}, **fields)["choices"][0]
+    assert json.loads(c["message"]["content"]) == {"ok": True}
+    two = srv.chat(TWO_CALLS, structured_outputs={"regex": "(?s:.*)"}, **fields)["choices"][0]
+    assert len(two["message"]["tool_calls"]) == 1

@@ -5,6 +5,7 @@ tokenizer)."""
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 
@@ -121,3 +122,37 @@ def test_reasoning_mode_is_checked_and_part_of_the_cache_key():
         StructuredOutputsParams(regex="a", reasoning="sometimes")
     assert StructuredOutputsParams(regex="a").cache_key() != StructuredOutputsParams(regex="a",
                                                                                        reasoning=MAYBE).cache_key()
+
+
+def test_flag_reaches_the_engine_config_and_bad_names_are_refused():
+    import server
+    from helpers import tiny_config
+
+    args = server.build_parser().parse_args(["--reasoning-parser", "qwen3"])
+    assert server.engine_config(args, tiny_config()).reasoning_parser == "qwen3"
+    assert server.engine_config(server.build_parser().parse_args([]), tiny_config()).reasoning_parser is None
+    with pytest.raises(SystemExit):
+        server.build_parser().parse_args(["--reasoning-parser", "granite"])
+    with pytest.raises(ValueError, match="reasoning_parser"):
+        from jaxinfer.config import EngineConfig
+        EngineConfig(model_path="x", reasoning_parser="granite")
+
+
+def test_llm_applies_constraints_after_the_reasoning():
+    """Offline too: with ``reasoning_parser`` the reasoning a prompt leaves open is free text
+    (a tiny random model writes no ``</think>`` in 6 tokens), while after a prompt that closed
+    it (``... </think>``) the regex holds from the first token."""
+    from api_helpers import tokenizer
+    from helpers import tiny_config
+    from jaxinfer import LLM, SamplingParams
+    from jaxinfer.models.params import init_params
+
+    cfg = tiny_config(vocab=49152, hidden=32, layers=1, heads=2, kv_heads=1, inter=32)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, structured_outputs={"regex": "[a-z]{3}"})
+    llm = LLM("tiny", max_model_len=64, max_num_seqs=2, max_num_batched_tokens=32, num_blocks=16, model_config=cfg,
+              params=init_params(cfg, scale=2.0, seed=3), tokenizer=tokenizer(), use_tqdm=False, warmup=False,
+              reasoning_parser="deepseek_r1")
+    free, closed = (o.outputs[0].text for o in llm.generate(["Think:", "Think: </think>"], params, use_tqdm=False))
+    assert re.fullmatch("[a-z]{3}", closed)
+    assert not re.fullmatch("[a-z]{3}", free) and "</think>" not in free
+    assert llm.engine.num_free_blocks == llm.engine.num_total_blocks

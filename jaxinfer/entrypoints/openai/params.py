@@ -61,7 +61,7 @@ def structured_aliases(req: _GenerationRequest) -> dict[str, str]:
         return {}
     if req.response_format is not None:
         return {"structured_outputs": "response_format"}
-    if isinstance(req, ChatCompletionRequest) and tool_mode(req) in ("required", "named"):
+    if isinstance(req, ChatCompletionRequest) and (tool_mode(req) in ("required", "named") or single_call(req)):
         return {"structured_outputs": "tools"}
     return {}
 
