@@ -1,8 +1,9 @@
-"""``/v1/responses`` with ``--reasoning-parser`` on scripted answers (tests/scripted_runner.py):
+"""``/v1/responses`` on scripted answers (tests/scripted_runner.py), with ``--reasoning-parser``:
 the reasoning becomes a ``reasoning`` item before the message or the calls, streamed as
 ``response.reasoning_text.delta`` events that never show a cut ``</think>``; the streamed
 final response equals the non-streamed one; a reasoning cut by ``max_output_tokens`` is an
-incomplete response with only the reasoning item."""
+incomplete response with only the reasoning item. Without one: ``parallel_tool_calls: false``
+gives one call, and a call cut by ``max_output_tokens`` never shows as text."""
 from __future__ import annotations
 
 import json
@@ -83,3 +84,27 @@ def test_reasoning_items_in_input_stay_out_of_the_prompt(srv):
         {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "x"}]},
         *ASK]}).json()
     assert with_item["usage"]["input_tokens"] == base["usage"]["input_tokens"]
+
+
+@pytest.fixture(scope="module")
+def plain():
+    with Server(None) as s:
+        yield s
+
+
+def test_parallel_tool_calls_false_gives_one_call_and_a_cut_call_is_never_text(plain):
+    one = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Madrid"}}\n</tool_call>'  # compact: the grammar's
+    two = one + "\n" + one.replace("Madrid", "Vienna")
+    plain.script(ASK, [two], tools=CHAT_TOOLS)
+    body = {"model": MODEL, "input": ASK, "max_output_tokens": 64, "tools": [TOOL]}
+    r = plain.http.post("/v1/responses", json=body).json()
+    assert [i["type"] for i in r["output"]] == ["function_call", "function_call"]
+    plain.script(ASK, [two], tools=CHAT_TOOLS)
+    r = plain.http.post("/v1/responses", json={**body, "parallel_tool_calls": False}).json()
+    assert [i["type"] for i in r["output"]] == ["function_call"] and r["parallel_tool_calls"] is False
+    for limit, kinds in ((25, ["message"]), (40, ["function_call"])):  # inside the first call / the second
+        plain.script(ASK, [two], tools=CHAT_TOOLS)
+        cut = plain.http.post("/v1/responses", json={**body, "max_output_tokens": limit}).json()
+        assert cut["status"] == "incomplete" and [i["type"] for i in cut["output"]] == kinds
+        texts = [p["text"] for i in cut["output"] if i["type"] == "message" for p in i["content"]]
+        assert texts in ([], [""]), cut["output"]
