@@ -108,3 +108,8 @@ def test_parallel_tool_calls_false_gives_one_call_and_a_cut_call_is_never_text(p
         assert cut["status"] == "incomplete" and [i["type"] for i in cut["output"]] == kinds
         texts = [p["text"] for i in cut["output"] if i["type"] == "message" for p in i["content"]]
         assert texts in ([], [""]), cut["output"]
+        plain.script(ASK, [two], tools=CHAT_TOOLS)
+        r = plain.http.post("/v1/responses", json={**body, "max_output_tokens": limit, "stream": True})
+        events = [json.loads(b.split("\n")[1][len("data: "):]) for b in r.text[:-2].split("\n\n")]
+        assert _plain(events[-1]["response"]["output"]) == _plain(cut["output"])
+        assert not [e for e in events if e["type"] == "response.output_text.delta"]
