@@ -115,6 +115,12 @@ def test_no_op_values_of_unimplemented_fields_are_accepted(api):
     assert r.json()["parallel_tool_calls"] is False
 
 
+def test_retrieving_with_stream_is_a_400(api):
+    rid = create(api).json()["id"]
+    assert_error(api.http.get(f"/v1/responses/{rid}?stream=true"), 400, "stream")
+    assert api.http.get(f"/v1/responses/{rid}?stream=false").json()["id"] == rid
+
+
 def test_unknown_ids_are_404s_in_the_error_shape(api):
     assert_error(api.http.get("/v1/responses/resp_nope"), 404)
     assert_error(api.http.delete("/v1/responses/resp_nope"), 404)

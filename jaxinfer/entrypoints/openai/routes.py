@@ -85,8 +85,12 @@ async def create_response(body: ResponsesRequest, raw: Request, ctx: ServingCont
 
 
 @v1.get("/responses/{response_id}", response_model=ResponseObject)
-async def retrieve_response(response_id: str, ctx: ServingContext = Depends(get_ctx)):
-    """A stored response (404 once evicted, deleted or after a restart)."""
+async def retrieve_response(response_id: str, stream: bool | None = None, ctx: ServingContext = Depends(get_ctx)):
+    """A stored response (404 once evicted, deleted or after a restart). ``stream=true`` (replaying
+    a background response's events) is a 400: responses are never run in the background."""
+    if stream:
+        raise APIError(400, "stream is not supported when retrieving a response (there are no background "
+                       "responses to follow)", param="stream")
     return JSONResponse(responses_api.retrieve_response(response_id, ctx))
 
 
