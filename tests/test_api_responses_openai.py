@@ -61,10 +61,13 @@ def _plain(items) -> list[dict]:
 def test_plain_create(server):
     r = server.client.responses.create(input="Say hello.", instructions="Answer in one line.", **GREEDY)
     assert r.object == "response" and r.id.startswith("resp_") and r.model == M
-    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"  # a random model
     assert [o.type for o in r.output] == ["message"] and r.output[0].content[0].type == "output_text"
-    assert r.output_text == r.output[0].content[0].text and r.output_text
-    assert r.usage.output_tokens == 8 and r.usage.total_tokens == r.usage.input_tokens + 8
+    assert r.output_text == r.output[0].content[0].text
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    if r.status == "incomplete":  # a random model rarely ends on its own
+        assert r.incomplete_details.reason == "max_output_tokens" and r.usage.output_tokens == 8
+    else:
+        assert r.status == "completed" and r.usage.output_tokens < 8
     chat = server.client.chat.completions.create(model=M, temperature=0, max_tokens=8, messages=[
         {"role": "system", "content": "Answer in one line."}, {"role": "user", "content": "Say hello."}])
     assert chat.choices[0].message.content == r.output_text  # the chat path, the same answer
@@ -89,10 +92,10 @@ def test_json_schema_text_format(server):
 
 def test_function_tool_round_trip(server):
     ask = [{"role": "user", "content": "Weather in Paris?"}]
-    r = server.client.responses.create(input=ask, tools=TOOLS, tool_choice="required", **GREEDY | {
-        "max_output_tokens": 40})
+    r = server.client.responses.create(input=ask, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+                                       **GREEDY | {"max_output_tokens": 40})  # one call: bounded, completes
     calls = [o for o in r.output if o.type == "function_call"]
-    assert len(calls) >= 1 and r.status == "completed"
+    assert len(calls) == 1 and r.status == "completed"
     call = calls[0]
     assert call.name == "get_weather" and call.call_id.startswith("call_") and call.status == "completed"
     assert json.loads(call.arguments)["city"] in ("Paris", "Berlin", "Madrid")
@@ -131,7 +134,8 @@ def test_previous_response_id_three_turns(server):
         c.responses.retrieve(r4.id)
 
 
-@pytest.mark.parametrize("extra", [{}, {"tools": TOOLS, "tool_choice": "required", "max_output_tokens": 40}])
+@pytest.mark.parametrize("extra", [{}, {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False,
+                                    "max_output_tokens": 40}])
 def test_stream_events_parse_and_final_equals_create(server, extra):
     body = {"input": "Weather in Berlin?", **GREEDY, **extra}
     whole = server.client.responses.create(**body)
@@ -149,7 +153,7 @@ def test_stream_events_parse_and_final_equals_create(server, extra):
     if final is not None:
         assert _plain(final.output) == _plain(whole.output)
     if "tools" in extra:
-        assert "response.function_call_arguments.done" in types
+        assert "response.function_call_arguments.done" in types and final is not None  # one call: completes
     else:
         deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
         assert deltas == whole.output_text
