@@ -136,3 +136,19 @@ def test_qwen_tool_call_after_reasoning(servers, tool_choice):
     got = streamed(srv.chat(pieces, stream=True, tools=TOOLS, tool_choice=tool_choice))
     assert got["reasoning"] == "The user wants weather." and got["content"] == "" and got["finish"] == "tool_calls"
     assert [json.loads(t["function"]["arguments"]) for t in got["calls"]] == [{"city": "Oslo"}]
+
+
+def test_official_client_reads_the_reasoning(servers):
+    import openai
+
+    srv = servers("deepseek_r1")
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=srv.http, max_retries=0)
+    pieces = ["Add them.", "</think>", "4"]
+    srv.script(MSGS, pieces)
+    m = client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=16).choices[0].message
+    assert (m.reasoning_content, m.reasoning, m.content) == ("Add them.", "Add them.", "4")
+    srv.script(MSGS, pieces)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=16, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == "Add them."
+    assert "".join(d.content or "" for d in deltas) == "4"

@@ -194,3 +194,12 @@ def test_parallel_tool_calls_false_with_another_constraint_keeps_that_constraint
     assert json.loads(c["message"]["content"]) == {"ok": True}
     two = srv.chat(TWO_CALLS, structured_outputs={"regex": "(?s:.*)"}, **fields)["choices"][0]
     assert len(two["message"]["tool_calls"]) == 1
+
+
+def test_held_back_text_keeps_every_tokens_logprobs_when_streamed(srv):
+    fields = dict(messages=[{"role": "user", "content": "x"}], tools=TOOLS, logprobs=True)
+    pieces = ["Checking.", "\n", *TWO_CALLS]
+    whole = srv.chat(pieces, **fields)["choices"][0]["logprobs"]["content"]
+    events = srv.chat(pieces, stream=True, **fields)
+    pieces_lp = [t for e in events for c in e["choices"] for t in ((c.get("logprobs") or {}).get("content") or [])]
+    assert [t["token"] for t in pieces_lp] == [t["token"] for t in whole] and len(whole) > 20

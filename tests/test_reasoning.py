@@ -156,3 +156,6 @@ def test_llm_applies_constraints_after_the_reasoning():
     assert re.fullmatch("[a-z]{3}", closed)
     assert not re.fullmatch("[a-z]{3}", free) and "</think>" not in free
     assert llm.engine.num_free_blocks == llm.engine.num_total_blocks
+    from jaxinfer.errors import RequestError
+    with pytest.raises(RequestError, match="chat_template_kwargs"):  # LLM.chat passes them to the template
+        llm.chat([{"role": "user", "content": "hi"}], params, chat_template_kwargs={"messages": []}, use_tqdm=False)
