@@ -76,7 +76,9 @@ def server_config(args):
                         shutdown_timeout=args.shutdown_timeout, timeout_keep_alive=args.timeout_keep_alive,
                         max_request_bytes=args.max_request_bytes,
                         parse_special_tokens_in_messages=args.parse_special_tokens_in_messages,
-                        instance_id=instance_id)
+                        instance_id=instance_id, responses_store_max_entries=args.responses_store_max_entries,
+                        responses_store_max_bytes=args.responses_store_max_bytes,
+                        responses_store_max_age=args.responses_store_max_age)
 
 
 def engine_builder(args):

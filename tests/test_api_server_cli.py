@@ -39,6 +39,18 @@ def test_flags_map_onto_config_fields():
     assert (sc.max_model_len, sc.max_num_seqs, sc.max_num_batched_tokens, sc.max_queue_len) == (1024, 4, 256, 5)
 
 
+def test_responses_store_flags():
+    from jaxinfer.entrypoints.openai import responses_store as rs
+
+    d = server.server_config(server.build_parser().parse_args([]))
+    assert (d.responses_store_max_entries, d.responses_store_max_bytes, d.responses_store_max_age) == (
+        rs.DEFAULT_MAX_ENTRIES, rs.DEFAULT_MAX_BYTES, rs.DEFAULT_MAX_AGE_S)  # the flag table's defaults agree
+    s = server.server_config(server.build_parser().parse_args([
+        "--responses-store-max-entries", "0", "--responses-store-max-bytes", "1MiB",
+        "--responses-store-max-age", "60"]))
+    assert (s.responses_store_max_entries, s.responses_store_max_bytes, s.responses_store_max_age) == (0, 2**20, 60.0)
+
+
 def test_idle_connections_outlive_a_balancers():
     """The server keeps an idle keep-alive connection open longer than nginx keeps its idle
     upstream connections (``keepalive_timeout`` 60 s), so that the balancer closes them: a

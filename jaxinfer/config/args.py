@@ -216,6 +216,13 @@ FLAGS: tuple[Flag, ...] = (
     _F("--instance-id", "server", help=(
         "value of the x-jaxinfer-instance header on every response, which shows behind a load balancer where a "
         "request went (default: hostname:port)")),
+    _F("--responses-store-max-entries", "server", type=int, default=10_000, help=(
+        "most /v1/responses objects kept in memory for previous_response_id and GET /v1/responses/{id}, least "
+        "recently used evicted first (0: store nothing); none survives a restart")),
+    _F("--responses-store-max-bytes", "server", type=parse_bytes, default=256 << 20,
+       help="memory budget of the responses store (their JSON; default: 256MiB)"),
+    _F("--responses-store-max-age", "server", type=float, default=86_400.0,
+       help="seconds a stored response is kept after it was created (default: 86400)"),
     _F("--disable-log-requests", "server", action="store_true", default=False,
        help="no log line per request received and finished"),
     _F("--log-level", "server", default="info", choices=("debug", "info", "warning", "error"), help="log level"),

@@ -24,6 +24,7 @@ from jaxinfer.entrypoints.openai.instance_header import InstanceHeader
 from jaxinfer.entrypoints.openai.metrics import Metrics
 from jaxinfer.entrypoints.openai.model_registry import ModelRegistry
 from jaxinfer.entrypoints.openai.prompts import check_chat_template
+from jaxinfer.entrypoints.openai.responses_store import ResponseStore
 from jaxinfer.entrypoints.openai.serving import ServingContext
 from jaxinfer.entrypoints.openai.status_counter import ErrorResponseCounter
 from jaxinfer.engine.async_engine import AsyncEngine
@@ -53,7 +54,10 @@ def create_app(models: AsyncEngine | ModelRegistry, server_config: ServerConfig 
     config = server_config or ServerConfig()
     if isinstance(models, AsyncEngine):
         models = ModelRegistry.single(config.served_model_name, models)
-    ctx = ServingContext(models, config, Metrics(models))
+    store = ResponseStore(config.responses_store_max_entries, config.responses_store_max_bytes,
+                          config.responses_store_max_age)
+    ctx = ServingContext(models, config, Metrics(models), responses=store)
+    ctx.metrics.register_responses_store(store)
     for m in models:
         m.async_engine.add_ready_callback(lambda engine: check_chat_template(engine.tokenizer))
 

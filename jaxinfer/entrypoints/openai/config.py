@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxinfer.config.args import DEFAULT_MODEL
+from jaxinfer.entrypoints.openai.responses_store import DEFAULT_MAX_AGE_S, DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES
 
 # A queued request expires at this multiple of ``max_queue_wait``: the estimate behind the
 # bound is an upper bound while the measured step time holds (outputs counted at max_tokens),
@@ -50,6 +51,10 @@ class ServerConfig:
         turn; `jaxinfer.tokenizer.chat`). Also applies to ``/tokenize`` with ``messages``.
       instance_id: the ``x-jaxinfer-instance`` header every response carries (None: no header;
         ``server.py`` defaults it to ``hostname:port``).
+      responses_store_max_entries, responses_store_max_bytes, responses_store_max_age: the
+        limits of the in-memory store of ``/v1/responses`` objects (entries, bytes charged,
+        seconds from creation; least recently used evicted first; 0 entries: nothing stored).
+        `jaxinfer.entrypoints.openai.responses_store`.
     """
 
     host: str = "127.0.0.1"
@@ -65,6 +70,9 @@ class ServerConfig:
     max_request_bytes: int | None = 16 << 20
     parse_special_tokens_in_messages: bool = False
     instance_id: str | None = None
+    responses_store_max_entries: int = DEFAULT_MAX_ENTRIES
+    responses_store_max_bytes: int = DEFAULT_MAX_BYTES
+    responses_store_max_age: float = DEFAULT_MAX_AGE_S
 
     @property
     def queue_wait_expiry(self) -> float | None:
@@ -89,6 +97,10 @@ class ServerConfig:
                 raise ValueError(f"{name} must be > 0 seconds (or unset for no limit), got {value}")
         if self.max_request_bytes is not None and self.max_request_bytes < 1:
             raise ValueError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
+        if self.responses_store_max_entries < 0 or self.responses_store_max_bytes < 0:
+            raise ValueError("responses_store_max_entries and responses_store_max_bytes must be >= 0")
+        if not self.responses_store_max_age > 0:
+            raise ValueError(f"responses_store_max_age must be > 0 seconds, got {self.responses_store_max_age}")
         if self.instance_id is not None and not (self.instance_id.isascii() and self.instance_id.isprintable()
                                                  and self.instance_id.strip()):
             raise ValueError(f"instance_id must be printable ASCII, got {self.instance_id!r}")

@@ -34,6 +34,9 @@ Names (vLLM's ``vllm:*`` metrics with our prefix where one exists; semantics fol
               jaxinfer_prefix_cache_queries_total, jaxinfer_prefix_cache_hits_total,
               jaxinfer_spec_decode_num_drafts_total, jaxinfer_spec_decode_num_draft_tokens_total,
               jaxinfer_spec_decode_num_accepted_tokens_total (vLLM's spec_decode counters)
+  /v1/responses store (`register_responses_store`; server-wide, the default model's label):
+              jaxinfer_responses_stored, jaxinfer_responses_store_bytes (gauges),
+              jaxinfer_responses_store_evictions_total (entries dropped by a limit)
 """
 from __future__ import annotations
 
@@ -148,6 +151,11 @@ class Metrics:
             if n > 1:
                 self.tpot.labels(label).observe((m.finished_time - m.first_token_time) / (n - 1))
 
+    def register_responses_store(self, store) -> None:
+        """Expose a `jaxinfer.entrypoints.openai.responses_store.ResponseStore`'s size, bytes
+        charged and evictions (read at scrape time)."""
+        self.registry.register(_StoreCollector(store, self.model_name))
+
     def render(self) -> tuple[bytes, str]:
         """(body, content type) for ``GET /metrics``."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -234,3 +242,27 @@ class _EngineCollector:
             yield steps
             yield from counters.values()
             yield success
+
+
+class _StoreCollector:
+    """The responses store's gauges and eviction counter, read at scrape time."""
+
+    def __init__(self, store, model_name: str):
+        self.store, self.model_name = store, model_name
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        label = [self.model_name]
+        for name, doc, value in (("jaxinfer_responses_stored", "Responses kept for previous_response_id and GET.",
+                                  len(self.store)),
+                                 ("jaxinfer_responses_store_bytes", "Bytes the stored responses are charged "
+                                  "(<= --responses-store-max-bytes).", self.store.bytes_charged)):
+            g = GaugeMetricFamily(name, doc, labels=[MODEL_LABEL])
+            g.add_metric(label, value)
+            yield g
+        c = CounterMetricFamily("jaxinfer_responses_store_evictions", "Stored responses dropped by the store's "
+                                "entry, byte or age limit.", labels=[MODEL_LABEL])
+        c.add_metric(label, self.store.evictions)
+        yield c

@@ -17,13 +17,14 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from jaxinfer.entrypoints.openai import prompts as prompts_mod
 from jaxinfer.entrypoints.openai import embeddings as embeddings_mod
-from jaxinfer.entrypoints.openai import serving
+from jaxinfer.entrypoints.openai import responses_api, serving
 from jaxinfer.entrypoints.openai.embedding_protocol import EmbeddingRequest, EmbeddingResponse
 from jaxinfer.entrypoints.openai.errors import APIError, from_exception
 from jaxinfer.entrypoints.openai.model_registry import ServedModel
 from jaxinfer.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                    CompletionResponse, DetokenizeRequest, DetokenizeResponse, ErrorResponse,
                                    ModelCard, ModelList, TokenizeRequest, TokenizeResponse)
+from jaxinfer.entrypoints.openai.responses_protocol import ResponseDeleted, ResponseObject, ResponsesRequest
 from jaxinfer.entrypoints.openai.serving import ServingContext
 from jaxinfer.engine.async_engine import EngineState
 from jaxinfer.errors import RequestError
@@ -33,7 +34,7 @@ _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <--ap
 _ERRORS = {status: {"model": ErrorResponse, "description": why} for status, why in {
     400: "Invalid request (OpenAI error envelope, `param` names the field).",
     401: "Missing or wrong API key.",
-    404: "Unknown model.",
+    404: "Unknown model (or, for /v1/responses, unknown stored response).",
     429: "Overloaded: waiting queue full or queue wait expired (`Retry-After`).",
     503: "Warming up, draining or engine down (`Retry-After`).",
     504: "The request passed its deadline (`request_timeout`).",
@@ -79,6 +80,32 @@ async def chat_completions(body: ChatCompletionRequest, raw: Request, ctx: Servi
 async def embeddings(body: EmbeddingRequest, raw: Request, ctx: ServingContext = Depends(get_ctx)):
     """OpenAI embeddings (a model served with `--runner pooling`; others answer 400)."""
     return await embeddings_mod.create_embedding(body, raw, ctx)
+
+
+@v1.post("/responses", response_model=ResponseObject,
+         responses={200: {"content": {"text/event-stream": {}},
+                          "description": "A response object, or with `stream: true` typed server-sent events "
+                                         "(`response.created` ... `response.completed`)."}})
+async def create_response(body: ResponsesRequest, raw: Request, ctx: ServingContext = Depends(get_ctx)):
+    """OpenAI Responses API (text, function tools, JSON output, stored responses), run by the
+    chat path. Unsupported fields (built-in tools, `background`, ...) are a 400 naming them."""
+    return await responses_api.create_response(body, raw, ctx)
+
+
+@v1.get("/responses/{response_id}", response_model=ResponseObject)
+async def retrieve_response(response_id: str, stream: bool | None = None, ctx: ServingContext = Depends(get_ctx)):
+    """A stored response (404 once evicted, deleted or after a restart). ``stream=true`` (replaying
+    a background response's events) is a 400: responses are never run in the background."""
+    if stream:
+        raise APIError(400, "stream is not supported when retrieving a response (there are no background "
+                       "responses to follow)", param="stream")
+    return JSONResponse(responses_api.retrieve_response(response_id, ctx))
+
+
+@v1.delete("/responses/{response_id}", response_model=ResponseDeleted)
+async def delete_response(response_id: str, ctx: ServingContext = Depends(get_ctx)):
+    """Forget a stored response (404 if not stored)."""
+    return responses_api.delete_response(response_id, ctx)
 
 
 def _model_card(ctx: ServingContext, model: ServedModel) -> ModelCard:

@@ -15,6 +15,8 @@ Owns the request lifecycle on the asyncio side:
      while queued is a status, not an in-stream error); then one ``data:`` event per
      choice delta, each choice's finish chunk, an optional usage chunk, ``data: [DONE]``.
      A deadline or engine failure mid-stream sends one error event, then ``[DONE]``.
+`run_chat` is the chat path with the answer's shape left to the caller: `/v1/responses`
+(`jaxinfer.entrypoints.openai.responses_api`) runs its requests through it as chat requests.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ from jaxinfer.entrypoints.openai.model_registry import ModelRegistry, ServedMode
 from jaxinfer.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, PromptTokensDetails, Usage,
                                                   _GenerationRequest)
 from jaxinfer.entrypoints.openai.responses import ChatFormat, ChoiceCursor, CompletionFormat, usage
+from jaxinfer.entrypoints.openai.responses_store import ResponseStore
 from jaxinfer.engine.async_engine import AsyncEngine, EngineNotReadyError, RequestSpec
 from jaxinfer.engine.output_stream import OutputStream
 from jaxinfer.errors import QueueFullError
@@ -58,11 +61,13 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 @dataclasses.dataclass
 class ServingContext:
-    """What the handlers share (one per app): the served models, settings, metrics."""
+    """What the handlers share (one per app): the served models, settings, metrics, and the
+    store of `/v1/responses` objects."""
 
     models: ModelRegistry
     config: ServerConfig
     metrics: Metrics
+    responses: ResponseStore = dataclasses.field(default_factory=ResponseStore)
     started: int = dataclasses.field(default_factory=lambda: int(time.time()))  # unix seconds
 
     @property
@@ -143,8 +148,28 @@ async def create_completion(req: CompletionRequest, raw: Request, ctx: ServingCo
 
 async def create_chat_completion(req: ChatCompletionRequest, raw: Request, ctx: ServingContext):
     """``POST /v1/chat/completions``."""
+    def make_fmt(model: ServedModel, engine, params: SamplingParams, mode: str | None) -> ChatFormat:
+        return ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", model.name, int(time.time()), params.logprobs,
+                          engine.tokenizer, parse_tools=params_mod.tool_mode(req) != "none",
+                          max_calls=1 if params_mod.single_call(req) else None,
+                          reasoning=get_parser(engine.config.reasoning_parser), reasoning_mode=mode,
+                          include_reasoning=req.include_reasoning is not False)
+
+    return await run_chat(req, raw, ctx, aliases=params_mod.chat_aliases(req), make_fmt=make_fmt)
+
+
+# (model, engine, params, reasoning mode: `jaxinfer.reasoning`, None without a parser) -> a format
+MakeFormat = Callable[[ServedModel, object, SamplingParams, "str | None"], object]
+StreamWriter = Callable[..., AsyncIterator[str]]  # (job, stream, first outputs, index, raw, ctx) -> SSE text
+
+
+async def run_chat(req: ChatCompletionRequest, raw: Request, ctx: ServingContext, *, aliases: dict[str, str],
+                   make_fmt: MakeFormat, sse: StreamWriter | None = None):
+    """A chat request through the whole path (prompt, params, grammar, admission, degradation,
+    disconnects); the answer is built by the format ``make_fmt`` returns (``response`` for
+    JSON, or, when streamed, by ``sse``, default: chat chunks). `/v1/responses` enters here
+    with its own format, stream writer and error-field ``aliases``."""
     received = time.monotonic()
-    aliases = params_mod.chat_aliases(req)
 
     async def job_on(model: ServedModel) -> _Job:
         engine = ctx.engine(model)
@@ -161,14 +186,10 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, ctx: 
                 return params, [_truncate(prompt, req, params.max_tokens, engine, ctx.config)], mode
 
         params, prompts, mode = await asyncio.to_thread(prepare)
-        fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", model.name, int(time.time()), params.logprobs,
-                         engine.tokenizer, parse_tools=params_mod.tool_mode(req) != "none",
-                         max_calls=1 if params_mod.single_call(req) else None,
-                         reasoning=get_parser(engine.config.reasoning_parser), reasoning_mode=mode,
-                         include_reasoning=req.include_reasoning is not False)
+        fmt = make_fmt(model, engine, params, mode)
         return _Job(req, prompts, params, fmt, aliases, None, _max_model_len(engine), model, received, [mode])
 
-    return await _run(await job_on(ctx.model(req.model)), job_on, raw, ctx, chat=True)
+    return await _run(await job_on(ctx.model(req.model)), job_on, raw, ctx, chat=True, sse=sse)
 
 
 async def _admit(job: _Job, job_on: JobOn, ctx: ServingContext, *,
@@ -302,7 +323,8 @@ def _specs(job: _Job, config: ServerConfig) -> list[RequestSpec]:
     return out
 
 
-async def _run(job: _Job, job_on: JobOn, raw: Request, ctx: ServingContext, *, chat: bool):
+async def _run(job: _Job, job_on: JobOn, raw: Request, ctx: ServingContext, *, chat: bool,
+               sse: StreamWriter | None = None):
     job, specs, stream = await _admit(job, job_on, ctx, chat=chat)
     ae = job.model.async_engine
     index = {s.request_id: i for i, s in enumerate(specs)}
@@ -318,7 +340,7 @@ async def _run(job: _Job, job_on: JobOn, raw: Request, ctx: ServingContext, *, c
     except BaseException:
         abort()
         raise
-    return StreamingResponse(_sse(job, stream, first, index, raw, ctx), media_type="text/event-stream",
+    return StreamingResponse((sse or _sse)(job, stream, first, index, raw, ctx), media_type="text/event-stream",
                              headers={**SSE_HEADERS, **served_by})
 
 
@@ -413,7 +435,7 @@ async def _sse(job: _Job, stream: OutputStream, first: list[RequestOutput], inde
             batch = first
             while True:
                 for out in batch:
-                    error = _stream_failure(out, ctx, job.model)
+                    error = stream_failure(out, ctx, job.model)
                     if error is not None:
                         abort()
                         yield _event(json.dumps(error.body()))
@@ -458,7 +480,9 @@ def _live_usage(job: _Job) -> Callable[[int, RequestOutput | None], Usage]:
     return live
 
 
-def _stream_failure(out: RequestOutput, ctx: ServingContext, model: ServedModel) -> APIError | None:
+def stream_failure(out: RequestOutput, ctx: ServingContext, model: ServedModel) -> APIError | None:
+    """The error a stream reports for ``out`` (a deadline, an abort, ...), or None (still
+    running, or finished by ``stop`` / ``length``)."""
     reason = out.outputs[0].finish_reason
     if reason is None or reason in ("stop", "length"):
         return None
