@@ -20,19 +20,21 @@ from helpers import borrowed_runner
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.config import ModelConfig
 from jaxinfer.layers import moe
-from jaxinfer.models import registry
 from jaxinfer.weights.convert import convert
 from moe_helpers import MIXTRAL, PROMPTS, QWEN3_MOE, agree_until_near_tie, hf_greedy, make_hf_checkpoint
 
 STEPS = 12
 GREEDY = SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True)
-FAMILIES = [MIXTRAL] + ([QWEN3_MOE] if "qwen3_moe" in registry.model_types() else [])
+# Qwen3-MoE (q/k norms, a dense layer among sparse ones) runs in the slow suite: its steps
+# compile ~10x longer than Mixtral's on a 2-core CPU
+FAMILIES = [pytest.param(MIXTRAL, id="MixtralForCausalLM"),
+            pytest.param(QWEN3_MOE, id="Qwen3MoeForCausalLM", marks=pytest.mark.slow)]
 LAYOUTS = {"1": {}, "tp2": {"tensor_parallel_size": 2},
            "ep4": {"tensor_parallel_size": 4, "enable_expert_parallel": True},
            "ep2xtp2": {"tensor_parallel_size": 4, "enable_expert_parallel": True, "expert_parallel_size": 2}}
 
 
-@pytest.fixture(scope="module", params=FAMILIES, ids=lambda s: s["cls"])
+@pytest.fixture(scope="module", params=FAMILIES)
 def checkpoint(request, tmp_path_factory):
     """(converted folder, transformers' greedy references per prompt)."""
     root = tmp_path_factory.mktemp(request.param["cls"])
@@ -129,13 +131,13 @@ def test_no_compilation_after_warmup_whatever_the_routing():
 
     cfg = ModelConfig.from_dict(dict(MIXTRAL["config"], model_type="mixtral", num_local_experts=8))
     params = _skewing_params(cfg)
-    llm = LLM("tiny-moe", max_model_len=64, max_num_seqs=4, max_num_batched_tokens=32, num_blocks=32,
+    llm = LLM("tiny-moe", max_model_len=48, max_num_seqs=2, max_num_batched_tokens=16, num_blocks=16,
               model_config=cfg, params=params, tokenizer=None, warmup=True, use_tqdm=False)
     runner = llm.engine.runner
     before = (CompileCounter.count, runner.num_compilations)
     rs = np.random.RandomState(1)
-    skewed = [rs.randint(3, 100, n).tolist() for n in (5, 17, 30)]
-    spread = [rs.randint(100, cfg.vocab_size, n).tolist() for n in (5, 17, 30)]
+    skewed = [rs.randint(3, 100, n).tolist() for n in (5, 17)]
+    spread = [rs.randint(100, cfg.vocab_size, n).tolist() for n in (5, 17)]
     for batch in (skewed, spread, skewed + spread):
         llm.generate(batch, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)
     assert (CompileCounter.count, runner.num_compilations) == before
