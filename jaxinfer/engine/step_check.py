@@ -80,6 +80,7 @@ class BucketCheck:
     sampler_collectives: list[Collective]
     compile_seconds: float
     cuda: dict  # {"lowered": bool, "error": str, "custom_calls": {target: count}, "seconds": float}
+    sampler_checked: bool = True  # the sampler was compiled (its collectives are ``sampler_collectives``)
     problems: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -107,6 +108,7 @@ class CompileReport:
     expected_weight_bytes: int
     kv_sizing: str
     num_kv_heads: int
+    planner_activation_bytes: int  # the KV rule's activation estimate (`jaxinfer.engine.builder.activation_reserve_bytes`)
     buckets: list[BucketCheck]
 
     @property
@@ -259,7 +261,8 @@ def _dims(shape: str) -> list[int]:
 
 
 def check_step(cfg: ModelConfig, config: EngineConfig, device_memory: int, *, model_name: str = "",
-               cuda: bool = True, buckets: tuple[str, ...] = ("decode", "prefill")) -> CompileReport:
+               cuda: bool = True, buckets: tuple[str, ...] = ("decode", "prefill"),
+               sampler: bool = True) -> CompileReport:
     """Build, lower and compile the step of ``config`` for ``cfg`` on the host's CPU devices
     (module docstring) and check it.
 
@@ -267,6 +270,7 @@ def check_step(cfg: ModelConfig, config: EngineConfig, device_memory: int, *, mo
       device_memory: bytes of one (GPU) device, for the KV pool (the server's rule).
       cuda: also lower the GPU plan's step for CUDA.
       buckets: which of `largest_buckets` to check.
+      sampler: also compile the sampler (once per row count; it takes replicated logits).
     Raises:
       ValueError: fewer host devices than TP x DP (``XLA_FLAGS=--xla_force_host_platform_device_count``).
     """
@@ -287,14 +291,16 @@ def check_step(cfg: ModelConfig, config: EngineConfig, device_memory: int, *, mo
     engine = replicas[0]
     expected = expected_weight_bytes(cfg, config.dtype, tp)
     planner_args = plan.weight_bytes_per_device + plan.kv_bytes_per_device
-    checks = []
+    checks, samplers = [], {}
     for name, bucket in largest_buckets(engine.layout.ladders).items():
         if name not in buckets:
             continue
         inputs = batch_mod.empty_inputs(bucket, engine.layout)
         t0 = time.perf_counter()
         compiled = engine.runner.lower(inputs).compile()
-        sampler = engine.runner.lower_sampler(bucket.num_seqs, inputs.sampling).compile()
+        if sampler and bucket.num_seqs not in samplers:
+            samplers[bucket.num_seqs] = hlo_collectives.collectives(
+                engine.runner.lower_sampler(bucket.num_seqs, inputs.sampling).compile().as_text(), cfg.num_hidden_layers)
         seconds = time.perf_counter() - t0
         text = compiled.as_text()
         params = _entry_param_bytes(text)
@@ -304,14 +310,14 @@ def check_step(cfg: ModelConfig, config: EngineConfig, device_memory: int, *, mo
         b = BucketCheck(name, bucket, devices, _memory(compiled),
                         sum(v for k, v in params.items() if k.startswith(hlo_collectives.WEIGHT_PREFIX)),
                         sum(v for k, v in params.items() if k in ("k_cache", "v_cache")), _kv_heads_in(text),
-                        hlo_collectives.collectives(text, cfg.num_hidden_layers),
-                        hlo_collectives.collectives(sampler.as_text(), cfg.num_hidden_layers), seconds, cuda_info)
+                        hlo_collectives.collectives(text, cfg.num_hidden_layers), samplers.get(bucket.num_seqs, []),
+                        seconds, cuda_info, sampler_checked=bucket.num_seqs in samplers)
         b.problems = expected_problems(b, cfg, tp, expected, planner_args)
         checks.append(b)
     report = CompileReport(model_name, cfg.num_hidden_layers, config.dtype, tp, dp,
                            [sorted(d.id for d in e.mesh.devices.flat) for e in replicas], engine.runner.kv_shape[1],
                            plan.weight_bytes_per_device, plan.kv_bytes_per_device, expected, plan.kv_sizing,
-                           cfg.num_key_value_heads, checks)
+                           cfg.num_key_value_heads, plan.activation_reserve_bytes, checks)
     if len({d for r in report.replica_devices for d in r}) != sum(map(len, report.replica_devices)):
         for b in checks:
             b.problems.append("replicas share devices")
@@ -338,7 +344,8 @@ def format_report(r: CompileReport) -> str:
                      f"{b.weight_bytes:,} + KV {b.kv_bytes:,} + inputs {m['argument'] - b.weight_bytes - b.kv_bytes:,}"
                      f"; planner {r.planner_weight_bytes + r.planner_kv_bytes:,} "
                      f"({(m['argument'] / max(1, r.planner_weight_bytes + r.planner_kv_bytes) - 1) * 100:+.2f}%); "
-                     f"temp {m['temp']:,} B ({_mib(m['temp'])}); output {m['output']:,} B, aliased {m['alias']:,} B")
+                     f"temp {m['temp']:,} B ({_mib(m['temp'])}; the planner's activation estimate "
+                     f"{r.planner_activation_bytes:,} B, {_mib(r.planner_activation_bytes)}); output {m['output']:,} B, aliased {m['alias']:,} B")
         lines.append(f"  KV heads per device: {b.kv_heads_per_device}")
         for label, group, mult in (("per layer", b.per_layer, r.num_layers), ("per step, outside the layers",
                                                                              b.per_step, 1)):
@@ -350,7 +357,8 @@ def format_report(r: CompileReport) -> str:
             if label == "per layer" and group:
                 total = sum(c.bytes * c.count for c in group)
                 lines.append(f"    per step: {total * mult:,} B ({_mib(total * mult)}) over {r.num_layers} layers")
-        lines.append(f"  sampler collectives: {_summary(b.sampler_collectives)}")
+        lines.append(f"  sampler collectives: {_summary(b.sampler_collectives)}" if b.sampler_checked
+                     else "  sampler: not compiled")
         cu = b.cuda
         if cu.get("skipped"):
             lines.append("  CUDA lowering: skipped")
