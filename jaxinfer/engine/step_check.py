@@ -130,8 +130,9 @@ class CompileReport:
               f"KV sharded by KV head ({b.kv_heads_per_device} of {self.num_kv_heads} per device)"
               if b.kv_heads_per_device * tp == self.num_kv_heads
               else f"KV replicated (all {b.kv_heads_per_device} heads on every device: TP does not divide them)")
+        cuda = "CUDA lowering skipped" if any(x.cuda.get("skipped") for x in self.buckets) else "CUDA lowering ok"
         return (f"PASS {layout}: {per_layer} per layer, no weight or KV moved by a collective, {kv}, "
-                f"no collective across replicas; CUDA lowering ok")
+                f"no collective across replicas; {cuda}")
 
 
 def expected_weight_bytes(cfg: ModelConfig, dtype: str, tp: int) -> int:
