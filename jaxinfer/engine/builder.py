@@ -202,6 +202,8 @@ def settings_line(config: EngineConfig, backend: str, num_blocks: int, plan=None
     conc = max_concurrency_at_full_length(num_blocks, cc.block_size, cc.watermark, sc.max_model_len)
     par = config.parallel
     layout = f" tp={par.tensor_parallel_size} dp={par.data_parallel_size}" if par.world_size > 1 else ""
+    if par.expert_parallel_degree > 1:
+        layout += f" ep={par.expert_parallel_degree}"
     spec = config.speculative
     extras = (f" quantization={config.quantization}" if config.quantization else "") + (
         f" speculative={spec.method} k={spec.num_speculative_tokens}" if spec is not None else "")
@@ -272,7 +274,8 @@ def load_model(config: EngineConfig, load_format: str = "auto", weights_dir: str
         from jaxinfer.distributed import sharding  # restore each array straight into its shards
 
         par = config.parallel
-        mesh = sharding.make_mesh(par.tensor_parallel_size, par.data_parallel_size)
+        mesh = sharding.make_mesh(par.tensor_parallel_size, par.data_parallel_size,
+                                  expert_parallel_size=par.expert_parallel_degree)
         shardings = sharding.param_shardings(model_config, mesh)
     params = None if load_format == "dummy" else load_params(folder / "params", dtype=resolve_dtype(config.dtype),
                                                              shardings=shardings)
@@ -422,7 +425,7 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
     from jaxinfer.distributed import multihost as distributed
     from jaxinfer.distributed import sharding
 
-    tp = 1 if mesh is None else mesh.shape["model"]
+    tp = 1 if mesh is None else sharding.mesh_degrees(mesh)[0]
     weight_bytes = sharding.per_device_bytes(params)
     num_blocks, why = plan_num_blocks(model_config, config.cache, config.dtype, weight_bytes, tp, config.scheduler,
                                       host_devices=tp * config.parallel.data_parallel_size,

@@ -66,7 +66,8 @@ def build_parallel_engine(config: EngineConfig, model_config: ModelConfig, param
             raise ValueError(f"multi-process serving needs data_parallel_size 1 and tensor_parallel_size = all "
                              f"{jax.device_count()} devices (got TP {tp}, DP {dp}); run one server per replica "
                              "behind a load balancer for data parallelism across hosts")
-    mesh = sharding.make_mesh(tp, dp)
+    ep = par.expert_parallel_degree
+    mesh = sharding.make_mesh(tp, dp, expert_parallel_size=ep)
     shardings = sharding.param_shardings(model_config, mesh)
     if abstract:
         if params is not None:
@@ -76,7 +77,7 @@ def build_parallel_engine(config: EngineConfig, model_config: ModelConfig, param
         params = sharding.init_params_sharded(model_config, config.dtype, config.seed, shardings)
     else:
         params = sharding.place_params(params, shardings)
-    fallback = sharding.replicated_axes(model_config, tp)
+    fallback = sharding.replicated_axes(model_config, tp, ep)
     if fallback:
         logger.warning("TP %d does not divide %s: those axes are replicated on every device of a replica "
                        "(see jaxinfer.distributed.sharding)", tp, ", ".join(fallback))
