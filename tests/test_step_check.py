@@ -12,7 +12,7 @@ import pytest
 from helpers import tiny_config
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxinfer.config import CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
+from jaxinfer.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from jaxinfer.distributed import hlo_collectives, sharding
 from jaxinfer.engine import step_check
 
@@ -65,6 +65,31 @@ def test_dp2_tp2_replicas_never_communicate():
     assert b.devices == [0, 1] and all(len(g) == 2 for c in b.collectives for g in c.groups)
 
 
+def test_expert_parallel_step_combines_the_experts_with_one_all_reduce_per_layer():
+    """A tiny Mixtral at EP 2 x TP 2 (the experts halved over ``expert``, their width over ``model``):
+    no all-to-all; per layer the attention's reduction and the experts' combine, each one all-reduce
+    of T * D * 4 bytes over the 4 devices (`jaxinfer.models.moe_block`'s model); the weights split
+    4 ways. (Its CUDA lowering passed too, in a run too slow for this suite.)"""
+    from moe_helpers import MIXTRAL
+
+    cfg = ModelConfig.from_dict(dict(MIXTRAL["config"], model_type="mixtral", hidden_size=128,
+                                     num_attention_heads=8, num_key_value_heads=4, intermediate_size=128))
+    config = EngineConfig(model_path="mixtral-tiny", dtype="bfloat16",
+                          parallel=ParallelConfig(4, 1, enable_expert_parallel=True, expert_parallel_size=2),
+                          cache=CacheConfig(num_blocks=64),
+                          scheduler=SchedulerConfig(max_model_len=256, max_num_seqs=8, max_num_batched_tokens=32))
+    r = step_check.check_step(cfg, config, MEMORY, model_name="mixtral-tiny", cuda=False, buckets=("decode",),
+                              sampler=False)
+    assert r.ok, step_check.format_report(r)
+    b = r.buckets[0]
+    assert [c.kind for c in b.per_layer] == ["all-reduce", "all-reduce"]
+    assert all(c.bytes == 8 * 128 * 4 and c.groups == ((0, 1, 2, 3),) for c in b.per_layer)
+    assert "moe" in b.per_layer[1].op_name and not any(c.kind == "all-to-all" for c in b.collectives)
+    assert step_check.expected_weight_bytes(cfg, "bfloat16", 4, 2) == b.weight_bytes
+    assert step_check.expected_weight_bytes(cfg, "bfloat16", 4, 1) == b.weight_bytes  # EP or TP: 1/4 either way
+    assert "(EP 2)" in r.verdict() and "combined by one all-reduce" in r.verdict()
+
+
 @pytest.mark.slow
 def test_replicated_kv_heads_are_reported_as_such():
     """K = 4 KV heads at TP 8: the cache holds all 4 on every device (sharding's fallback)."""
@@ -78,8 +103,8 @@ def test_check_fails_when_a_weight_is_replicated(monkeypatch):
     split figure) and the attention output is gathered instead of reduced."""
     real = sharding.param_partition_specs
 
-    def replicate_o_proj(cfg, tp):
-        specs = real(cfg, tp)
+    def replicate_o_proj(cfg, tp, *ep):
+        specs = real(cfg, tp, *ep)
         specs["layers"]["attn"]["o_proj"]["kernel"] = P()
         return specs
 

@@ -36,6 +36,12 @@ Expected communication (`expected_problems`, Megatron-LM tensor parallelism as
   * TP = 1: no collective at all. DP: each replica's step runs on its own TP group's devices
     only (the executable's devices) and every collective's group is that TP group: nothing
     crosses replicas inside a step.
+  * EP (``--enable-expert-parallel``, a mixture-of-experts model; `jaxinfer.models.moe_block`):
+    every device routes every token itself (the activations are replicated), so dispatch needs no
+    collective (no all-to-all), and the combine is one all-reduce of the [T, D] float32 partial
+    sums over the replica's devices per MoE layer, modeled as T * D * 4 bytes: the MLP's
+    reduction above, at those bytes. Expert weights hold 1/EP of the experts and 1/(TP/EP) of each
+    expert's width on each device.
   * Outside the layers (once per step): the vocab-parallel embedding's reduction of [T, D], the
     gather of the [R, V] logits for the sampler and the argmax's small gathers; listed with
     their bytes, not counted against the layers.
@@ -101,6 +107,7 @@ class CompileReport:
     dtype: str
     tensor_parallel_size: int
     data_parallel_size: int
+    expert_parallel_size: int
     replica_devices: list[list[int]]
     num_blocks: int
     planner_weight_bytes: int
@@ -109,6 +116,7 @@ class CompileReport:
     kv_sizing: str
     num_kv_heads: int
     planner_activation_bytes: int  # the KV rule's activation estimate (`jaxinfer.engine.builder.activation_reserve_bytes`)
+    moe: bool
     buckets: list[BucketCheck]
 
     @property
@@ -117,8 +125,8 @@ class CompileReport:
 
     def verdict(self) -> str:
         """One line: PASS or FAIL against the expected communication, and why."""
-        tp, dp = self.tensor_parallel_size, self.data_parallel_size
-        layout = f"TP {tp} x DP {dp}"
+        tp, dp, ep = self.tensor_parallel_size, self.data_parallel_size, self.expert_parallel_size
+        layout = f"TP {tp} x DP {dp}" + (f" (EP {ep})" if ep > 1 else "")
         if not self.ok:
             first = next(p for b in self.buckets for p in b.problems)
             n = sum(len(b.problems) for b in self.buckets)
@@ -131,24 +139,43 @@ class CompileReport:
               if b.kv_heads_per_device * tp == self.num_kv_heads
               else f"KV replicated (all {b.kv_heads_per_device} heads on every device: TP does not divide them)")
         cuda = "CUDA lowering skipped" if any(x.cuda.get("skipped") for x in self.buckets) else "CUDA lowering ok"
-        return (f"PASS {layout}: {per_layer} per layer, no weight or KV moved by a collective, {kv}, "
+        moe = (", experts dispatched without a collective and combined by one all-reduce of T*D*4 B per layer "
+               "as modeled" if self.moe else "")
+        return (f"PASS {layout}: {per_layer} per layer, no weight or KV moved by a collective, {kv}{moe}, "
                 f"no collective across replicas; {cuda}")
 
 
-def expected_weight_bytes(cfg: ModelConfig, dtype: str, tp: int) -> int:
+def expected_weight_bytes(cfg: ModelConfig, dtype: str, tp: int, ep: int = 1) -> int:
     """Per-device weight bytes if every weight with a `TP_AXES` axis that ``tp`` divides is split
-    ``tp`` ways and every other weight is whole (from the logical axes, not the partition specs)."""
+    ``tp`` ways, a mixture of experts' ``experts`` axis ``ep`` ways and its ``expert_mlp`` axis
+    ``tp / ep`` ways (where they divide), and every other weight is whole (from the logical axes,
+    not the partition specs)."""
     from jax.sharding import PartitionSpec as P
 
     from jaxinfer.models.params import abstract_params, param_logical_axes
 
+    def ways(name, size) -> int:
+        n = {"experts": ep, "expert_mlp": tp // ep}.get(name, tp if name in TP_AXES else 1)
+        return n if n > 1 and size % n == 0 else 1
+
     def leaf(names, x):
-        split = tp > 1 and any(n in TP_AXES and d % tp == 0 for n, d in zip(tuple(names), x.shape))
-        nbytes = x.size * x.dtype.itemsize
-        return nbytes // tp if split else nbytes
+        return x.size * x.dtype.itemsize // math.prod(ways(n, d) for n, d in zip(tuple(names), x.shape))
 
     return int(sum(jax.tree.leaves(jax.tree.map(leaf, param_logical_axes(cfg), abstract_params(cfg, dtype),
                                                 is_leaf=lambda s: isinstance(s, P)))))
+
+
+def expected_reductions(cfg: ModelConfig, tp: int, ep: int = 1) -> int:
+    """Reductions of the hidden states per layer: one after attention when TP splits the heads,
+    one after the MLP when TP splits it (a mixture of experts: when EP splits the experts or
+    TP / EP their width)."""
+    attn = tp > 1 and cfg.num_attention_heads % tp == 0
+    if cfg.is_moe:
+        f = tp // ep
+        mlp = (ep > 1 and cfg.num_experts % ep == 0) or (f > 1 and cfg.moe_intermediate_size % f == 0)
+    else:
+        mlp = tp > 1 and cfg.intermediate_size % tp == 0
+    return int(attn) + int(mlp)
 
 
 def largest_buckets(ladders) -> dict[str, Bucket]:
@@ -214,7 +241,7 @@ def _lower_cuda(engine, inputs) -> dict:
 
 
 def expected_problems(b: BucketCheck, cfg: ModelConfig, tp: int, expected_weights: int,
-                      planner_args: int) -> list[str]:
+                      planner_args: int, ep: int = 1) -> list[str]:
     """Where ``b`` departs from the expected communication and memory (module docstring)."""
     problems = []
     T, D = b.bucket.num_tokens, cfg.hidden_size
@@ -225,7 +252,7 @@ def expected_problems(b: BucketCheck, cfg: ModelConfig, tp: int, expected_weight
         if b.collectives or b.sampler_collectives:
             problems.append(f"{len(b.collectives)} collectives at TP 1 (expected none)")
     else:
-        want = int(cfg.num_attention_heads % tp == 0) + int(cfg.intermediate_size % tp == 0)
+        want = expected_reductions(cfg, tp, ep)
         hidden = [c for c in b.per_layer if _dims(c.shape) in ([T, D], [T // tp, D], [T, D // tp])]
         reductions = [c for c in hidden if c.kind == "all-reduce"]
         pairs = [c for c in hidden if c.kind == "reduce-scatter"]
@@ -234,6 +261,11 @@ def expected_problems(b: BucketCheck, cfg: ModelConfig, tp: int, expected_weight
                 not reductions and len(pairs) == want and len(gathers) == want):
             problems.append(f"{len(reductions)} all-reduce, {len(pairs)} reduce-scatter, {len(gathers)} all-gather "
                             f"of the hidden states [{T}, {D}] per layer (expected {want} reductions)")
+        if cfg.is_moe and any(c.bytes != T * D * 4 for c in reductions):
+            problems.append(f"a per-layer reduction moves other than the modeled T*D*4 = {T * D * 4:,} B "
+                            f"({[c.bytes for c in reductions]})")
+        if cfg.is_moe and cfg.has_dense_mlp:
+            problems.append("dense and sparse layers mixed: the per-layer expectation is not modeled for that")
         others = [c for c in b.per_layer if c not in hidden]
         for c in others:
             problems.append(f"unexpected per-layer {c.kind} {c.shape} ({c.op_name or 'no op_name'})")
@@ -278,19 +310,19 @@ def check_step(cfg: ModelConfig, config: EngineConfig, device_memory: int, *, mo
     from jaxinfer.entrypoints.plan import plan_memory
 
     par, sc, cc = config.parallel, config.scheduler, config.cache
-    tp, dp = par.tensor_parallel_size, par.data_parallel_size
+    tp, dp, ep = par.tensor_parallel_size, par.data_parallel_size, par.expert_parallel_degree
     plan = plan_memory(cfg, dtype=config.dtype, tensor_parallel_size=tp, data_parallel_size=dp,
                        device_memory=device_memory, block_size=cc.block_size, max_model_len=sc.max_model_len,
                        quantization=config.quantization, kv_cache_dtype=cc.kv_cache_dtype,
                        gpu_memory_utilization=cc.gpu_memory_utilization, kv_cache_memory=cc.kv_cache_memory,
                        num_blocks=cc.num_blocks, max_num_seqs=sc.max_num_seqs,
-                       max_num_batched_tokens=sc.max_num_batched_tokens)
+                       max_num_batched_tokens=sc.max_num_batched_tokens, expert_parallel_size=ep)
     if plan.num_blocks < 2:
         raise ValueError(f"the KV pool holds no block ({plan.kv_sizing}): nothing to compile")
     replicas = _engines(config, cfg, "cpu", device_memory)
     gpu_replicas = _engines(config, cfg, "gpu", device_memory) if cuda else None
     engine = replicas[0]
-    expected = expected_weight_bytes(cfg, config.dtype, tp)
+    expected = expected_weight_bytes(cfg, config.dtype, tp, ep)
     planner_args = plan.weight_bytes_per_device + plan.kv_bytes_per_device
     checks, samplers = [], {}
     for name, bucket in largest_buckets(engine.layout.ladders).items():
@@ -313,12 +345,12 @@ def check_step(cfg: ModelConfig, config: EngineConfig, device_memory: int, *, mo
                         sum(v for k, v in params.items() if k in ("k_cache", "v_cache")), _kv_heads_in(text),
                         hlo_collectives.collectives(text, cfg.num_hidden_layers), samplers.get(bucket.num_seqs, []),
                         seconds, cuda_info, sampler_checked=bucket.num_seqs in samplers)
-        b.problems = expected_problems(b, cfg, tp, expected, planner_args)
+        b.problems = expected_problems(b, cfg, tp, expected, planner_args, ep)
         checks.append(b)
-    report = CompileReport(model_name, cfg.num_hidden_layers, config.dtype, tp, dp,
+    report = CompileReport(model_name, cfg.num_hidden_layers, config.dtype, tp, dp, ep,
                            [sorted(d.id for d in e.mesh.devices.flat) for e in replicas], engine.runner.kv_shape[1],
                            plan.weight_bytes_per_device, plan.kv_bytes_per_device, expected, plan.kv_sizing,
-                           cfg.num_key_value_heads, plan.activation_reserve_bytes, checks)
+                           cfg.num_key_value_heads, plan.activation_reserve_bytes, cfg.is_moe, checks)
     if len({d for r in report.replica_devices for d in r}) != sum(map(len, report.replica_devices)):
         for b in checks:
             b.problems.append("replicas share devices")
@@ -331,8 +363,9 @@ def _mib(n: int) -> str:
 
 def format_report(r: CompileReport) -> str:
     """Human-readable lines of a `CompileReport` (the CLI's output)."""
+    ep = f" (experts over EP {r.expert_parallel_size})" if r.expert_parallel_size > 1 else ""
     lines = [f"compiled step of {r.model} ({r.num_layers} layers, {r.dtype}) at TP {r.tensor_parallel_size} x "
-             f"DP {r.data_parallel_size}; replicas on devices {r.replica_devices}",
+             f"DP {r.data_parallel_size}{ep}; replicas on devices {r.replica_devices}",
              f"planner per device: weights {r.planner_weight_bytes:,} B ({_mib(r.planner_weight_bytes)}), "
              f"KV {r.planner_kv_bytes:,} B ({_mib(r.planner_kv_bytes)}); split weights expected "
              f"{r.expected_weight_bytes:,} B",

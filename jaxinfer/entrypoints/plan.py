@@ -47,7 +47,7 @@ from jaxinfer.config.args import add_engine_args, parse_bytes
 # server.py's flags the planner takes (`jaxinfer.config.args.FLAGS`: same names, types, choices)
 PLAN_FLAGS = ("dtype", "quantization", "block_size", "kv_cache_dtype", "max_model_len", "tensor_parallel_size",
               "data_parallel_size", "gpu_memory_utilization", "kv_cache_memory", "num_blocks", "max_num_seqs",
-              "max_num_batched_tokens", "attention_backend")
+              "max_num_batched_tokens", "attention_backend", "enable_expert_parallel", "expert_parallel_size")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +72,7 @@ class MemoryPlan:
     kv_sizing: str  # the server's sentence for the same pool (`jaxinfer.engine.builder.size_kv_pool`)
     quantization: str | None = None  # weights: None (dtype) or "int8"
     kv_cache_dtype: str = "auto"  # KV: "auto" (dtype), "int8" or "fp8"
+    expert_parallel_size: int = 1  # the expert mesh axis (1: none; `jaxinfer.distributed.sharding`)
 
     @property
     def fits(self) -> bool:
@@ -88,11 +89,13 @@ def plan_memory(cfg: ModelConfig, *, dtype: str = "bfloat16", tensor_parallel_si
                 max_model_len: int | None = None, quantization: str | None = None, kv_cache_dtype: str = "auto",
                 gpu_memory_utilization: float | None = None, kv_cache_memory: int | None = None,
                 num_blocks: int | None = None, max_num_seqs: int | None = None,
-                max_num_batched_tokens: int = 512) -> MemoryPlan:
+                max_num_batched_tokens: int = 512, expert_parallel_size: int = 1) -> MemoryPlan:
     """Plan memory for ``cfg`` on devices of ``device_memory`` bytes (module docstring): the
     server's KV rule (`jaxinfer.engine.builder.size_kv_pool`) for the same flags.
     ``quantization`` "int8" plans int8 weights with their scales (`jaxinfer.layers.quantization.int8`);
     ``kv_cache_dtype`` "int8" / "fp8" an 8-bit KV cache (`jaxinfer.layers.attention.kv_quant`).
+    ``expert_parallel_size``: a mixture of experts' experts split over that many of the TP group's
+    devices (``--enable-expert-parallel``; 1: none).
 
     Raises:
       ValueError: a value `jaxinfer.config.CacheConfig` or `SchedulerConfig` refuses.
@@ -101,7 +104,7 @@ def plan_memory(cfg: ModelConfig, *, dtype: str = "bfloat16", tensor_parallel_si
     from jaxinfer.models.params import abstract_params
     from jaxinfer.distributed.sharding import per_device_param_bytes, replicated_axes
 
-    tp = tensor_parallel_size
+    tp, ep = tensor_parallel_size, expert_parallel_size
     max_model_len = max_model_len or min(4096, cfg.max_position_embeddings)
     cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, kv_cache_memory=kv_cache_memory,
                         gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype)
@@ -112,14 +115,14 @@ def plan_memory(cfg: ModelConfig, *, dtype: str = "bfloat16", tensor_parallel_si
     if quantization is not None:
         cfg = dataclasses.replace(cfg, quantization=quantization)
     total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract_params(cfg, dtype)))
-    weights = per_device_param_bytes(cfg, dtype, tp)
+    weights = per_device_param_bytes(cfg, dtype, tp, ep)
     blocks, per_block, why = size_kv_pool(cfg, cache, dtype, weights, tp, sched, tp * data_parallel_size,
                                           device_memory)
     per_seq = math.ceil(max_model_len / block_size)
     return MemoryPlan(tp, data_parallel_size, dtype, device_memory, cache.memory_utilization, int(total), weights,
-                      tuple(replicated_axes(cfg, tp)), per_block, activation_reserve_bytes(cfg, sched), blocks,
+                      tuple(replicated_axes(cfg, tp, ep)), per_block, activation_reserve_bytes(cfg, sched), blocks,
                       block_size, max_model_len, per_seq, max(0, blocks - 1) // per_seq, why, quantization,
-                      kv_cache_dtype)
+                      kv_cache_dtype, ep)
 
 
 def head_divisible_tp_sizes(cfg: ModelConfig) -> list[int]:
@@ -138,7 +141,8 @@ def smallest_fitting_tp(cfg: ModelConfig, *, max_tp: int | None = None, **plan_k
       plan_kw: `plan_memory`'s keywords other than ``tensor_parallel_size``
         (``data_parallel_size`` is set to 1: the question is the size of one replica).
     """
-    plan_kw = {k: v for k, v in plan_kw.items() if k not in ("tensor_parallel_size", "data_parallel_size")}
+    plan_kw = {k: v for k, v in plan_kw.items()
+               if k not in ("tensor_parallel_size", "data_parallel_size", "expert_parallel_size")}
     for tp in head_divisible_tp_sizes(cfg):
         if max_tp is not None and tp > max_tp:
             break
@@ -166,7 +170,8 @@ def format_plan(p: MemoryPlan, name: str = "") -> str:
     gib = lambda b: f"{b / 2**30:,.2f} GiB"  # noqa: E731
     lines = [
         f"model {name}: {p.total_param_bytes:,} parameter bytes ({p.quantization or p.dtype}); "
-        f"TP {p.tensor_parallel_size} x DP {p.data_parallel_size}",
+        f"TP {p.tensor_parallel_size} x DP {p.data_parallel_size}"
+        + (f", experts over EP {p.expert_parallel_size}" if p.expert_parallel_size > 1 else ""),
         f"device memory: {p.device_memory:,} B ({gib(p.device_memory)}), gpu_memory_utilization "
         f"{p.gpu_memory_utilization:g}, activation estimate {p.activation_reserve_bytes:,} B",
         f"weights per device: {p.weight_bytes_per_device:,} B ({gib(p.weight_bytes_per_device)})",
@@ -248,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"TP {tp} x DP {dp} needs {tp * dp} devices; --devices is {args.devices}")
     if args.compile:
         ensure_cpu_devices(args.devices, argv)
+    ep = (args.expert_parallel_size or tp) if args.enable_expert_parallel else 1
+    if args.expert_parallel_size is not None and not args.enable_expert_parallel:
+        ap.error("--expert-parallel-size needs --enable-expert-parallel")
+    if tp % ep:
+        ap.error(f"--expert-parallel-size {ep} must divide --tensor-parallel-size {tp}")
     cfg = load_config(args.model, args.layers)
     memory = parse_bytes(args.device_memory)
     flags = dict(block_size=args.block_size, max_model_len=args.max_model_len, quantization=args.quantization,
@@ -256,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                  max_num_batched_tokens=args.max_num_batched_tokens)
     try:
         plan = plan_memory(cfg, dtype=args.dtype, tensor_parallel_size=tp, data_parallel_size=dp,
-                           device_memory=memory, **flags)
+                           device_memory=memory, expert_parallel_size=ep, **flags)
     except ValueError as e:
         ap.error(str(e))
     extra = {"fits": plan.fits}
