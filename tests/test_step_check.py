@@ -246,3 +246,13 @@ def test_llama3_70b_tp8_compiles_as_planned():
 def test_llama3_8b_compiles_as_planned(tp, dp):
     r = _acceptance("llama-3-8b.json", tp, dp)
     assert r.replica_devices == [list(range(i * tp, (i + 1) * tp)) for i in range(dp)]
+
+
+def test_compile_refuses_more_devices_than_a_started_jax_has():
+    """In a process whose JAX already started with 8 CPU devices, asking for 16 is a clear exit,
+    not a wrong-sized mesh."""
+    from jaxinfer.entrypoints import plan
+
+    with pytest.raises(SystemExit, match="needs 16 CPU devices"):
+        plan.main(["--model", str(CONFIGS / "llama-3-8b.json"), "--devices", "16", "--device-memory", "80GiB",
+                   "--tensor-parallel-size", "16", "--compile"])

@@ -198,35 +198,35 @@ def load_config(path: str, num_hidden_layers: int | None = None) -> ModelConfig:
     return ModelConfig.from_dict({**raw, "num_hidden_layers": num_hidden_layers})
 
 
-def ensure_cpu_devices(n: int, argv: list[str]) -> None:
+def ensure_cpu_devices(n: int) -> None:
     """Make JAX start with at least ``n`` CPU devices for ``--compile``: before JAX's backends
-    exist, ``XLA_FLAGS=--xla_force_host_platform_device_count`` (and ``JAX_PLATFORMS=cpu``: the check
-    compiles for the host even on a GPU machine) are set here; if this process already started
-    JAX with fewer devices, the command runs again in a fresh interpreter with them set.
-    """
-    flag = f"--xla_force_host_platform_device_count={n}"
-    env_flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
-    if "jax" in sys.modules:
-        import jax
-        from jax._src import xla_bridge
+    exist, ``XLA_FLAGS=--xla_force_host_platform_device_count=n`` and ``JAX_PLATFORMS=cpu`` are set
+    (the check compiles for the host even on a GPU machine; ``jax_num_cpu_devices`` when JAX is
+    imported but not started).
 
-        if xla_bridge.backends_are_initialized():
-            if jax.default_backend() == "cpu" and len(jax.devices()) >= n:
-                return
-        else:
-            jax.config.update("jax_platforms", "cpu")
-            jax.config.update("jax_num_cpu_devices", n)
-            return
-    else:
-        os.environ["XLA_FLAGS"] = f"{env_flags} {flag}".strip()
+    Raises:
+      SystemExit: JAX already started in this process without ``n`` CPU devices (run the command
+        in a fresh process).
+    """
+    if "jax" not in sys.modules:
+        flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
         os.environ["JAX_PLATFORMS"] = "cpu"
         return
-    env = {**os.environ, "XLA_FLAGS": f"{env_flags} {flag}".strip(), "JAX_PLATFORMS": "cpu"}
-    os.execve(sys.executable, [sys.executable, "-m", "jaxinfer.plan", *argv], env)
+    import jax
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized():
+        jax.config.update("jax_platforms", "cpu")
+        jax.config.update("jax_num_cpu_devices", n)
+        return
+    if jax.default_backend() != "cpu" or len(jax.devices()) < n:
+        raise SystemExit(f"--compile needs {n} CPU devices, but JAX already started here with "
+                         f"{len(jax.devices())} {jax.default_backend()} devices: run python -m jaxinfer.plan in a "
+                         "fresh process")
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
     ap = argparse.ArgumentParser(prog="python -m jaxinfer.plan", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="HF config.json path or model folder")
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     if tp * dp > args.devices:
         ap.error(f"TP {tp} x DP {dp} needs {tp * dp} devices; --devices is {args.devices}")
     if args.compile:
-        ensure_cpu_devices(args.devices, argv)
+        ensure_cpu_devices(args.devices)
     ep = (args.expert_parallel_size or tp) if args.enable_expert_parallel else 1
     if args.expert_parallel_size is not None and not args.enable_expert_parallel:
         ap.error("--expert-parallel-size needs --enable-expert-parallel")
