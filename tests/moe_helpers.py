@@ -21,7 +21,7 @@ QWEN3_MOE = dict(cls="Qwen3MoeForCausalLM", cfg="Qwen3MoeConfig", seed=8,
                  config=dict(vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=48,
                              num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                              num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
-                             mlp_only_layers=[], max_position_embeddings=512, rms_norm_eps=1e-6,
+                             mlp_only_layers=[1], max_position_embeddings=512, rms_norm_eps=1e-6,
                              tie_word_embeddings=False, rope_theta=10000.0, use_sliding_window=False))
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [200, 3, 99, 41, 17, 250, 8, 8, 9, 100, 101, 33], [77] * 20,

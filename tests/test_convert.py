@@ -184,13 +184,13 @@ def test_resolve_model(tmp_path):
 
 
 def test_unsupported_model_leaves_nothing_behind(tmp_path):
-    src = tmp_path / "qwen-like"
+    src = tmp_path / "falcon-like"
     make_tiny_llama(src)
     cfg = json.loads((src / "config.json").read_text())
-    (src / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen2"}))
-    with pytest.raises(ValueError, match="qwen2"):
+    (src / "config.json").write_text(json.dumps({**cfg, "model_type": "falcon"}))
+    with pytest.raises(ValueError, match="falcon"):
         convert(src, tmp_path / "out")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["qwen-like"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["falcon-like"]
 
 
 def test_load_params_dtype_and_shardings(tmp_path):

@@ -130,14 +130,17 @@ class ModelConfig:
 
     Family switches (Llama values are the defaults; `from_dict` sets the others through the
     family's ``hf_config_fields``, e.g. `jaxinfer.models.gemma3_family.hf_config_fields`):
-      model_type: a `jaxinfer.models.registry.model_types` name, ``"llama"`` or ``"gemma3_text"``
-        (written back by `to_hf_dict`).
+      model_type: a `jaxinfer.models.registry.model_types` name (``"llama"``, ``"gemma3_text"``,
+        ``"qwen2"``, ``"qwen3"``, ...), written back by `to_hf_dict`.
       hidden_act: MLP gate activation, ``"silu"`` (SwiGLU) or ``"gelu_pytorch_tanh"`` (GeGLU).
       sliding_window: keys a sliding layer's query sees, itself included (``q - k < window``);
         None: no sliding layers.
       layer_types: per layer ``"sliding_attention"`` or ``"full_attention"``; () = all full.
       rope_local_base: RoPE theta of sliding layers (None: ``rope_theta``).
-      qk_norm: RMSNorm over ``head_dim`` on q and k before RoPE.
+      qk_norm: RMSNorm over ``head_dim`` on q and k before RoPE (Gemma 3, Qwen3).
+      qkv_bias: biases on the q, k and v projections (Qwen2; Llama's and Qwen3's
+        ``attention_bias`` sets it with ``o_proj_bias``).
+      o_proj_bias: a bias on the attention output projection.
       sandwich_norm: RMSNorm on the attention and MLP outputs too, before the residual add.
       scale_embeddings: multiply the embeddings by ``sqrt(hidden_size)``.
       norm_offset: RMSNorm multiplies by ``norm_offset + weight`` (Gemma stores ``w``, uses ``1 + w``).
@@ -179,6 +182,8 @@ class ModelConfig:
     layer_types: tuple[str, ...] = ()
     rope_local_base: float | None = None
     qk_norm: bool = False
+    qkv_bias: bool = False
+    o_proj_bias: bool = False
     sandwich_norm: bool = False
     scale_embeddings: bool = False
     norm_offset: float = 0.0

@@ -1,7 +1,7 @@
 """`ModelFamily`: what the rest of jaxinfer needs to know about one model architecture.
 
-One value per architecture (Llama, Gemma 3, ...), defined in the family's own module
-(`jaxinfer.models.llama_family`, `jaxinfer.models.gemma3_family`) and listed by
+One value per architecture (Llama, Gemma 3, Qwen2, Qwen3, ...), defined in the family's own
+module (`jaxinfer.models.llama_family`, `jaxinfer.models.qwen3_family`, ...) and listed by
 `jaxinfer.models.registry`, which the config reader, the converters and the model builder
 ask instead of branching on family names. Plain Python: no JAX or flax import, so the
 JAX-free `jaxinfer.config.model_config` can use it.
@@ -40,11 +40,13 @@ class ModelFamily:
       gguf_config_fields: (GGUF metadata reader ``field(key, default=None)``, the common
         ``config.json``-style dict read so far) -> the family's extra ``config.json`` keys.
       hf_layer_tensors: HF per-layer tensor name (after ``model.layers.<i>.``) -> (path in
-        the stacked params tree, reshape kind ``"q"``, ``"kv"``, ``"o"``, ``"t"`` or ``"id"``;
-        see `jaxinfer.weights.convert.build_tree`).
+        the stacked params tree, reshape kind ``"q"``, ``"kv"``, ``"o"``, ``"t"``, ``"id"``, or
+        ``"q_bias"`` / ``"kv_bias"`` for a bias ``[heads * head_dim]``; see
+        `jaxinfer.weights.convert.build_tree`). Entries whose path the config does not have
+        (a Qwen3 bias with ``attention_bias`` false) are expected absent.
       gguf_tensors: GGUF whole-model tensor name -> HF name.
-      gguf_layer_tensors: GGUF per-layer tensor name (``blk.<i>.<name>.weight``) -> HF name
-        (without ``model.layers.<i>.`` and ``.weight``).
+      gguf_layer_tensors: GGUF per-layer tensor name (``blk.<i>.<name>.weight`` or ``.bias``)
+        -> HF name (without ``model.layers.<i>.`` and ``.weight`` / ``.bias``).
       gguf_tensor_fix: (GGUF name, HF name, float32 ``[out, in]`` array, config) -> the array as
         the HF checkpoint holds it (undoing llama.cpp's storage changes).
       hf_expert_tensors: a mixture of experts' per-expert HF tensor names with the expert

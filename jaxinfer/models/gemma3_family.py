@@ -45,10 +45,13 @@ def hf_config_fields(d: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]
     ``rope_scaling``; ``layer_types`` or the older ``sliding_window_pattern`` (default 6).
 
     Raises:
-      ValueError: attention-logit soft-capping or bidirectional attention (not supported).
+      ValueError: attention-logit soft-capping, attention biases or bidirectional attention
+        (not supported).
     """
     if d.get("attn_logit_softcapping") is not None:
         raise ValueError("attn_logit_softcapping is not supported (Gemma 2 style attention soft-capping)")
+    if d.get("attention_bias"):
+        raise ValueError("attention_bias is not supported for Gemma 3 (its checkpoints have no biases)")
     if d.get("use_bidirectional_attention"):
         raise ValueError("use_bidirectional_attention is not supported (decoder-only serving)")
     n = d["num_hidden_layers"]

@@ -41,6 +41,9 @@ brackets, mapped to mesh axes in one place by the sharding module):
   layers/attn/{q,k,v}_proj/kernel [L, D, N|K, H] (layers, embed, heads|kv_heads, head_dim)
   layers/attn/o_proj/kernel [L, N, H, D] (layers, heads, head_dim, embed)
   layers/attn/{q,k}_norm/scale [L, H] (layers, head_dim), only with ``qk_norm``
+  layers/attn/q_bias [L, N, H], layers/attn/{k,v}_bias [L, K, H] (layers, heads|kv_heads,
+    head_dim), only with ``qkv_bias``; layers/attn/o_bias [L, D] (layers, embed), only with
+    ``o_proj_bias``
   layers/mlp/{gate,up}_proj/kernel [L, D, F] (layers, embed, mlp); down_proj [L, F, D]
   layers/{input_norm,post_attention_norm}/scale [L, D]: the norms before attention and
     before the MLP (HF Llama's input_layernorm / post_attention_layernorm, HF Gemma's
@@ -153,6 +156,10 @@ class Attention(nn.Module):
                 Projection("q_proj", (c.num_attention_heads, c.head_dim), ("embed", "heads", "head_dim")),
                 Projection("k_proj", (c.num_key_value_heads, c.head_dim), ("embed", "kv_heads", "head_dim")),
                 Projection("v_proj", (c.num_key_value_heads, c.head_dim), ("embed", "kv_heads", "head_dim"))))
+        if c.qkv_bias:
+            q = _add_bias(self, "q_bias", q, ("heads", "head_dim"))
+            k = _add_bias(self, "k_bias", k, ("kv_heads", "head_dim"))
+            v = _add_bias(self, "v_bias", v, ("kv_heads", "head_dim"))
         if c.qk_norm:
             head_norm = _norm(c, self.dtype, self.param_dtype, axis_name="head_dim")
             q, k = head_norm(name="q_norm")(q), head_norm(name="k_norm")(k)
@@ -161,7 +168,19 @@ class Attention(nn.Module):
                                                 c.sm_scale, layer_window(c, layer), plan=plan)
         o = linear.apply(self, Projection("o_proj", c.hidden_size, ("heads", "head_dim", "embed"), n_in=2), out,
                          layer, rows)
+        if c.o_proj_bias:
+            o = _add_bias(self, "o_bias", o, ("embed",))
         return o, k_cache, v_cache
+
+
+def _add_bias(module: nn.Module, name: str, y, names: tuple[str, ...]):
+    """``y [..., *names]`` plus ``module``'s parameter ``name`` (shape ``y.shape[-len(names):]``,
+    logical axes ``names``, zeros at init), added in float32 after the product, whatever the
+    linear method computed it (packed, int8, fused q/k/v: the bias is never quantized or
+    packed). HF ``nn.Linear(..., bias=True)``'s ``x W^T + b``."""
+    shape = y.shape[y.ndim - len(names):]
+    b = module.param(name, _part(nn.initializers.zeros, names), shape, module.param_dtype)
+    return y.astype(jnp.float32) + b.astype(jnp.float32)
 
 
 _ACT = {"silu": nn.silu, "gelu_pytorch_tanh": functools.partial(nn.gelu, approximate=True)}

@@ -31,6 +31,13 @@ HF_LAYER = {
     "input_layernorm.weight": ("input_norm/scale", "id"),
     "post_attention_layernorm.weight": ("post_attention_norm/scale", "id"),
 }
+# ``attention_bias`` configs' biases (expected absent otherwise: `jaxinfer.weights.convert.build_tree`).
+HF_LAYER_ATTN_BIAS = {
+    "self_attn.q_proj.bias": ("attn/q_bias", "q_bias"),
+    "self_attn.k_proj.bias": ("attn/k_bias", "kv_bias"),
+    "self_attn.v_proj.bias": ("attn/v_bias", "kv_bias"),
+    "self_attn.o_proj.bias": ("attn/o_bias", "id"),
+}
 # GGUF tensor names -> Hugging Face names.
 GGUF_GLOBAL = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -46,16 +53,20 @@ GGUF_LAYER = {
 
 
 def hf_config_fields(d: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """No family fields (the `ModelConfig` defaults are Llama's); RoPE from ``rope_parameters``
+    """``attention_bias`` (biases on q, k, v and o, as transformers' ``LlamaAttention``); other
+    fields are the `ModelConfig` defaults (Llama's); RoPE from ``rope_parameters``
     (transformers 5) or ``rope_scaling``."""
-    return {}, d.get("rope_parameters") or d.get("rope_scaling") or {}
+    bias = bool(d.get("attention_bias", False))
+    return {"qkv_bias": bias, "o_proj_bias": bias}, d.get("rope_parameters") or d.get("rope_scaling") or {}
 
 
 def hf_config_dict(cfg: "ModelConfig") -> dict[str, Any]:
     """``LlamaConfig`` fields after the layer shape."""
+    if cfg.qkv_bias != cfg.o_proj_bias:
+        raise ValueError("Llama's attention_bias sets the q/k/v and o_proj biases together")
     return {"rope_theta": cfg.rope_theta,
             "rope_scaling": cfg.rope_scaling.to_hf() if cfg.rope_scaling else None,
-            **cfg.hf_common_fields(), "hidden_act": "silu"}
+            "attention_bias": cfg.qkv_bias, **cfg.hf_common_fields(), "hidden_act": "silu"}
 
 
 def gguf_config_fields(field: GgufField, hf: dict[str, Any]) -> dict[str, Any]:
@@ -70,20 +81,21 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     halves of each head; transformers ``modeling_gguf_pytorch_utils`` undoes it the same way.
 
     Args:
-      w: ``[n_head * head_dim, d_in]`` as stored in GGUF (after dequantization).
+      w: ``[n_head * head_dim, d_in]`` as stored in GGUF (after dequantization), or a bias
+        ``[n_head * head_dim]`` (llama.cpp permutes ``attention_bias`` biases alike).
       n_head: query heads for q, kv heads for k.
     Returns:
-      ``[n_head * head_dim, d_in]`` in Hugging Face (rotate-half RoPE) row order.
+      ``w``'s shape in Hugging Face (rotate-half RoPE) row order.
     """
     head_dim = w.shape[0] // n_head
-    return w.reshape(n_head, head_dim // 2, 2, w.shape[1]).swapaxes(1, 2).reshape(w.shape)
+    return w.reshape(n_head, head_dim // 2, 2, -1).swapaxes(1, 2).reshape(w.shape)
 
 
 def gguf_tensor_fix(gguf_name: str, hf_name: str, w: np.ndarray, cfg: "ModelConfig") -> np.ndarray:
-    """Un-permute the q and k projections; other tensors are stored as in HF."""
-    if hf_name.endswith("q_proj.weight"):
+    """Un-permute the q and k projections (and their biases); other tensors are stored as in HF."""
+    if hf_name.endswith(("q_proj.weight", "q_proj.bias")):
         return unpermute_qk(w, cfg.num_attention_heads)
-    if hf_name.endswith("k_proj.weight"):
+    if hf_name.endswith(("k_proj.weight", "k_proj.bias")):
         return unpermute_qk(w, cfg.num_key_value_heads)
     return w
 
@@ -91,5 +103,5 @@ def gguf_tensor_fix(gguf_name: str, hf_name: str, w: np.ndarray, cfg: "ModelConf
 FAMILY = ModelFamily(
     model_type="llama", hf_architectures=("LlamaForCausalLM",), gguf_architecture="llama", decoder=DECODER,
     hf_config_fields=hf_config_fields, hf_config_dict=hf_config_dict, gguf_config_fields=gguf_config_fields,
-    hf_layer_tensors=HF_LAYER, gguf_tensors=GGUF_GLOBAL, gguf_layer_tensors=GGUF_LAYER,
+    hf_layer_tensors={**HF_LAYER, **HF_LAYER_ATTN_BIAS}, gguf_tensors=GGUF_GLOBAL, gguf_layer_tensors=GGUF_LAYER,
     gguf_tensor_fix=gguf_tensor_fix)

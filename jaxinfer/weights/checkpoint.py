@@ -18,7 +18,10 @@ heads, K kv heads, H head dim, F ffn, V vocab)::
     layers/moe/down_proj              [L, E, Fe, D]  jaxinfer.models.moe_block)
     layers/input_norm/scale           [L, D]
     layers/post_attention_norm/scale  [L, D]   (the norm before the MLP)
-    layers/attn/{q,k}_norm/scale      [L, H]   (only with ``qk_norm``: Gemma 3)
+    layers/attn/{q,k}_norm/scale      [L, H]   (only with ``qk_norm``: Gemma 3, Qwen3)
+    layers/attn/q_bias                [L, N, H] (only with ``qkv_bias``: Qwen2)
+    layers/attn/{k,v}_bias            [L, K, H] (only with ``qkv_bias``)
+    layers/attn/o_bias                [L, D]   (only with ``o_proj_bias``)
     layers/{attn,mlp}_out_norm/scale  [L, D]   (only with ``sandwich_norm``: Gemma 3)
     final_norm/scale                  [D]
     lm_head/kernel                    [D, V]   (only when embeddings are untied)
@@ -110,6 +113,10 @@ def param_shapes(cfg: ModelConfig) -> dict[str, Any]:
                                  "down_proj": (L, E, Fe, D)}
     if cfg.qk_norm:
         tree["layers"]["attn"].update({"q_norm": {"scale": (L, H)}, "k_norm": {"scale": (L, H)}})
+    if cfg.qkv_bias:
+        tree["layers"]["attn"].update({"q_bias": (L, N, H), "k_bias": (L, K, H), "v_bias": (L, K, H)})
+    if cfg.o_proj_bias:
+        tree["layers"]["attn"]["o_bias"] = (L, D)
     if cfg.sandwich_norm:
         tree["layers"].update({"attn_out_norm": {"scale": (L, D)}, "mlp_out_norm": {"scale": (L, D)}})
     if not cfg.tie_word_embeddings:

@@ -39,7 +39,7 @@ from typing import Any, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from jaxinfer.weights.checkpoint import as_dtype, check_tree, load_params, save_params  # noqa: F401 (re-export)
+from jaxinfer.weights.checkpoint import as_dtype, check_tree, load_params, param_shapes, save_params  # noqa: F401 (re-export)
 from jaxinfer.config import ModelConfig
 from jaxinfer.weights.sources import gguf_config, hf_config, read_gguf, read_safetensors
 from jaxinfer.models import registry
@@ -73,33 +73,15 @@ def build_tree(tensors: Iterator[tuple[str, np.ndarray]], cfg: ModelConfig, dtyp
     dtype = as_dtype(dtype)
     family = registry.by_model_type(cfg.model_type)
     names, expert_names = family.hf_layer_tensors, family.hf_expert_tensors
+    expected = set(_flatten_keys(param_shapes(cfg)["layers"]))  # the config's layer leaves (biases, experts...)
     flat: dict[str, np.ndarray] = {}
-    layers: dict[str, list] = {path: [None] * cfg.num_hidden_layers for path, _ in names.values()
-                               if _layer_has(path, cfg)}
+    layers: dict[str, list] = {path: [None] * cfg.num_hidden_layers for path, _ in names.values() if path in expected}
     experts: dict[str, list] = {path: [[None] * cfg.num_experts for _ in range(cfg.num_hidden_layers)]
-                                for path, _ in expert_names.values()}
-    for name, w in tensors:
-        m = _HF_LAYER_RE.fullmatch(name)
-        e = _EXPERT_RE.fullmatch(m.group(2)) if m else None
-        if e and f"{e.group(1)}.{e.group(3)}" in expert_names:
-            path, kind = expert_names[f"{e.group(1)}.{e.group(3)}"]
-            _put_expert(experts[path], int(m.group(1)), int(e.group(2)), _reshape(w, kind, cfg).astype(dtype), name,
-                        cfg)
-        elif m and m.group(2) in names:
-            path, kind = names[m.group(2)]
-            if path in layers:
-                layers[path][int(m.group(1))] = _reshape(w, kind, cfg).astype(dtype)
-            elif np.any(w):
-                raise ValueError(f"{name}: this model has no {path} (its config has no such layer)")
-        elif name == "model.embed_tokens.weight":
-            flat["embed/embedding"] = w.astype(dtype)
-        elif name == "model.norm.weight":
-            flat["final_norm/scale"] = w.astype(dtype)
-        elif name == "lm_head.weight":
-            if not cfg.tie_word_embeddings:
-                flat["lm_head/kernel"] = w.T.astype(dtype)
-        elif not name.endswith("rotary_emb.inv_freq"):
-            raise ValueError(f"unsupported tensor {name!r}")
+                                for path, _ in expert_names.values() if path in expected}
+    try:
+        _place_all(tensors, family, layers, experts, flat, cfg, dtype)
+    finally:  # a reader stopped by an error ends its progress bar now, before the error is shown
+        getattr(tensors, "close", lambda: None)()
     for path, ws in layers.items():
         flat[f"layers/{path}"] = _stack_layers(path, ws, cfg)
     for path, per_layer in experts.items():
@@ -110,16 +92,6 @@ def build_tree(tensors: Iterator[tuple[str, np.ndarray]], cfg: ModelConfig, dtyp
 
 
 _EXPERT_RE = re.compile(r"(.+\.experts)\.(\d+)\.(.+)")
-
-
-def _layer_has(path: str, cfg: ModelConfig) -> bool:
-    """Whether the stacked tree has ``path``: the dense MLP's only when some layer is dense,
-    the router's (``moe/``) only when some layer is sparse."""
-    if path.startswith("mlp/"):
-        return cfg.has_dense_mlp
-    if path.startswith("moe/"):
-        return cfg.is_moe
-    return True
 
 
 def _needed(path: str, cfg: ModelConfig) -> list[bool]:
@@ -164,6 +136,39 @@ def _stack_experts(path: str, per_layer: list, cfg: ModelConfig, expert_names) -
     like = next(w for ws in per_layer for w in ws if w is not None)
     return np.stack([np.stack([np.zeros_like(like) if w is None else w for w in ws]) for ws in per_layer])
 
+def _place_all(tensors, family, layers: dict[str, list], experts: dict[str, list], flat: dict[str, np.ndarray],
+               cfg: ModelConfig, dtype) -> None:
+    """Put each HF tensor in its layer slot (``layers``), its (layer, expert) slot (``experts``)
+    or its whole-model leaf (``flat``)."""
+    names, expert_names = family.hf_layer_tensors, family.hf_expert_tensors
+    for name, w in tensors:
+        m = _HF_LAYER_RE.fullmatch(name)
+        e = _EXPERT_RE.fullmatch(m.group(2)) if m else None
+        if e and f"{e.group(1)}.{e.group(3)}" in expert_names:
+            path, kind = expert_names[f"{e.group(1)}.{e.group(3)}"]
+            if path not in experts:
+                raise ValueError(f"tensor {name!r} does not fit the config (it has no experts)")
+            _put_expert(experts[path], int(m.group(1)), int(e.group(2)), _reshape(w, kind, cfg).astype(dtype), name,
+                        cfg)
+        elif m and m.group(2) in names:
+            path, kind = names[m.group(2)]
+            if path not in layers:
+                raise ValueError(f"tensor {name!r} does not fit the config (it has no layers/{path}; "
+                                 "e.g. a bias where config.json has none)")
+            i = int(m.group(1))
+            if not 0 <= i < cfg.num_hidden_layers:
+                raise ValueError(f"tensor {name!r} is past the config's {cfg.num_hidden_layers} layers")
+            layers[path][i] = _reshape(w, kind, cfg).astype(dtype)
+        elif name == "model.embed_tokens.weight":
+            flat["embed/embedding"] = w.astype(dtype)
+        elif name == "model.norm.weight":
+            flat["final_norm/scale"] = w.astype(dtype)
+        elif name == "lm_head.weight":
+            if not cfg.tie_word_embeddings:
+                flat["lm_head/kernel"] = w.T.astype(dtype)
+        elif not name.endswith("rotary_emb.inv_freq"):
+            raise ValueError(f"unsupported tensor {name!r}")
+
 
 def _reshape(w: np.ndarray, kind: str, cfg: ModelConfig) -> np.ndarray:
     """One layer's HF ``[out, in]`` weight -> our kernel layout (see `jaxinfer.weights.checkpoint`)."""
@@ -172,9 +177,21 @@ def _reshape(w: np.ndarray, kind: str, cfg: ModelConfig) -> np.ndarray:
         return w.T.reshape(D, N, H)
     if kind == "kv":
         return w.T.reshape(D, K, H)
+    if kind == "q_bias":
+        return w.reshape(N, H)
+    if kind == "kv_bias":
+        return w.reshape(K, H)
     if kind == "o":
         return w.T.reshape(N, H, D)
     return w.T if kind == "t" else w
+
+
+def _flatten_keys(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    """The ``a/b/c`` paths of a nested dict's leaves."""
+    out: list[str] = []
+    for k, v in tree.items():
+        out += _flatten_keys(v, f"{prefix}{k}/") if isinstance(v, dict) else [f"{prefix}{k}"]
+    return out
 
 
 def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:

@@ -33,7 +33,8 @@ def gguf_config(reader) -> ModelConfig:
 
     Raises:
       ValueError: an architecture not in `jaxinfer.models.registry` (the message lists the
-        supported ones), or RoPE scaling (read from Hugging Face checkpoints only).
+        supported ones), or RoPE scaling the family's ``gguf_config_fields`` does not read
+        (Qwen's yarn keys are read; other scalings only from Hugging Face checkpoints).
     """
     def field(key, default=None):
         f = reader.fields.get(key)
@@ -41,7 +42,7 @@ def gguf_config(reader) -> ModelConfig:
 
     arch = field("general.architecture")
     family = registry.by_gguf_architecture(arch)
-    if field(f"{arch}.rope.scaling.type") not in (None, "none") or "rope_freqs.weight" in _tensor_names(reader):
+    if "rope_freqs.weight" in _tensor_names(reader):
         raise ValueError("GGUF RoPE scaling is not supported; convert the Hugging Face checkpoint instead")
     n_head = field(f"{arch}.attention.head_count")
     d = field(f"{arch}.embedding_length")
@@ -55,14 +56,24 @@ def gguf_config(reader) -> ModelConfig:
         "num_attention_heads": n_head,
         "num_key_value_heads": field(f"{arch}.attention.head_count_kv", n_head),
         "head_dim": field(f"{arch}.attention.key_length", d // n_head),
-        "rms_norm_eps": float(field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        "rms_norm_eps": _f32_decimal(field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         "max_position_embeddings": field(f"{arch}.context_length", 4096),
         "tie_word_embeddings": "output.weight" not in _tensor_names(reader),
         "bos_token_id": field("tokenizer.ggml.bos_token_id"),
         "eos_token_id": [] if eos is None else [int(eos)],
     }
     hf.update(family.gguf_config_fields(field, hf))
+    scaling = field(f"{arch}.rope.scaling.type")
+    if scaling not in (None, "none") and "rope_scaling" not in hf:
+        raise ValueError(f"GGUF RoPE scaling {scaling!r} of architecture {arch!r} is not supported; "
+                         "convert the Hugging Face checkpoint instead")
     return ModelConfig.from_dict(hf)
+
+
+def _f32_decimal(v) -> float:
+    """A float32 GGUF value as the shortest decimal that is the same float32 (the 1e-6 a
+    config.json wrote, not 9.999999974752427e-07)."""
+    return float(str(np.float32(v)))
 
 
 def read_gguf(reader, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
@@ -83,10 +94,10 @@ def read_gguf(reader, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
 def _gguf_to_hf(name: str, family: ModelFamily) -> str:
     if name in family.gguf_tensors:
         return family.gguf_tensors[name]
-    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", name)
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
     if not m or m.group(2) not in family.gguf_layer_tensors:
         raise ValueError(f"unsupported GGUF tensor {name!r}")
-    return f"model.layers.{m.group(1)}.{family.gguf_layer_tensors[m.group(2)]}.weight"
+    return f"model.layers.{m.group(1)}.{family.gguf_layer_tensors[m.group(2)]}.{m.group(3)}"
 
 
 def _tensor_names(reader) -> set[str]:
@@ -99,17 +110,22 @@ def hf_config(src: Path) -> ModelConfig:
     """`ModelConfig` of a Hugging Face folder (``config.json`` + ``generation_config.json``).
 
     Raises:
-      ValueError: a ``model_type`` not in `jaxinfer.models.registry`, an unsupported RoPE
+      ValueError: a ``model_type`` not in `jaxinfer.models.registry`, ``architectures`` that
+        name none of its family's classes (a ``Qwen2ForSequenceClassification``), an unsupported RoPE
         scaling type (llama3, linear, dynamic and yarn are supported: `jaxinfer.config.model_config.RopeScaling`),
         biases, or family features that are not supported (`jaxinfer.config.model_config.ModelConfig.from_dict`).
     """
     d = json.loads((src / "config.json").read_text())
     try:
-        registry.by_model_type(d.get("model_type"))
+        family = registry.by_model_type(d.get("model_type"))
     except ValueError as e:
         raise ValueError(f"{src}: {e}") from e
-    if d.get("attention_bias") or d.get("mlp_bias"):
-        raise ValueError(f"{src}: attention/MLP biases are not supported")
+    archs = d.get("architectures") or []
+    if archs and not set(archs) & set(family.hf_architectures):
+        raise ValueError(f"{src}: architecture {', '.join(archs)} is not supported; model_type "
+                         f"{family.model_type!r} serves {', '.join(family.hf_architectures)}")
+    if d.get("mlp_bias"):
+        raise ValueError(f"{src}: MLP biases (mlp_bias) are not supported")
     gen = src / "generation_config.json"
     try:
         return ModelConfig.from_dict(d, json.loads(gen.read_text()) if gen.exists() else None)
