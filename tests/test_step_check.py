@@ -159,11 +159,15 @@ ENTRY %main (a: f32[2,4,8], b: f32[3,4]) -> f32[3,4] {
   %t0 = (s32[], f32[2,4,8]{2,1,0}, f32[3,4]{1,0}) tuple(%c, %a, %b)
   %wl = (s32[], f32[2,4,8]{2,1,0}, f32[3,4]{1,0}) while(%t0), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"2"}}
   %cp = f32[3,4]{1,0} collective-permute(%b), channel_id=3, source_target_pairs={{0,1},{1,0}}
+  %kv = u16[2,5,4]{2,1,0} parameter(2), metadata={op_name="k_cache"}
+  %kvc = u16[2,5,4]{2,1,0} copy(%kv)
+  %kvg = u16[2,5,8]{2,1,0} all-gather(%kvc), channel_id=4, replica_groups={{0,1}}, dimensions={2}
   ROOT %r = f32[3,4]{1,0} get-tuple-element(%wl), index=2
 }
 """
     got = hlo_collectives.collectives(hlo, num_layers=2)
-    by_kind = {c.kind: c for c in got}
+    by_kind = {c.kind: c for c in got if c.weight != "k_cache"}
+    assert [c.kind for c in got if c.weight == "k_cache"] == ["all-gather"]  # the KV cache gathered: flagged too
     assert by_kind["all-gather"].weight == "variables['params']['layers']['mlp']['up_proj']['kernel']"
     assert by_kind["all-gather"].groups == ((0, 1),) and by_kind["all-gather"].bytes == 4 * 16 * 4
     assert by_kind["all-reduce"].weight == "" and by_kind["all-reduce"].groups == ((0, 1),)

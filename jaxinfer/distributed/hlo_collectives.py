@@ -9,7 +9,7 @@ reduce-scatter, all-to-all, collective-permute, and their async ``-start`` forms
     step outside it; a collective under another loop counts once per trip;
   * its bytes per device (the result's; an all-gather's result is the gathered array);
   * its replica groups (the device ids of each group, from the iota or explicit form);
-  * whether its operand is a weight: the operand traced back through data movement only
+  * whether its operand is a weight (or the KV cache): the operand traced back through data movement only
     (bitcast, copy, convert, reshape, transpose, slices, tuple elements, loop state, called
     computations' parameters, and fusions made only of those) to an entry parameter whose
     ``op_name`` names the parameter tree (``variables['params']...``). A weight gathered or
@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections import Counter
 
 COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _MOVEMENT = {"bitcast", "copy", "convert", "reshape", "transpose", "slice", "dynamic-slice", "get-tuple-element",
@@ -33,6 +32,7 @@ _MOVEMENT = {"bitcast", "copy", "convert", "reshape", "transpose", "slice", "dyn
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
                 "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1, "s4": 1, "u4": 1}
 WEIGHT_PREFIX = "variables['params']"  # entry parameters of the parameter tree (`op_name` metadata)
+STATE_PARAMS = ("k_cache", "v_cache")  # the KV cache's entry parameters: never to be moved either
 
 
 @dataclasses.dataclass
@@ -72,7 +72,8 @@ class Collective:
       per_layer: inside the decoder's layer loop (runs once per layer).
       count: how many times one step runs it (per layer: per layer; else per step).
       groups: the device-id groups it communicates within.
-      weight: the parameter-tree path of the weight it moves whole, or "" (none).
+      weight: the parameter-tree path of the weight it moves whole (or ``k_cache`` / ``v_cache``:
+        the KV cache), or "" (none).
       op_name: the JAX op it came from (its ``op_name`` metadata).
     """
 
@@ -236,7 +237,8 @@ class _Module:
             idx = int(ins.args.strip() or 0)
             if comp.entry:
                 path = ins.op_name
-                return path if path.startswith(WEIGHT_PREFIX) and tuple_index is None else ""
+                moved = path.startswith(WEIGHT_PREFIX) or path in STATE_PARAMS
+                return path if moved and tuple_index is None else ""
             caller = self.callers.get(comp.name)
             if caller is None:
                 return ""

@@ -326,27 +326,10 @@ def check_step(cfg: ModelConfig, config: EngineConfig, device_memory: int, *, mo
     planner_args = plan.weight_bytes_per_device + plan.kv_bytes_per_device
     checks, samplers = [], {}
     for name, bucket in largest_buckets(engine.layout.ladders).items():
-        if name not in buckets:
-            continue
-        inputs = batch_mod.empty_inputs(bucket, engine.layout)
-        t0 = time.perf_counter()
-        compiled = engine.runner.lower(inputs).compile()
-        if sampler and bucket.num_seqs not in samplers:
-            samplers[bucket.num_seqs] = hlo_collectives.collectives(
-                engine.runner.lower_sampler(bucket.num_seqs, inputs.sampling).compile().as_text(), cfg.num_hidden_layers)
-        seconds = time.perf_counter() - t0
-        text = compiled.as_text()
-        params = _entry_param_bytes(text)
-        devices = sorted({d.id for s in jax.tree.leaves(compiled.input_shardings) for d in s.device_set})
-        cuda_info = ({"lowered": True, "error": "", "custom_calls": {}, "seconds": 0.0, "skipped": True} if not cuda
-                     else _lower_cuda(gpu_replicas[0], batch_mod.empty_inputs(bucket, gpu_replicas[0].layout)))
-        b = BucketCheck(name, bucket, devices, _memory(compiled),
-                        sum(v for k, v in params.items() if k.startswith(hlo_collectives.WEIGHT_PREFIX)),
-                        sum(v for k, v in params.items() if k in ("k_cache", "v_cache")), _kv_heads_in(text),
-                        hlo_collectives.collectives(text, cfg.num_hidden_layers), samplers.get(bucket.num_seqs, []),
-                        seconds, cuda_info, sampler_checked=bucket.num_seqs in samplers)
-        b.problems = expected_problems(b, cfg, tp, expected, planner_args, ep)
-        checks.append(b)
+        if name in buckets:
+            b = _check_bucket(name, bucket, cfg, engine, gpu_replicas[0] if cuda else None, samplers, sampler)
+            b.problems = expected_problems(b, cfg, tp, expected, planner_args, ep)
+            checks.append(b)
     report = CompileReport(model_name, cfg.num_hidden_layers, config.dtype, tp, dp, ep,
                            [sorted(d.id for d in e.mesh.devices.flat) for e in replicas], engine.runner.kv_shape[1],
                            plan.weight_bytes_per_device, plan.kv_bytes_per_device, expected, plan.kv_sizing,
@@ -355,6 +338,29 @@ def check_step(cfg: ModelConfig, config: EngineConfig, device_memory: int, *, mo
         for b in checks:
             b.problems.append("replicas share devices")
     return report
+
+
+def _check_bucket(name: str, bucket: Bucket, cfg: ModelConfig, engine, gpu_engine, samplers: dict,
+                  sampler: bool) -> BucketCheck:
+    """Compile ``engine``'s step of ``bucket`` (and the sampler of its row count, once, into
+    ``samplers``), lower ``gpu_engine``'s for CUDA (None: skipped) and read what they hold."""
+    inputs = batch_mod.empty_inputs(bucket, engine.layout)
+    t0 = time.perf_counter()
+    compiled = engine.runner.lower(inputs).compile()
+    if sampler and bucket.num_seqs not in samplers:
+        text = engine.runner.lower_sampler(bucket.num_seqs, inputs.sampling).compile().as_text()
+        samplers[bucket.num_seqs] = hlo_collectives.collectives(text, cfg.num_hidden_layers)
+    seconds = time.perf_counter() - t0
+    text = compiled.as_text()
+    params = _entry_param_bytes(text)
+    devices = sorted({d.id for s in jax.tree.leaves(compiled.input_shardings) for d in s.device_set})
+    cuda = ({"lowered": True, "error": "", "custom_calls": {}, "seconds": 0.0, "skipped": True} if gpu_engine is None
+            else _lower_cuda(gpu_engine, batch_mod.empty_inputs(bucket, gpu_engine.layout)))
+    return BucketCheck(name, bucket, devices, _memory(compiled),
+                       sum(v for k, v in params.items() if k.startswith(hlo_collectives.WEIGHT_PREFIX)),
+                       sum(v for k, v in params.items() if k in ("k_cache", "v_cache")), _kv_heads_in(text),
+                       hlo_collectives.collectives(text, cfg.num_hidden_layers), samplers.get(bucket.num_seqs, []),
+                       seconds, cuda, sampler_checked=bucket.num_seqs in samplers)
 
 
 def _mib(n: int) -> str:
