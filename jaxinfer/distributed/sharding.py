@@ -281,6 +281,16 @@ def init_params_sharded(cfg: ModelConfig, dtype: str, seed: int, shardings):
     return jax.jit(lambda: nn.unbox(_boxed_init(cfg, dtype, seed)), out_shardings=shardings)()
 
 
+def abstract_params_sharded(cfg: ModelConfig, dtype: str, shardings):
+    """The params as ``jax.ShapeDtypeStruct`` in ``shardings`` (`param_shardings`): the shapes and
+    dtypes of `jaxinfer.models.params.abstract_params`, nothing allocated (ahead-of-time checks of
+    the real step at full size, `jaxinfer.engine.step_check`)."""
+    from jaxinfer.models.params import abstract_params
+
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        abstract_params(cfg, dtype), shardings)
+
+
 def place_params(params, shardings):
     """Put a params tree in ``shardings``: numpy leaves are sliced per device (each
     device receives only its shard); ``jax.Array`` leaves already so placed are kept."""
@@ -313,6 +323,8 @@ def split_replicas(tree, mesh: Mesh) -> list:
     subs = replica_meshes(mesh)
 
     def views(x):
+        if isinstance(x, jax.ShapeDtypeStruct):  # abstract params: the same spec on each replica's mesh
+            return [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(sub, x.sharding.spec)) for sub in subs]
         out = []
         for sub in subs:
             devs = set(sub.devices.flat)
