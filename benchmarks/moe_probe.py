@@ -7,7 +7,10 @@ masked; ``gather``: expert weights gathered per assignment), it times the jitted
 (router + top-k + experts + combine) at ``--rows`` tokens, under two routings: ``spread``
 (router logits random) and ``skewed`` (every token's top k are experts 0..k-1). The baseline
 is a SwiGLU MLP of width ``k * F`` (the experts' active parameters) on the same rows. The
-acceptance bound is MoE / dense <= 1.5 at 32 rows.
+acceptance bound is MoE / dense <= 1.5 at 32 rows. Also timed: a SwiGLU MLP of width
+``touched * F``, where ``touched`` is the number of distinct experts the spread routing picks:
+the weight bytes any method must read, so the floor of a step that is bound by reading weights.
+``chosen`` is what `jaxinfer.layers.moe.choose_impl` runs for that shape.
 
 Weights are jit arguments (never constants). Each timing is the median of ``--reps`` calls
 after one warm-up call. The compile count after warm-up is also recorded for the two routings
@@ -29,12 +32,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer.bench.metadata import git_commit
-from jaxinfer.layers.moe import EXPERT_IMPLS, route
+from jaxinfer.layers.moe import EXPERT_IMPLS, choose_impl, route
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {  # name: (D, F per expert, E, k)
     "mixtral_like": (1024, 1792, 8, 2),
     "qwen3_moe_like": (1024, 384, 64, 8),
+    "cache_resident": (256, 128, 8, 2),  # all experts' weights (3 MB) stay in cache: compute, not reads
 }
 
 
@@ -78,10 +82,18 @@ def probe(name, shape, rows, reps, dtype, rs):
     router_skew = jnp.zeros((D, E), dtype).at[:, :k].set(1.0)
     x_skew = jnp.abs(x)
     dg, du, dd = arr(D, k * F), arr(D, k * F), arr(k * F, D)
-    out = {"D": D, "F": F, "E": E, "k": k, "rows": rows,
-           "dense_mlp_ms": _timeit(jax.jit(dense_mlp), (x, dg, du, dd), reps)}
+    touched = int(np.unique(np.asarray(route(jnp.dot(x, router_spread, preferred_element_type=jnp.float32), k,
+                                             True)[1])).size)
+    tg, tu, td = arr(D, touched * F), arr(D, touched * F), arr(touched * F, D)
+    out = {"D": D, "F": F, "E": E, "k": k, "rows": rows, "chosen": choose_impl(rows, k, E),
+           "dense_mlp_ms": _timeit(jax.jit(dense_mlp), (x, dg, du, dd), reps),
+           "experts_touched_spread": touched,
+           # the floor of any method: a dense MLP reading the touched experts' weights once
+           "dense_mlp_touched_width_ms": _timeit(jax.jit(dense_mlp), (x, tg, tu, td), reps)}
     ref = None
     for impl in EXPERT_IMPLS:
+        if impl == "gather" and rows > 32:
+            continue  # copies rows * k expert matrices: minutes at prefill sizes
         fn = jax.jit(moe_layer(impl))
         spread = _timeit(fn, (x, router_spread, wg, wu, wd), reps)
         before = fn._cache_size()
@@ -90,16 +102,17 @@ def probe(name, shape, rows, reps, dtype, rs):
         ref = y if ref is None else ref
         out[impl] = {"spread_ms": spread, "skewed_ms": skew, "ratio_to_dense_spread": spread / out["dense_mlp_ms"],
                      "ratio_to_dense_skewed": skew / out["dense_mlp_ms"],
+                     "ratio_to_touched_floor_spread": spread / out["dense_mlp_touched_width_ms"],
                      "compiles_after_warmup": fn._cache_size() - before,
                      "max_abs_diff_vs_ragged": float(np.max(np.abs(y - ref)))}
-        print(name, impl, {k2: round(v, 3) if isinstance(v, float) else v for k2, v in out[impl].items()},
-              "dense", round(out["dense_mlp_ms"], 3), flush=True)
+        print(name, rows, impl, {k2: round(v, 3) if isinstance(v, float) else v for k2, v in out[impl].items()},
+              "dense", round(out["dense_mlp_ms"], 3), "floor", round(out["dense_mlp_touched_width_ms"], 3), flush=True)
     return out
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=int, nargs="+", default=[32])
+    p.add_argument("--rows", type=int, nargs="+", default=[32, 256])
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))

@@ -86,3 +86,77 @@ def agree_until_near_tie(got: list[int], want: list[int], margins: list[float]) 
     """Whether ``got`` equals ``want`` up to (not including) the first near-tie step."""
     upto = next((i for i, m in enumerate(margins) if m < NEAR_TIE), len(want))
     return got[:upto] == want[:upto]
+
+
+def write_moe_gguf(hf_dir: Path, tokenizer_dir: Path, path: Path) -> Path:
+    """A float32 GGUF of a saved transformers Mixtral or Qwen3-MoE folder as llama.cpp's converter
+    lays it out: Mixtral as architecture ``llama`` with ``llama.expert_count`` and q/k rows
+    permuted (llama.cpp's ``LlamaModel.permute``), Qwen3-MoE as ``qwen3moe``; each layer's experts
+    stacked into ``ffn_{gate,up,down}_exps`` ``[E, out, in]``, the router as ``ffn_gate_inp``;
+    the ``gpt2`` BPE tokenizer of ``tokenizer_dir``'s ``tokenizer.json``."""
+    import json
+    import re
+
+    import gguf
+    from safetensors.numpy import load_file
+
+    from jaxinfer.models import registry
+
+    c = json.loads((hf_dir / "config.json").read_text())
+    family = registry.by_model_type(c["model_type"])
+    arch = "llama" if c["model_type"] == "mixtral" else "qwen3moe"
+    n_head, n_kv = c["num_attention_heads"], c["num_key_value_heads"]
+    head_dim = c.get("head_dim") or c["hidden_size"] // n_head
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_rope_freq_base(c["rope_parameters"]["rope_theta"])
+    w.add_expert_count(c.get("num_experts") or c["num_local_experts"])
+    w.add_expert_used_count(c["num_experts_per_tok"])
+    if arch == "qwen3moe":
+        w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+    tj = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    tokens = sorted(tj["model"]["vocab"], key=tj["model"]["vocab"].get)
+    special = {t["content"] for t in tj["added_tokens"]}
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]])
+    w.add_bos_token_id(c["bos_token_id"])
+    w.add_eos_token_id(c["eos_token_id"])
+    tensors = {}
+    for f in sorted(hf_dir.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    to_gguf = {v: k for k, v in family.gguf_layer_tensors.items()}
+    glob = {v: k for k, v in family.gguf_tensors.items()}
+    exps = {v: k for k, v in family.gguf_expert_tensors.items()}
+    stacks: dict[str, dict[int, np.ndarray]] = {}
+    for name, t in tensors.items():
+        if name in glob:
+            w.add_tensor(glob[name], t)
+            continue
+        m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.weight", name)
+        i, rest = m.group(1), m.group(2)
+        e = re.fullmatch(r"(.+\.experts)\.(\d+)\.(.+)", rest)
+        if e:
+            stacks.setdefault(f"blk.{i}.{exps[e.group(1) + '.' + e.group(3) + '.weight']}.weight", {})[
+                int(e.group(2))] = t
+            continue
+        if arch == "llama" and rest in ("self_attn.q_proj", "self_attn.k_proj"):
+            n = n_head if rest.endswith("q_proj") else n_kv
+            t = t.reshape(n, 2, t.shape[0] // n // 2, t.shape[1]).swapaxes(1, 2).reshape(t.shape)
+        w.add_tensor(f"blk.{i}.{to_gguf[rest]}.weight", t)
+    for name, per_expert in stacks.items():
+        w.add_tensor(name, np.stack([per_expert[e] for e in sorted(per_expert)]))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

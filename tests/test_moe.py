@@ -238,3 +238,25 @@ def test_sparse_layer_pattern_follows_transformers():
     assert mixed.sparse_layers == (False, True, False, False, False, True)
     with pytest.raises(ValueError, match="num_experts_per_tok"):
         dataclasses.replace(cfg, num_experts_per_tok=9)
+
+
+# ---------------------------------------------------------------- GGUF (llama.cpp's layout)
+
+@pytest.mark.parametrize("spec", [MIXTRAL, QWEN3_MOE], ids=["mixtral-as-llama", "qwen3moe"])
+def test_gguf_converts_to_the_safetensors_conversion(spec, tmp_path):
+    from moe_helpers import write_moe_gguf
+    from test_convert import flat, make_tiny_tokenizer
+
+    from jaxinfer.weights.checkpoint import load_params
+
+    src = tmp_path / "hf"
+    make_hf_checkpoint(spec, src, vocab_size=290)  # make_tiny_tokenizer's vocabulary
+    make_tiny_tokenizer(src)
+    gguf_path = write_moe_gguf(src, src, tmp_path / "tiny.gguf")
+    from_hf, from_gguf = convert(src, tmp_path / "from_hf"), convert(gguf_path, tmp_path / "from_gguf")
+    cfg = ModelConfig.from_dir(from_gguf)
+    assert cfg == ModelConfig.from_dir(from_hf) and cfg.is_moe
+    a, b = flat(load_params(from_hf)), flat(load_params(from_gguf))
+    assert sorted(a) == sorted(b)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)

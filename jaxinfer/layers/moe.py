@@ -178,4 +178,16 @@ def segmented_experts(x, weights, experts, w_gate, w_up, w_down, act="silu", exp
     return jnp.zeros((t, d), jnp.float32).at[token].add(out[:m] * w[:, None])
 
 
+DENSE_MAX_ROWS = 64  # `choose_impl`: up to this many rows a product reads its weights faster than it computes
+
+
+def choose_impl(rows: int, top_k: int, n_local: int) -> str:
+    """The implementation for a step of ``rows`` tokens (static per bucket, so per compiled
+    step): ``dense`` when ``rows * top_k >= n_local`` (about every held expert is routed to, so
+    all their weights are read whatever the method) and ``rows <= DENSE_MAX_ROWS`` (the products
+    stay bound by reading the weights, so dense's E / k times the FLOPs cost little), else
+    ``segment`` (module docstring: measured by ``benchmarks/moe_probe.py``)."""
+    return "dense" if rows * top_k >= n_local and rows <= DENSE_MAX_ROWS else "segment"
+
+
 EXPERT_IMPLS = {"ragged": grouped_experts, "segment": segmented_experts, "dense": dense_experts, "gather": gathered_experts}
