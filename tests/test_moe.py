@@ -260,3 +260,31 @@ def test_gguf_converts_to_the_safetensors_conversion(spec, tmp_path):
     assert sorted(a) == sorted(b)
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+# ---------------------------------------------------------------- Qwen3-30B-A3B at EP 8, abstract weights
+
+@pytest.mark.slow
+def test_qwen3_30b_a3b_compiles_at_ep8_with_the_planned_weight_bytes():
+    """The real layer and expert counts (48 layers, 128 experts, top 8), weights and KV as
+    ShapeDtypeStructs in their shardings (nothing allocated), the engine's decode step lowered
+    and compiled on the 8 host devices at EP 8: XLA's per-device argument bytes minus the KV
+    pool's are the planner's weight bytes within 10% (benchmarks/results/2026-12-06-moe-ep8-compile/)."""
+    from pathlib import Path
+
+    from jaxinfer.config import CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
+    from jaxinfer.engine import step_check
+    from jaxinfer.entrypoints.plan import load_config
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "qwen3-30b-a3b.json"
+    cfg = load_config(str(path))
+    assert (cfg.num_hidden_layers, cfg.num_experts, cfg.num_experts_per_tok) == (48, 128, 8)
+    config = EngineConfig(model_path=str(path), dtype="bfloat16", warmup=False,
+                          parallel=ParallelConfig(8, 1, enable_expert_parallel=True),
+                          scheduler=SchedulerConfig(max_model_len=4096), cache=CacheConfig(num_blocks=512))
+    r = step_check.check_step(cfg, config, 80 * 2**30, buckets=("decode",), cuda=False, sampler=False)
+    b = r.buckets[0]
+    xla_weights = b.memory["argument"] - r.planner_kv_bytes
+    assert abs(xla_weights - r.planner_weight_bytes) <= 0.10 * r.planner_weight_bytes
+    assert r.planner_weight_bytes < 8 * 2**30  # 1/8 of the experts each: 7.3 GiB of the 57 GiB
+    assert not any(c.kind == "all-to-all" for c in b.collectives)
