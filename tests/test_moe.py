@@ -288,3 +288,22 @@ def test_qwen3_30b_a3b_compiles_at_ep8_with_the_planned_weight_bytes():
     assert abs(xla_weights - r.planner_weight_bytes) <= 0.10 * r.planner_weight_bytes
     assert r.planner_weight_bytes < 8 * 2**30  # 1/8 of the experts each: 7.3 GiB of the 57 GiB
     assert not any(c.kind == "all-to-all" for c in b.collectives)
+
+
+def test_expert_parallel_flags_are_checked():
+    from jaxinfer.config import ParallelConfig
+    import argparse
+
+    from jaxinfer.config.args import add_engine_args, parallel_config
+
+    assert ParallelConfig(4, enable_expert_parallel=True).expert_parallel_degree == 4
+    assert ParallelConfig(4, enable_expert_parallel=True, expert_parallel_size=2).expert_parallel_degree == 2
+    assert ParallelConfig(4).expert_parallel_degree == 1
+    with pytest.raises(ValueError, match="needs enable_expert_parallel"):
+        ParallelConfig(4, expert_parallel_size=2)
+    with pytest.raises(ValueError, match="divide tensor_parallel_size"):
+        ParallelConfig(4, enable_expert_parallel=True, expert_parallel_size=3)
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser, ("parallel",))
+    args = parser.parse_args(["--tensor-parallel-size", "4", "--enable-expert-parallel", "--expert-parallel-size", "2"])
+    assert parallel_config(args).expert_parallel_degree == 2
