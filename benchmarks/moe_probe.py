@@ -10,13 +10,14 @@ is a SwiGLU MLP of width ``k * F`` (the experts' active parameters) on the same 
 acceptance bound is MoE / dense <= 1.5 at 32 rows. Also timed: a SwiGLU MLP of width
 ``touched * F``, where ``touched`` is the number of distinct experts the spread routing picks:
 the weight bytes any method must read, so the floor of a step that is bound by reading weights.
-``chosen`` is what `jaxinfer.layers.moe.choose_impl` runs for that shape.
+``model_impl`` is the one the model runs (`jaxinfer.layers.moe.DEFAULT_IMPL`).
 
 Weights are jit arguments (never constants). Each timing is the median of ``--reps`` calls
 after one warm-up call. The compile count after warm-up is also recorded for the two routings
 (fixed shapes: the skewed routing must reuse the spread routing's executable).
 
-Usage: python benchmarks/moe_probe.py [--rows 32] [--reps 20] [--dtype float32] [--out FILE]
+Usage: python benchmarks/moe_probe.py [--rows 32 256] [--reps 20] [--dtype float32] [--shapes ...]
+[--impls ragged segment dense gather] [--out FILE]
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer.bench.metadata import git_commit
-from jaxinfer.layers.moe import EXPERT_IMPLS, choose_impl, route
+from jaxinfer.layers.moe import DEFAULT_IMPL, EXPERT_IMPLS, route
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {  # name: (D, F per expert, E, k)
@@ -70,7 +71,7 @@ def moe_layer(impl):
 K = 2  # set per shape (route's top_k must be static)
 
 
-def probe(name, shape, rows, reps, dtype, rs):
+def probe(name, shape, rows, reps, dtype, rs, impls=tuple(EXPERT_IMPLS)):
     global K
     D, F, E, k = shape
     K = k
@@ -85,13 +86,13 @@ def probe(name, shape, rows, reps, dtype, rs):
     touched = int(np.unique(np.asarray(route(jnp.dot(x, router_spread, preferred_element_type=jnp.float32), k,
                                              True)[1])).size)
     tg, tu, td = arr(D, touched * F), arr(D, touched * F), arr(touched * F, D)
-    out = {"D": D, "F": F, "E": E, "k": k, "rows": rows, "chosen": choose_impl(rows, k, E),
+    out = {"D": D, "F": F, "E": E, "k": k, "rows": rows, "model_impl": DEFAULT_IMPL,
            "dense_mlp_ms": _timeit(jax.jit(dense_mlp), (x, dg, du, dd), reps),
            "experts_touched_spread": touched,
            # the floor of any method: a dense MLP reading the touched experts' weights once
            "dense_mlp_touched_width_ms": _timeit(jax.jit(dense_mlp), (x, tg, tu, td), reps)}
     ref = None
-    for impl in EXPERT_IMPLS:
+    for impl in impls:
         if impl == "gather" and rows > 32:
             continue  # copies rows * k expert matrices: minutes at prefill sizes
         fn = jax.jit(moe_layer(impl))
@@ -116,6 +117,7 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--impls", nargs="+", default=list(EXPERT_IMPLS), choices=list(EXPERT_IMPLS))
     p.add_argument("--out", type=Path)
     a = p.parse_args(argv)
     rs = np.random.RandomState(0)
@@ -124,7 +126,8 @@ def main(argv=None):
                "dtype": a.dtype, "reps": a.reps, "runs": []}
     for rows in a.rows:
         for name in a.shapes:
-            results["runs"].append({"shape": name, **probe(name, SHAPES[name], rows, a.reps, jnp.dtype(a.dtype), rs)})
+            results["runs"].append({"shape": name, **probe(name, SHAPES[name], rows, a.reps, jnp.dtype(a.dtype), rs,
+                                                                 tuple(a.impls))})
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -21,14 +21,22 @@ computes, independent of parameter trees and meshes (the block is
   ``group_sizes`` and contribute nothing. That is expert parallelism's local step
   (`jaxinfer.models.moe_block`).
 
-Why ``ragged_dot`` (measured by ``benchmarks/moe_probe.py``, results under
-``benchmarks/results/2026-12-06-moe-probe/``): on XLA:CPU (jax 0.10.2) a 32-row decode step of
-a Mixtral-shaped and a Qwen3-MoE-shaped layer was timed with the three fixed-shape ways of
-computing the experts: (a) ``ragged_dot`` over the sorted assignments, (b) every expert on
-every token, masked by the routing weights (E / k times the active FLOPs), (c) the expert
-weights gathered per assignment (``[T * k, D, F]``: T * k weight matrices copied every step).
-`EXPERT_IMPLS` keeps all three for the probe; the block uses ``ragged``, the fastest of them
-in that run (the README there has the numbers).
+The model's choice, `DEFAULT_IMPL` = ``segment`` (`segmented_experts`: the sorted assignments,
+then per held expert a loop over its group in fixed-size chunks, each one dense SwiGLU), was
+measured by ``benchmarks/moe_probe.py`` (``benchmarks/results/2026-12-06-moe-probe/``, XLA:CPU,
+jax 0.10.2, float32, a 2-core host shared with other jobs) against the other fixed-shape ways:
+``ragged`` (one ``jax.lax.ragged_dot`` per projection over the sorted assignments, the grouped
+matmul the issue named), ``dense`` (every held expert on every token, masked by the routing
+weights: E / k times the FLOPs) and ``gather`` (each assignment's expert weights gathered,
+``[T * k, D, F]``). At 256 rows (prefill) ``segment`` was the fastest on every shape, by
+1.9-13x (Mixtral-like: 4.0x a dense MLP of the active width, ``ragged`` 14.9x, ``dense`` 7.5x);
+``ragged_dot`` on XLA:CPU was never the fastest at any shape or row count.
+At 32 rows (decode) ``segment`` and ``dense`` were within the machine's noise of each other
+and both ahead of ``ragged``; ``gather`` was 60-200x. No method came near 1.5x a dense MLP of
+the active width at 32 rows: with T * k >= E nearly every expert is routed to, so a step must
+read E / k times the active weights (the probe's floor, a dense MLP of the touched experts'
+width, was itself 5-8x the active one). On GPUs ``ragged_dot`` has grouped-GEMM kernels and
+would likely win; that was not measured (no GPU run).
 """
 from __future__ import annotations
 
@@ -178,16 +186,5 @@ def segmented_experts(x, weights, experts, w_gate, w_up, w_down, act="silu", exp
     return jnp.zeros((t, d), jnp.float32).at[token].add(out[:m] * w[:, None])
 
 
-DENSE_MAX_ROWS = 64  # `choose_impl`: up to this many rows a product reads its weights faster than it computes
-
-
-def choose_impl(rows: int, top_k: int, n_local: int) -> str:
-    """The implementation for a step of ``rows`` tokens (static per bucket, so per compiled
-    step): ``dense`` when ``rows * top_k >= n_local`` (about every held expert is routed to, so
-    all their weights are read whatever the method) and ``rows <= DENSE_MAX_ROWS`` (the products
-    stay bound by reading the weights, so dense's E / k times the FLOPs cost little), else
-    ``segment`` (module docstring: measured by ``benchmarks/moe_probe.py``)."""
-    return "dense" if rows * top_k >= n_local and rows <= DENSE_MAX_ROWS else "segment"
-
-
 EXPERT_IMPLS = {"ragged": grouped_experts, "segment": segmented_experts, "dense": dense_experts, "gather": gathered_experts}
+DEFAULT_IMPL = "segment"  # the model's choice (module docstring)

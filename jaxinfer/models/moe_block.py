@@ -4,8 +4,7 @@ and its dispatch and combine over an expert-parallel mesh.
 Follows transformers' ``MixtralSparseMoeBlock`` and ``Qwen3MoeSparseMoeBlock``: router logits
 ``x Wr`` ([T, E]), softmax, top k, optionally renormalised (`jaxinfer.layers.moe.route`), then
 the SwiGLU experts of each token's k experts weighted and summed
-(`jaxinfer.layers.moe.EXPERT_IMPLS`, per step shape by `jaxinfer.layers.moe.choose_impl`, from
-``benchmarks/moe_probe.py``'s measurements). No
+(`jaxinfer.layers.moe.DEFAULT_IMPL`, chosen by ``benchmarks/moe_probe.py``'s measurements). No
 shared expert, no router bias (neither family has one).
 
 Parameters (under the layer's ``moe``; L stacked on axis 0 by the layer scan; logical axes):
@@ -37,7 +36,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from jaxinfer.config import ModelConfig
 from jaxinfer.distributed.sharding import EXPERT_AXIS, expert_weight_specs
-from jaxinfer.layers.moe import EXPERT_IMPLS, choose_impl, route
+from jaxinfer.layers.moe import DEFAULT_IMPL, EXPERT_IMPLS, route
 
 _init = nn.initializers.normal(0.02)
 
@@ -56,7 +55,7 @@ def _split_axes(spec: P) -> tuple[str, ...]:
 
 
 def parallel_experts(cfg: ModelConfig, mesh: Mesh | None, x, weights, experts, w_gate, w_up, w_down,
-                     dtype=jnp.float32, impl: str | None = None):
+                     dtype=jnp.float32, impl: str = DEFAULT_IMPL):
     """The experts' weighted sum per token ``[T, D]`` float32 on ``mesh`` (module docstring).
 
     Args:
@@ -64,12 +63,9 @@ def parallel_experts(cfg: ModelConfig, mesh: Mesh | None, x, weights, experts, w
       w_gate, w_up: ``[E, D, F]``; w_down ``[E, F, D]``: one layer's experts, laid out on the
         mesh as `expert_weight_specs` says (resharded to it otherwise).
       mesh: the replica's mesh, or None (one device: no shard_map).
-      impl: an `EXPERT_IMPLS` name; None: `choose_impl` for T and the experts each device holds.
+      impl: an `EXPERT_IMPLS` name.
     """
     gu_spec, d_spec = expert_weight_specs(cfg, mesh)
-    n_local = cfg.num_experts // (mesh.shape[EXPERT_AXIS] if mesh is not None and EXPERT_AXIS in _split_axes(gu_spec)
-                                  else 1)
-    impl = impl or choose_impl(x.shape[0], cfg.num_experts_per_tok, n_local)
     run = functools.partial(EXPERT_IMPLS[impl], act=cfg.hidden_act, dtype=dtype)
     axes = _split_axes(gu_spec)
     if mesh is None or not axes:
