@@ -143,7 +143,10 @@ def test_no_compilation_after_warmup_whatever_the_routing():
     assert (CompileCounter.count, runner.num_compilations) == before
     # the loads did route as intended (first layer: the normed embedding times the router)
     emb, router = params["embed"]["embedding"], params["layers"]["moe"]["router"][0]
-    top = lambda ids: np.argsort(-(emb[ids] / np.linalg.norm(emb[ids], axis=-1, keepdims=True)) @ router)[:, :2]  # noqa: E731
+    def top(ids):
+        h = emb[ids] / np.linalg.norm(emb[ids], axis=-1, keepdims=True)
+        return np.argsort(-h @ router)[:, :2]
+
     assert {tuple(sorted(r)) for r in top(sum(skewed, []))} == {(0, 1)}
     assert len(set(top(sum(spread, [])).ravel())) >= 6
 

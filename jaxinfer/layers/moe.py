@@ -88,14 +88,8 @@ def grouped_experts(x: jax.Array, weights: jax.Array, experts: jax.Array, w_gate
       ``[T, D]`` float32: sum over the token's assignments to held experts of weight times
       expert output (zero for tokens none of whose experts is held).
     """
-    t, k = experts.shape
-    n_local = w_gate.shape[0]
-    local = experts.reshape(-1) - expert_offset
-    held = (local >= 0) & (local < n_local)
-    key = jnp.where(held, local, n_local)  # experts held elsewhere sort last, outside every group
-    order = jnp.argsort(key, stable=True)
-    group_sizes = jnp.bincount(key, length=n_local + 1)[:n_local].astype(jnp.int32)
-    token = order // k
+    t = experts.shape[0]
+    order, token, group_sizes, held = _sort_assignments(experts, w_gate.shape[0], expert_offset)
     xs = x[token].astype(dtype)
     rd = functools.partial(jax.lax.ragged_dot, group_sizes=group_sizes, preferred_element_type=jnp.float32)
     h = _ACT[act](rd(xs, w_gate.astype(dtype))) * rd(xs, w_up.astype(dtype))
@@ -186,5 +180,6 @@ def segmented_experts(x, weights, experts, w_gate, w_up, w_down, act="silu", exp
     return jnp.zeros((t, d), jnp.float32).at[token].add(out[:m] * w[:, None])
 
 
-EXPERT_IMPLS = {"ragged": grouped_experts, "segment": segmented_experts, "dense": dense_experts, "gather": gathered_experts}
+EXPERT_IMPLS = {"ragged": grouped_experts, "segment": segmented_experts, "dense": dense_experts,
+                "gather": gathered_experts}
 DEFAULT_IMPL = "segment"  # the model's choice (module docstring)
