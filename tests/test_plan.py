@@ -42,27 +42,59 @@ PER_DEVICE_TP8 = (PARAMS - NORMS) // 8 + NORMS  # everything but the norms split
 assert PARAMS == 70_553_706_496 and PER_DEVICE_TP8 == 8_820_367_360
 
 
+# The activation estimate of the server's defaults (512 tokens, 128 sequences) for 70B, by hand
+# (`jaxinfer.engine.builder.activation_reserve_bytes`): one layer's float32 activations, doubled,
+# the sampler's logits copies and a 256 MiB workspace.
+ACT70 = 2 * 512 * (4 * D + 2 * F + (N + 2 * K) * H) * 4 + 4 * 128 * V * 4 + (256 << 20)
+assert ACT70 == 942_145_536
+
+
 def test_planner_llama3_70b_on_8x80gb_bf16_tp8_by_hand(capsys):
     p = plan.plan_memory(llama70b(), dtype="bfloat16", tensor_parallel_size=8, device_memory=80 * 10**9,
-                         kv_reserve_fraction=0.1, max_model_len=4096)
+                         max_model_len=4096)
     weights = PER_DEVICE_TP8 * 2  # bf16
     per_block = 2 * L * 16 * (K // 8) * H * 2  # K and V, one KV head per device
-    blocks = (int(80e9 * 0.9) - weights) // per_block
+    blocks = (int(80e9 * 0.9) - weights - ACT70) // per_block
     assert p.total_param_bytes == PARAMS * 2
     assert p.weight_bytes_per_device == weights == 17_640_734_720
     assert p.kv_bytes_per_block_per_device == per_block == 655_360
-    assert p.num_blocks == blocks == 82_945
+    assert p.activation_reserve_bytes == ACT70
+    assert p.num_blocks == blocks == 81_508
     assert p.blocks_per_sequence == 4096 // 16 == 256
-    assert p.max_concurrent_sequences == (blocks - 1) // 256 == 324
+    assert p.max_concurrent_sequences == (blocks - 1) // 256 == 318
     assert p.replicated_axes == ()
-    # the CLI prints the same numbers (default reserve 0.5)
+    # the CLI prints the same numbers (default gpu_memory_utilization 0.9); half of it by the flag
     assert plan.main(["--model", str(CONFIGS / "llama-3-70b.json"), "--devices", "8",
-                      "--device-memory", "80000000000", "--tensor-parallel-size", "8", "--dtype", "bfloat16", "--max-model-len", "4096", "--json"]) == 0
+                      "--device-memory", "80000000000", "--tensor-parallel-size", "8", "--dtype", "bfloat16",
+                      "--max-model-len", "4096", "--gpu-memory-utilization", "0.5", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    half_blocks = (40_000_000_000 - weights) // per_block
+    half_blocks = (40_000_000_000 - weights - ACT70) // per_block
     assert (out["weight_bytes_per_device"], out["kv_bytes_per_block_per_device"], out["num_blocks"],
             out["max_concurrent_sequences"]) == (weights, per_block, half_blocks, (half_blocks - 1) // 256)
-    assert (half_blocks, (half_blocks - 1) // 256) == (34_117, 133)
+    assert (half_blocks, (half_blocks - 1) // 256) == (32_679, 127)
+
+
+def test_planner_and_server_size_kv_by_one_rule(capsys):
+    """The same flags give the same pool in both: the planner calls the server's
+    `size_kv_pool` with the memory it is told, and prints the server's sentence."""
+    from jaxinfer.config import SchedulerConfig
+    from jaxinfer.engine.builder import size_kv_pool
+
+    cfg, memory = llama70b(), 80 * 2**30
+    for flags, cache, sched in (
+            ((), CacheConfig(), SchedulerConfig(max_model_len=4096)),
+            (("--gpu-memory-utilization", "0.8", "--max-num-batched-tokens", "2048", "--max-num-seqs", "256"),
+             CacheConfig(gpu_memory_utilization=0.8), SchedulerConfig(max_model_len=4096, max_num_batched_tokens=2048,
+                                                                      max_num_seqs=256)),
+            (("--kv-cache-memory", "20GiB"), CacheConfig(kv_cache_memory=20 * 2**30), SchedulerConfig(max_model_len=4096)),
+            (("--num-blocks", "1000"), CacheConfig(num_blocks=1000), SchedulerConfig(max_model_len=4096))):
+        assert plan.main(["--model", str(CONFIGS / "llama-3-70b.json"), "--devices", "8", "--device-memory", "80GiB",
+                          "--tensor-parallel-size", "8", "--json", *flags]) == 0
+        out = json.loads(capsys.readouterr().out)
+        weights = sharding.per_device_param_bytes(cfg, "bfloat16", 8)
+        n, per_block, why = size_kv_pool(cfg, cache, "bfloat16", weights, 8, sched, 8, memory)
+        assert (out["num_blocks"], out["kv_bytes_per_block_per_device"], out["kv_sizing"]) == (n, per_block, why)
+        assert plan_num_blocks(cfg, cache, "bfloat16", weights, 8, sched, 8, memory) == (n, why)
 
 
 def test_planner_says_when_it_does_not_fit(capsys):
@@ -70,7 +102,7 @@ def test_planner_says_when_it_does_not_fit(capsys):
                       "--tensor-parallel-size", "1"]) == 1
     out = capsys.readouterr().out
     assert "DOES NOT FIT" in out
-    assert "--tensor-parallel-size 4, more devices than --devices 1" in out  # see the test below
+    assert "--tensor-parallel-size 2, more devices than --devices 1" in out  # see the test below
 
 
 def test_parse_bytes():
@@ -129,20 +161,23 @@ def test_dummy_init_of_llama3_70b_is_born_sharded():
 
 
 def test_planner_suggests_the_smallest_tp_that_fits(capsys):
-    """70B bf16 on 80 GiB devices, reserve 0.5: the budget is 40 GiB per device. By hand,
-    TP 2 keeps 70.5e9 weight bytes per device (> 42.9e9: no room), TP 4 about 35.3e9 and
-    leaves KV room for whole 4096-token sequences: TP 4 is the answer (with 1 device too:
-    `test_planner_says_when_it_does_not_fit`)."""
-    cfg, budget = llama70b(), int(80 * 2**30 * 0.5)
+    """70B bf16 on 80 GiB devices at gpu_memory_utilization 0.5: the budget is 40 GiB per device
+    less the activations. By hand, TP 2 keeps 70.5e9 weight bytes per device (> 42.9e9: no
+    room), TP 4 about 35.3e9 and leaves KV room for whole 4096-token sequences: TP 4 is the
+    answer."""
+    cfg, budget = llama70b(), int(80 * 2**30 * 0.5) - ACT70
     weights = {tp: (PARAMS - NORMS) // tp * 2 + NORMS * 2 for tp in (1, 2, 4, 8)}
     fits = [tp for tp in (1, 2, 4, 8) if (budget - weights[tp]) // (2 * L * 16 * (K // tp) * H * 2) - 1 >= 256]
     assert fits[0] == 4
     assert plan.head_divisible_tp_sizes(cfg) == [1, 2, 4, 8]  # gcd(64, 8) = 8
-    args = ["--model", str(CONFIGS / "llama-3-70b.json"), "--device-memory", "80GiB", "--tensor-parallel-size", "1"]
+    args = ["--model", str(CONFIGS / "llama-3-70b.json"), "--device-memory", "80GiB", "--tensor-parallel-size", "1",
+            "--gpu-memory-utilization", "0.5"]
     assert plan.main(args + ["--devices", "8", "--json"]) == 1
     got = json.loads(capsys.readouterr().out)
     assert got["suggested_tensor_parallel_size"] == 4 and "more devices" not in got["suggestion"]
     assert plan.smallest_fitting_tp(cfg, max_tp=1, dtype="bfloat16", device_memory=80 * 2**30) is None
+    # at the server's default 0.9, TP 2 leaves room too
+    assert plan.smallest_fitting_tp(cfg, dtype="bfloat16", device_memory=80 * 2**30).tensor_parallel_size == 2
     assert "no tensor-parallel size" in plan.suggestion(cfg, None, 8) and "1, 2, 4, 8" in plan.suggestion(cfg, None, 8)
 
 
@@ -172,7 +207,7 @@ def test_planner_sizes_qwen_configs_by_hand(name, total):
     the biases and q/k norms are counted; at TP 4 the 4 (Qwen2.5) or 8 (Qwen3) KV heads split."""
     cfg = plan.load_config(str(CONFIGS / f"{name}.json"))
     p = plan.plan_memory(cfg, dtype="bfloat16", tensor_parallel_size=4, device_memory=80 * 10**9,
-                         kv_reserve_fraction=0.1, max_model_len=4096)
+                         max_model_len=4096)
     assert p.total_param_bytes == 2 * total and round(total / 1e9, 2) == {"qwen2.5-7b-instruct": 7.62,
                                                                          "qwen3-8b": 8.19}[name]
     assert p.kv_bytes_per_block_per_device == 2 * cfg.num_hidden_layers * 16 * (cfg.num_key_value_heads // 4) * 128 * 2

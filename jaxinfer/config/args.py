@@ -187,6 +187,14 @@ FLAGS: tuple[Flag, ...] = (
        llm="tensor_parallel_size", help="devices per replica (Megatron TP)"),
     _F("--data-parallel-size", "parallel", type=int, default=1, field="parallel.data_parallel_size",
        llm="data_parallel_size", help="replicas, each with its own KV pool"),
+    _F("--enable-expert-parallel", "parallel", action="store_true", default=False,
+       field="parallel.enable_expert_parallel", llm="enable_expert_parallel", help=(
+           "mixture-of-experts models: split the experts over the replica's devices (an expert mesh axis) instead "
+           "of splitting every expert's width; attention stays tensor-parallel over all of them")),
+    _F("--expert-parallel-size", "parallel", type=int, field="parallel.expert_parallel_size",
+       llm="expert_parallel_size", help=(
+           "with --enable-expert-parallel: devices the experts are split over, dividing --tensor-parallel-size; "
+           "each expert's width is split over the rest (default: all of them)")),
     _F("--coordinator-address", "parallel", field="parallel.coordinator_address",
        help="HOST:PORT of process 0 (multi-host; default: single process or from the environment)"),
     _F("--num-processes", "parallel", type=int, field="parallel.num_processes",

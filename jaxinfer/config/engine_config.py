@@ -165,6 +165,10 @@ class ParallelConfig:
     Attributes:
       tensor_parallel_size: devices per replica (mesh axis ``model``; Megatron TP).
       data_parallel_size: replicas, each with its own scheduler and KV pool (axis ``data``).
+      enable_expert_parallel: split a mixture of experts' experts over an ``expert`` mesh axis
+        of `expert_parallel_degree` devices (vLLM's ``--enable-expert-parallel``).
+      expert_parallel_size: the ``expert`` axis size (dividing ``tensor_parallel_size``); None:
+        all ``tensor_parallel_size`` devices.
       coordinator_address: ``host:port`` of process 0 for multi-host (``jax.distributed``);
         None: single process, or read from the cluster environment (SLURM, ...).
       num_processes, process_id: multi-host layout; None: from the environment.
@@ -172,6 +176,8 @@ class ParallelConfig:
 
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    expert_parallel_size: int | None = None
     coordinator_address: str | None = None
     num_processes: int | None = None
     process_id: int | None = None
@@ -179,6 +185,19 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1 or self.data_parallel_size < 1:
             raise ValueError("tensor_parallel_size and data_parallel_size must be >= 1")
+        ep = self.expert_parallel_size
+        if ep is not None and not self.enable_expert_parallel:
+            raise ValueError("expert_parallel_size needs enable_expert_parallel")
+        if ep is not None and (ep < 1 or self.tensor_parallel_size % ep):
+            raise ValueError(f"expert_parallel_size {ep} must be >= 1 and divide tensor_parallel_size "
+                             f"{self.tensor_parallel_size}")
+
+    @property
+    def expert_parallel_degree(self) -> int:
+        """Size of the ``expert`` mesh axis: 1 without expert parallelism."""
+        if not self.enable_expert_parallel:
+            return 1
+        return self.expert_parallel_size or self.tensor_parallel_size
 
     @property
     def world_size(self) -> int:

@@ -147,6 +147,16 @@ class ModelConfig:
       query_pre_attn_scalar: softmax scale is its ``** -0.5`` (None: ``head_dim ** -0.5``).
       final_logit_softcapping: logits ``= c * tanh(logits / c)`` (None: off).
 
+    Mixture of experts (`jaxinfer.models.moe_block`; 0 experts: every layer has the dense MLP):
+      num_experts: experts per sparse layer E (HF Mixtral ``num_local_experts``, Qwen3-MoE
+        ``num_experts``).
+      num_experts_per_tok: k, experts each token is routed to.
+      moe_intermediate_size: one expert's hidden width (Mixtral: ``intermediate_size``).
+      norm_topk_prob: renormalise the k routing weights to sum to 1 (Mixtral always does).
+      decoder_sparse_step, mlp_only_layers: layer ``i`` is sparse when ``i`` is not in
+        ``mlp_only_layers`` and ``(i + 1) % decoder_sparse_step == 0`` (transformers'
+        ``Qwen3MoeDecoderLayer``); the others have the dense MLP of width ``intermediate_size``.
+
     Serving choice (not read from checkpoints, not written back):
       quantization: None (float weights) or ``"int8"``: int8 weights with group
         scales (`jaxinfer.layers.quantization.int8`; ``--quantization``), which changes the params tree.
@@ -179,6 +189,12 @@ class ModelConfig:
     norm_offset: float = 0.0
     query_pre_attn_scalar: float | None = None
     final_logit_softcapping: float | None = None
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
     quantization: str | None = None
 
     def __post_init__(self) -> None:
@@ -194,6 +210,42 @@ class ModelConfig:
             raise ValueError(f"unknown layer types {bad}; supported: {', '.join(LAYER_TYPES)}")
         if "sliding_attention" in self.layer_types and not (self.sliding_window or 0) >= 1:
             raise ValueError(f"sliding layers need sliding_window >= 1, got {self.sliding_window}")
+        if self.num_experts:
+            self._check_moe()
+
+    def _check_moe(self) -> None:
+        if not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok must be in [1, num_experts={self.num_experts}], "
+                             f"got {self.num_experts_per_tok}")
+        if self.moe_intermediate_size < 1 or self.decoder_sparse_step < 1:
+            raise ValueError(f"moe_intermediate_size and decoder_sparse_step must be >= 1, got "
+                             f"{self.moe_intermediate_size} and {self.decoder_sparse_step}")
+        if self.quantization:
+            raise ValueError("quantization of mixture-of-experts models is not supported")
+        bad = [i for i in self.mlp_only_layers if not 0 <= i < self.num_hidden_layers]
+        if bad:
+            raise ValueError(f"mlp_only_layers {bad} are not layers of a {self.num_hidden_layers}-layer model")
+
+    @property
+    def sparse_layers(self) -> tuple[bool, ...]:
+        """Per layer: whether its MLP is the mixture of experts (all False without experts)."""
+        return tuple(bool(self.num_experts) and i not in self.mlp_only_layers
+                     and (i + 1) % self.decoder_sparse_step == 0 for i in range(self.num_hidden_layers))
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether any layer is a mixture of experts."""
+        return any(self.sparse_layers)
+
+    @property
+    def has_dense_mlp(self) -> bool:
+        """Whether any layer has the dense MLP."""
+        return not all(self.sparse_layers)
+
+    @property
+    def active_mlp_width(self) -> int:
+        """Hidden width a token's sparse-layer MLP computes: k experts' worth (``k * moe_intermediate_size``)."""
+        return self.num_experts_per_tok * self.moe_intermediate_size
 
     @property
     def layer_windows(self) -> tuple[int | None, ...]:
@@ -275,6 +327,14 @@ class ModelConfig:
             "head_dim": self.head_dim,
             **family.hf_config_dict(self),
         }
+
+    def hf_moe_fields(self) -> dict[str, Any]:
+        """The mixture-of-experts ``config.json`` fields (Qwen3-MoE's names, with Mixtral's
+        ``num_local_experts`` too), for the MoE families' ``hf_config_dict``."""
+        return {"num_experts": self.num_experts, "num_local_experts": self.num_experts,
+                "num_experts_per_tok": self.num_experts_per_tok, "moe_intermediate_size": self.moe_intermediate_size,
+                "norm_topk_prob": self.norm_topk_prob, "decoder_sparse_step": self.decoder_sparse_step,
+                "mlp_only_layers": list(self.mlp_only_layers)}
 
     def hf_common_fields(self) -> dict[str, Any]:
         """The HF ``config.json`` fields every family writes alike (norm epsilon, context,

@@ -142,32 +142,46 @@ def kv_pool_budget(cache: CacheConfig, device_memory: int | None, weight_bytes: 
             f"default CPU budget (4 GiB, at most a quarter of RAM{share})")
 
 
-def plan_num_blocks(cfg: ModelConfig, cache: CacheConfig, dtype: str, weight_bytes: int = 0,
-                    tensor_parallel_size: int = 1, scheduler: SchedulerConfig | None = None,
-                    host_devices: int | None = None) -> tuple[int, str]:
-    """Number of KV blocks (including the null block) and a sentence saying why.
+def size_kv_pool(cfg: ModelConfig, cache: CacheConfig, dtype: str, weight_bytes: int = 0,
+                 tensor_parallel_size: int = 1, scheduler: SchedulerConfig | None = None,
+                 host_devices: int | None = None, device_memory: int | None = None) -> tuple[int, int, str]:
+    """The KV pool rule, shared by the server (`plan_num_blocks`) and ``python -m jaxinfer.plan``:
+    ``(blocks, bytes per block per device, why)``; blocks may be < 2 (nothing fits) here.
 
     Per-device accounting: ``weight_bytes`` is what one device holds, ``kv_cache_memory``
     is a per-device budget, and a block costs `kv_bytes_per_block` on each device of
     the TP group. Precedence: explicit ``num_blocks``; else `kv_pool_budget` of the
     device's memory with `activation_reserve_bytes` of ``scheduler`` (default limits
     when None). ``host_devices``: the engine's devices in all (default: the TP group),
-    over which the CPU default budget is split.
+    over which the CPU default budget is split. ``device_memory``: bytes of one device
+    (None: `device_memory_bytes` of this process's device; the planner passes the memory it is told).
+    """
+    per_block = kv_bytes_per_block(cfg, cache.block_size, dtype, tensor_parallel_size, cache.kv_cache_dtype)
+    if cache.num_blocks is not None:
+        return cache.num_blocks, per_block, f"{cache.num_blocks} blocks (set explicitly)"
+    reserve = activation_reserve_bytes(cfg, scheduler or SchedulerConfig())
+    memory = device_memory_bytes() if device_memory is None else device_memory
+    budget, why = kv_pool_budget(cache, memory, weight_bytes, reserve, host_devices or tensor_parallel_size)
+    n = max(0, budget // per_block)
+    return n, per_block, (f"{n} blocks x {per_block / 2**20:.2f} MiB per device = {n * per_block / 2**30:.2f} GiB "
+                          f"({why})")
+
+
+def plan_num_blocks(cfg: ModelConfig, cache: CacheConfig, dtype: str, weight_bytes: int = 0,
+                    tensor_parallel_size: int = 1, scheduler: SchedulerConfig | None = None,
+                    host_devices: int | None = None, device_memory: int | None = None) -> tuple[int, str]:
+    """Number of KV blocks (including the null block) and a sentence saying why: `size_kv_pool`
+    (the same arguments), which ``python -m jaxinfer.plan`` also calls.
 
     Raises:
       ValueError: the budget holds fewer than 2 blocks.
     """
-    per_block = kv_bytes_per_block(cfg, cache.block_size, dtype, tensor_parallel_size, cache.kv_cache_dtype)
-    if cache.num_blocks is not None:
-        return cache.num_blocks, f"{cache.num_blocks} blocks (set explicitly)"
-    reserve = activation_reserve_bytes(cfg, scheduler or SchedulerConfig())
-    budget, why = kv_pool_budget(cache, device_memory_bytes(), weight_bytes, reserve,
-                                 host_devices or tensor_parallel_size)
-    if budget // per_block < 2:  # block 0 is the null block: nothing could ever run
-        raise ValueError(f"the KV budget ({why}: {budget} bytes) holds {max(0, budget // per_block)} blocks of "
-                         f"{per_block} bytes; at least 2 are needed (block 0 is the null block)")
-    n = budget // per_block
-    return n, f"{n} blocks x {per_block / 2**20:.2f} MiB per device = {n * per_block / 2**30:.2f} GiB ({why})"
+    n, per_block, why = size_kv_pool(cfg, cache, dtype, weight_bytes, tensor_parallel_size, scheduler, host_devices,
+                                     device_memory)
+    if n < 2:  # block 0 is the null block: nothing could ever run
+        raise ValueError(f"the KV budget ({why}) holds {n} blocks of {per_block} bytes; at least 2 are needed "
+                         "(block 0 is the null block)")
+    return n, why
 
 
 def max_concurrency_at_full_length(num_blocks: int, block_size: int, watermark: float, max_model_len: int) -> int:
@@ -188,6 +202,8 @@ def settings_line(config: EngineConfig, backend: str, num_blocks: int, plan=None
     conc = max_concurrency_at_full_length(num_blocks, cc.block_size, cc.watermark, sc.max_model_len)
     par = config.parallel
     layout = f" tp={par.tensor_parallel_size} dp={par.data_parallel_size}" if par.world_size > 1 else ""
+    if par.expert_parallel_degree > 1:
+        layout += f" ep={par.expert_parallel_degree}"
     spec = config.speculative
     extras = (f" quantization={config.quantization}" if config.quantization else "") + (
         f" speculative={spec.method} k={spec.num_speculative_tokens}" if spec is not None else "") + (
@@ -261,7 +277,8 @@ def load_model(config: EngineConfig, load_format: str = "auto", weights_dir: str
         from jaxinfer.distributed import sharding  # restore each array straight into its shards
 
         par = config.parallel
-        mesh = sharding.make_mesh(par.tensor_parallel_size, par.data_parallel_size)
+        mesh = sharding.make_mesh(par.tensor_parallel_size, par.data_parallel_size,
+                                  expert_parallel_size=par.expert_parallel_degree)
         shardings = sharding.param_shardings(model_config, mesh)
     params = None if load_format == "dummy" else load_params(folder / "params", dtype=resolve_dtype(config.dtype),
                                                              shardings=shardings)
@@ -382,7 +399,8 @@ def quantize_model(config: EngineConfig, model_config: ModelConfig, params):
 
 
 def build_replica(config: EngineConfig, model_config: ModelConfig, params, tokenizer, mesh=None, *,
-                  progress=None, on_planned=None, draft: dict | None = None, grammar=None, plan=None) -> LLMEngine:
+                  progress=None, on_planned=None, draft: dict | None = None, grammar=None, plan=None,
+                  device_memory: int | None = None) -> LLMEngine:
     """One engine (one replica) on one device or on a ``(data=1, model=tp)`` mesh: the KV
     pool sized per device (`plan_num_blocks`), the runner, warm-up if configured.
 
@@ -398,6 +416,9 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
         beyond the engine's own (a draft model for speculative decoding), or None.
       grammar: a `jaxinfer.engine.protocol.SharedGrammar` shared with other replicas, or None.
       plan: the runner's `jaxinfer.platform.execution_plan.ExecutionPlan`; None: `resolve_plan` (once, here).
+      device_memory: bytes of one device for the KV budget (`plan_num_blocks`); None: this
+        process's device. With ``params`` as ``jax.ShapeDtypeStruct``s (abstract weights) the
+        runner is abstract (`jaxinfer.runner.model_runner.ModelRunner`): it lowers, never runs.
 
     Multi-process: the runner is `jaxinfer.distributed.multihost.step_runner`'s (the leader's broadcasts).
 
@@ -407,10 +428,11 @@ def build_replica(config: EngineConfig, model_config: ModelConfig, params, token
     from jaxinfer.distributed import multihost as distributed
     from jaxinfer.distributed import sharding
 
-    tp = 1 if mesh is None else mesh.shape["model"]
+    tp = 1 if mesh is None else sharding.mesh_degrees(mesh)[0]
     weight_bytes = sharding.per_device_bytes(params)
     num_blocks, why = plan_num_blocks(model_config, config.cache, config.dtype, weight_bytes, tp, config.scheduler,
-                                      host_devices=tp * config.parallel.data_parallel_size)
+                                      host_devices=tp * config.parallel.data_parallel_size,
+                                      device_memory=device_memory)
     if jax.process_count() > 1:  # one cache shape on every process: the smallest pool any of them planned
         agreed = distributed.agree_num_blocks(num_blocks)
         if agreed != num_blocks:

@@ -36,7 +36,8 @@ from jaxinfer.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 
-def build_parallel_engine(config: EngineConfig, model_config: ModelConfig, params, tokenizer=None):
+def build_parallel_engine(config: EngineConfig, model_config: ModelConfig, params, tokenizer=None, *,
+                          abstract: bool = False, plan=None, device_memory: int | None = None):
     """Build the engine(s) for ``config.parallel`` on a ``(data, model)`` mesh.
 
     Args:
@@ -46,6 +47,10 @@ def build_parallel_engine(config: EngineConfig, model_config: ModelConfig, param
         (each device receives only its slice), or ``jax.Array``s already placed with
         `sharding.param_shardings` on the same mesh (orbax restore; kept, no copy).
       tokenizer: optional tokenizer shared by the replicas.
+      abstract: build with abstract weights and KV (``jax.ShapeDtypeStruct`` in their shardings;
+        ``params`` must be None): nothing is allocated and the runners only lower their steps
+        (`jaxinfer.engine.step_check`).
+      plan, device_memory: as `jaxinfer.engine.builder.build_replica`'s.
     Returns:
       An `LLMEngine` (DP 1) or a `DataParallelRouter` (DP > 1). In a multi-process run
       the engine's runner also takes part in the SPMD step protocol of
@@ -61,13 +66,18 @@ def build_parallel_engine(config: EngineConfig, model_config: ModelConfig, param
             raise ValueError(f"multi-process serving needs data_parallel_size 1 and tensor_parallel_size = all "
                              f"{jax.device_count()} devices (got TP {tp}, DP {dp}); run one server per replica "
                              "behind a load balancer for data parallelism across hosts")
-    mesh = sharding.make_mesh(tp, dp)
+    ep = par.expert_parallel_degree
+    mesh = sharding.make_mesh(tp, dp, expert_parallel_size=ep)
     shardings = sharding.param_shardings(model_config, mesh)
-    if params is None:
+    if abstract:
+        if params is not None:
+            raise ValueError("an abstract engine takes no params (their shapes come from the config)")
+        params = sharding.abstract_params_sharded(model_config, config.dtype, shardings)
+    elif params is None:
         params = sharding.init_params_sharded(model_config, config.dtype, config.seed, shardings)
     else:
         params = sharding.place_params(params, shardings)
-    fallback = sharding.replicated_axes(model_config, tp)
+    fallback = sharding.replicated_axes(model_config, tp, ep)
     if fallback:
         logger.warning("TP %d does not divide %s: those axes are replicated on every device of a replica "
                        "(see jaxinfer.distributed.sharding)", tp, ", ".join(fallback))
@@ -77,7 +87,8 @@ def build_parallel_engine(config: EngineConfig, model_config: ModelConfig, param
     # one grammar engine for all replicas (one tokenizer): a constraint compiled in the API's
     # thread through the router is in every replica's cache
     grammar = SharedGrammar(tokenizer, model_config.vocab_size, frozenset(model_config.eos_token_ids))
-    engines = [build_replica(config, model_config, p, tokenizer, sub, grammar=grammar)
+    engines = [build_replica(config, model_config, p, tokenizer, sub, grammar=grammar, plan=plan,
+                             device_memory=device_memory)
                for p, sub in zip(replica_params, sharding.replica_meshes(mesh))]
     return engines[0] if dp == 1 else DataParallelRouter(engines)
 

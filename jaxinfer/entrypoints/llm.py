@@ -63,6 +63,9 @@ class LLM:
       load_format: "auto" or "dummy" (random weights).
       tensor_parallel_size, data_parallel_size: devices per replica and replicas
         (`ParallelConfig`, `jaxinfer.distributed.sharding`); generate works the same with any.
+      enable_expert_parallel: a mixture-of-experts model's experts split over the replica's
+        devices (vLLM's name); expert_parallel_size: over how many of them (dividing
+        tensor_parallel_size; default all), each expert's width split over the rest.
       scheduler: "continuous" (default) or "static", the static-batching baseline
         (`jaxinfer.core.sched.static`), for side-by-side measurements.
       scheduling_policy: "fcfs" or "priority" (``SamplingParams.priority`` / ``generate``'s
@@ -92,7 +95,9 @@ class LLM:
                  weights_dir: str | None = None, max_queue_len: int = OFFLINE_MAX_QUEUE_LEN,
                  enable_prefix_caching: bool = _D["enable_prefix_caching"],
                  tensor_parallel_size: int = _D["tensor_parallel_size"],
-                 data_parallel_size: int = _D["data_parallel_size"], tokenizer: str | None = None,
+                 data_parallel_size: int = _D["data_parallel_size"],
+                 enable_expert_parallel: bool = _D["enable_expert_parallel"], expert_parallel_size: int | None = None,
+                 tokenizer: str | None = None,
                  chat_template: str | None = None, gpu_memory_utilization: float | None = None,
                  block_size: int = _D["block_size"], use_tqdm: bool = True, scheduler: str = _D["scheduler"],
                  scheduling_policy: str = _D["scheduling_policy"], priority_aging_s: float | None = None,
@@ -106,7 +111,9 @@ class LLM:
         weights_dir = str(weights_dir or default_weights_dir())
         flags = {k: v for k, v in locals().items() if k in _D}  # the table's keywords, as given
         flags.update(model=str(model))
-        parallel = ParallelConfig(tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size)
+        parallel = ParallelConfig(tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
+                                  enable_expert_parallel=enable_expert_parallel,
+                                  expert_parallel_size=expert_parallel_size)
         # a bad dtype, runner or pooling type is refused before JAX is asked
         EngineConfig(model_path=str(model), dtype=dtype, runner=runner, pooling_type=pooling_type)
         SpeculativeConfig.from_value(speculative_config)  # and a bad speculative config

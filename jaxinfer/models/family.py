@@ -49,6 +49,12 @@ class ModelFamily:
         -> HF name (without ``model.layers.<i>.`` and ``.weight`` / ``.bias``).
       gguf_tensor_fix: (GGUF name, HF name, float32 ``[out, in]`` array, config) -> the array as
         the HF checkpoint holds it (undoing llama.cpp's storage changes).
+      hf_expert_tensors: a mixture of experts' per-expert HF tensor names with the expert
+        index left out (``block_sparse_moe.experts.w1.weight`` for
+        ``block_sparse_moe.experts.<e>.w1.weight``) -> (path in the stacked tree, reshape
+        kind); the experts are stacked on the axis after the layers'.
+      gguf_expert_tensors: GGUF per-layer stacked-expert tensor names (``ffn_gate_exps``) ->
+        the HF name with the expert index left out (as in ``hf_expert_tensors``).
     """
 
     model_type: str
@@ -62,3 +68,5 @@ class ModelFamily:
     gguf_tensors: Mapping[str, str]
     gguf_layer_tensors: Mapping[str, str]
     gguf_tensor_fix: Callable[[str, str, "np.ndarray", "ModelConfig"], "np.ndarray"]
+    hf_expert_tensors: Mapping[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    gguf_expert_tensors: Mapping[str, str] = dataclasses.field(default_factory=dict)

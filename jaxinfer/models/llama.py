@@ -76,6 +76,7 @@ from jaxinfer.layers.linear import PACKED_COLLECTION, LinearMethod, Projection, 
 from jaxinfer.layers import cpu_bf16
 from jaxinfer.layers.rope import apply_rope, layer_rope_tables, select_rope
 from jaxinfer.layers.attention.xla_work_plan import XlaWorkPlan
+from jaxinfer.models.moe_block import SparseMoeBlock
 
 
 def _part(init, names):
@@ -234,11 +235,26 @@ class DecoderLayer(nn.Module):
         if c.sandwich_norm:
             a = norm(name="attn_out_norm")(a)
         x = x + a
-        m = MLP(c, self.dtype, self.param_dtype, self.linear, name="mlp")(norm(name="post_attention_norm")(x), layer,
-                                                                         real_tokens(meta))
+        m = self._mlp(norm(name="post_attention_norm")(x), layer, real_tokens(meta))
         if c.sandwich_norm:
             m = norm(name="mlp_out_norm")(m)
         return (x + m, k_cache, v_cache, layer + 1), None
+
+    def _mlp(self, h, layer, rows):
+        """The layer's MLP: the dense one, the mixture of experts (`SparseMoeBlock`, on the
+        attention backend's mesh), or, when the model mixes both (``mlp_only_layers``,
+        ``decoder_sparse_step``), the one ``cfg.sparse_layers`` names for the traced ``layer``
+        (both run and one is kept: each layer of the stack then has both parameter sets, a
+        layer's unused set zeros; no released checkpoint of these families mixes them)."""
+        c = self.cfg
+        dense = MLP(c, self.dtype, self.param_dtype, self.linear, name="mlp") if c.has_dense_mlp else None
+        moe = SparseMoeBlock(c, self.dtype, self.param_dtype, self.attention.mesh, name="moe") if c.is_moe else None
+        if moe is None:
+            return dense(h, layer, rows)
+        if dense is None:
+            return moe(h)
+        sparse = jnp.asarray(c.sparse_layers)[layer]
+        return jnp.where(sparse, moe(h), dense(h, layer, rows))
 
 
 class LlamaForCausalLM(nn.Module):

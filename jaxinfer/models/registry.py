@@ -15,11 +15,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from jaxinfer.models import gemma3_family, llama_family, qwen2_family, qwen3_family
+from jaxinfer.models import gemma3_family, llama_family, mixtral_family, qwen2_family, qwen3_family, qwen3_moe_family
 from jaxinfer.models.family import ModelFamily
 
 FAMILIES: tuple[ModelFamily, ...] = (llama_family.FAMILY, gemma3_family.FAMILY, qwen2_family.FAMILY,
-                                     qwen3_family.FAMILY)
+                                     qwen3_family.FAMILY, mixtral_family.FAMILY, qwen3_moe_family.FAMILY)
 _BY_MODEL_TYPE: dict[str, ModelFamily] = {f.model_type: f for f in FAMILIES}
 _BY_GGUF: dict[str, ModelFamily] = {f.gguf_architecture: f for f in FAMILIES if f.gguf_architecture}
 

@@ -139,6 +139,12 @@ def greedy_only(s: SamplingMetadata, vocab_size: int) -> bool:
                 or bool(np.any(s.bias_ids < vocab_size)))
 
 
+def is_abstract(tree) -> bool:
+    """Whether every leaf of ``tree`` is a ``jax.ShapeDtypeStruct`` (an abstract runner's weights)."""
+    leaves = jax.tree.leaves(tree)
+    return bool(leaves) and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+
+
 def kv_cache_shape(cfg: ModelConfig, num_blocks: int, block_size: int) -> tuple[int, ...]:
     """[L, num_blocks, block_size, K, H] for each of K and V."""
     return (cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
@@ -199,6 +205,9 @@ class ModelRunner:
         self._shardings = shardings
         self._replicated = shardings[2] if shardings else None
         self.greedy_fast_path = True  # `greedy_only` steps skip the sampler executable (`execute`)
+        self.abstract = is_abstract(params)
+        if self.abstract:
+            self.plan = plan = dataclasses.replace(plan, unroll_max_tokens=0)
         self._place_params(params)
         self.kv_shape = kv_cache_shape(cfg, num_blocks, block_size)
         self.kv_dtype = kv_storage_dtype(self.dtype, plan.platform)
@@ -233,6 +242,9 @@ class ModelRunner:
         packs nothing) with the stacked kernels they copy dropped, the unrolled layout's per-layer
         arrays where buckets unroll, and the scanned stack as bits where the plan stores bfloat16
         so (`cpu_bf16.weights_as_bits`)."""
+        if self.abstract:
+            self._place_abstract_params(params)
+            return
         scanned, self.amx = self.linear.process_weights_after_loading(params, self.cfg)
         # The unrolled layout shares every leaf but the layers' with the stacked tree.
         self.layer_params = unstack_layers(params, self.cfg.num_hidden_layers) if self.unroll_max_tokens > 0 else None
@@ -240,8 +252,29 @@ class ModelRunner:
             scanned = {**scanned, "layers": cpu_bf16.weights_as_bits(scanned["layers"])}
         self.params = scanned
 
+    def _place_abstract_params(self, params) -> None:
+        """`_place_params` over shapes: the same scanned tree (bit-stored as the plan says), no
+        packed copies, no unrolled layout (the abstract runner scans every bucket).
+
+        Raises:
+          ValueError: the plan's linear method packs weights (it needs their values).
+        """
+        if self.plan.packed:
+            raise ValueError(f"an abstract runner cannot pack weights (linear method {self.plan.linear!r})")
+        self.amx, self.layer_params = None, None
+        if self.plan.bf16_bits:  # the same shapes and shardings, stored as `cpu_bf16.BITS`
+            bits = lambda x: jax.ShapeDtypeStruct(x.shape, cpu_bf16.BITS if x.dtype == jnp.bfloat16  # noqa: E731
+                                                  else x.dtype, sharding=x.sharding)
+            params = {**params, "layers": jax.tree.map(bits, params["layers"])}
+        self.params = params
+
     def _alloc_cache(self):
         kv_sharding = self._shardings[1] if self._shardings else None
+        if self.abstract:  # shapes only, in the cache's sharding
+            shapes = jax.eval_shape(lambda: self.kv_storage.alloc(self.kv_shape))
+            place = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)  # noqa: E731
+            cache = jax.tree.map(place, shapes, kv_sharding) if kv_sharding is not None else shapes
+            return cache, cache
         make = jax.jit(lambda: self.kv_storage.alloc(self.kv_shape), out_shardings=kv_sharding)
         return make(), make()
 
@@ -282,14 +315,7 @@ class ModelRunner:
         bucket = inputs_like.bucket
         if bucket not in self._executables:
             t0 = time.perf_counter()
-            params_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                                      sharding=getattr(x, "sharding", None)),
-                                       self._step_params(bucket))
-            kv_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.k_cache)
-            jitted = self._jitted_unrolled if self._unrolled(bucket) else self._jitted
-            self._executables[bucket] = jitted.lower(
-                params_spec, kv_spec, kv_spec,
-                *_specs((inputs_like.token_ids, inputs_like.attention), self._replicated)).compile()
+            self._executables[bucket] = self.lower(inputs_like).compile()
             self.num_compilations += 1
             self.compile_seconds += time.perf_counter() - t0
         for s in _sampler_variants(inputs_like.sampling):
@@ -314,6 +340,27 @@ class ModelRunner:
         self.num_compilations += 1
         self.compile_seconds += time.perf_counter() - t0
 
+    def lower(self, inputs_like: StepInputs, lowering_platforms: tuple[str, ...] | None = None):
+        """The model step of ``inputs_like.bucket`` lowered from shapes only (``jax.stages.Lowered``),
+        the one `compile` compiles. ``lowering_platforms``: e.g. ``("cuda",)`` to lower for a
+        platform this host does not have (``jax.stages.Traced.lower``); None: the devices'."""
+        bucket = inputs_like.bucket
+        params_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                                  sharding=getattr(x, "sharding", None)),
+                                   self._step_params(bucket))
+        kv_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.k_cache)
+        jitted = self._jitted_unrolled if self._unrolled(bucket) else self._jitted
+        traced = jitted.trace(params_spec, kv_spec, kv_spec,
+                              *_specs((inputs_like.token_ids, inputs_like.attention), self._replicated))
+        return traced.lower(lowering_platforms=lowering_platforms)
+
+    def lower_sampler(self, num_seqs: int, s: SamplingMetadata, lowering_platforms: tuple[str, ...] | None = None):
+        """The sampler over ``num_seqs`` rows of ``s``'s variant lowered from shapes only (as `lower`)."""
+        logits_spec = jax.ShapeDtypeStruct((num_seqs, self.cfg.vocab_size), jnp.float32, sharding=self._replicated)
+        out = {} if self._replicated is None else {"out_shardings": self._replicated}
+        return jax.jit(self._sample_step, **out).trace(logits_spec, _specs(s, self._replicated)).lower(
+            lowering_platforms=lowering_platforms)
+
     def _compile_prompt_head(self, num_tokens: int) -> None:
         """Compile the prompt-logprobs pass for T = ``num_tokens`` (one per token rung, at
         warm-up with the model buckets)."""
@@ -333,10 +380,7 @@ class ModelRunner:
         if key in self._samplers:
             return
         t0 = time.perf_counter()
-        logits_spec = jax.ShapeDtypeStruct((num_seqs, self.cfg.vocab_size), jnp.float32, sharding=self._replicated)
-        out = {} if self._replicated is None else {"out_shardings": self._replicated}
-        self._samplers[key] = jax.jit(self._sample_step, **out).lower(
-            logits_spec, _specs(s, self._replicated)).compile()
+        self._samplers[key] = self.lower_sampler(num_seqs, s).compile()
         self.num_compilations += 1
         self.compile_seconds += time.perf_counter() - t0
 
@@ -353,6 +397,8 @@ class ModelRunner:
           sampler (nor copies its metadata): the same ids, as the sampler would only take
           that argmax of the unchanged logits.
         """
+        if self.abstract:
+            raise RuntimeError("an abstract runner (shapes only) cannot execute a step; it can only lower one")
         bucket = inputs.bucket
         key = _sampler_key(bucket.num_seqs, inputs.sampling)
         if bucket not in self._executables or key not in self._samplers or bucket.num_tokens not in self._prompt_heads:
@@ -397,4 +443,4 @@ class ModelRunner:
     @property
     def kv_cache_bytes(self) -> int:
         """Bytes of the live K and V buffers (values and scales; whole arrays, all shards)."""
-        return int(sum(x.nbytes for x in jax.tree.leaves((self.k_cache, self.v_cache))))
+        return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((self.k_cache, self.v_cache))))

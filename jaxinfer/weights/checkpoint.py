@@ -12,7 +12,10 @@ heads, K kv heads, H head dim, F ffn, V vocab)::
     layers/attn/o_proj/kernel         [L, N, H, D]
     layers/mlp/gate_proj/kernel       [L, D, F]
     layers/mlp/up_proj/kernel         [L, D, F]
-    layers/mlp/down_proj/kernel       [L, F, D]
+    layers/mlp/down_proj/kernel       [L, F, D]   (layers/mlp/*: only when some layer is dense)
+    layers/moe/router                 [L, D, E]   (layers/moe/*: only with experts, E of them,
+    layers/moe/{gate,up}_proj         [L, E, D, Fe]  Fe = moe_intermediate_size;
+    layers/moe/down_proj              [L, E, Fe, D]  jaxinfer.models.moe_block)
     layers/input_norm/scale           [L, D]
     layers/post_attention_norm/scale  [L, D]   (the norm before the MLP)
     layers/attn/{q,k}_norm/scale      [L, H]   (only with ``qk_norm``: Gemma 3, Qwen3)
@@ -102,6 +105,12 @@ def param_shapes(cfg: ModelConfig) -> dict[str, Any]:
         },
         "final_norm": {"scale": (D,)},
     }
+    if not cfg.has_dense_mlp:
+        del tree["layers"]["mlp"]
+    if cfg.is_moe:
+        E, Fe = cfg.num_experts, cfg.moe_intermediate_size
+        tree["layers"]["moe"] = {"router": (L, D, E), "gate_proj": (L, E, D, Fe), "up_proj": (L, E, D, Fe),
+                                 "down_proj": (L, E, Fe, D)}
     if cfg.qk_norm:
         tree["layers"]["attn"].update({"q_norm": {"scale": (L, H)}, "k_norm": {"scale": (L, H)}})
     if cfg.qkv_bias:

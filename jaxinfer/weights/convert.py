@@ -59,39 +59,98 @@ def build_tree(tensors: Iterator[tuple[str, np.ndarray]], cfg: ModelConfig, dtyp
 
     Args:
       tensors: ``(name, array)`` pairs, e.g. from `read_gguf` or `read_safetensors`.
-      cfg: the model's hyperparameters (head counts for the reshapes, tying).
+      cfg: the model's hyperparameters (head counts for the reshapes, tying, experts).
       dtype: storage dtype of every leaf.
     Returns:
-      Nested dict as described in `jaxinfer.weights.checkpoint` (shapes checked).
+      Nested dict as described in `jaxinfer.weights.checkpoint` (shapes checked). In a model
+      that mixes dense and sparse layers the parameters a layer does not use are zeros.
     Raises:
       ValueError: unknown tensors (per-layer names come from the family's
-        ``hf_layer_tensors``), missing layers or shapes that do not match ``cfg``.
+        ``hf_layer_tensors`` and ``hf_expert_tensors``), missing layers or experts, an expert
+        index past the config's expert count, or shapes that do not match ``cfg``; one line
+        naming the tensor.
     """
     dtype = as_dtype(dtype)
-    names = registry.by_model_type(cfg.model_type).hf_layer_tensors
-    expected = set(_flatten_keys(param_shapes(cfg)["layers"]))  # the config's layer leaves (biases...)
+    family = registry.by_model_type(cfg.model_type)
+    names, expert_names = family.hf_layer_tensors, family.hf_expert_tensors
+    expected = set(_flatten_keys(param_shapes(cfg)["layers"]))  # the config's layer leaves (biases, experts...)
     flat: dict[str, np.ndarray] = {}
     layers: dict[str, list] = {path: [None] * cfg.num_hidden_layers for path, _ in names.values() if path in expected}
+    experts: dict[str, list] = {path: [[None] * cfg.num_experts for _ in range(cfg.num_hidden_layers)]
+                                for path, _ in expert_names.values() if path in expected}
     try:
-        _place_all(tensors, names, layers, flat, cfg, dtype)
+        _place_all(tensors, family, layers, experts, flat, cfg, dtype)
     finally:  # a reader stopped by an error ends its progress bar now, before the error is shown
         getattr(tensors, "close", lambda: None)()
     for path, ws in layers.items():
-        missing = [i for i, w in enumerate(ws) if w is None]
-        if missing:
-            raise ValueError(f"layers {missing} have no {path}")
-        flat[f"layers/{path}"] = np.stack(ws)
+        flat[f"layers/{path}"] = _stack_layers(path, ws, cfg)
+    for path, per_layer in experts.items():
+        flat[f"layers/{path}"] = _stack_experts(path, per_layer, cfg, expert_names)
     tree = _unflatten(flat)
     check_tree(tree, cfg)
     return tree
 
 
-def _place_all(tensors, names, layers: dict[str, list], flat: dict[str, np.ndarray], cfg: ModelConfig,
-               dtype) -> None:
-    """Put each HF tensor in its layer slot (``layers``) or its whole-model leaf (``flat``)."""
+_EXPERT_RE = re.compile(r"(.+\.experts)\.(\d+)\.(.+)")
+
+
+def _needed(path: str, cfg: ModelConfig) -> list[bool]:
+    """Per layer: whether the checkpoint must hold ``path`` there (the dense MLP in dense
+    layers, the router in sparse ones, everything else everywhere)."""
+    sparse = cfg.sparse_layers
+    if path.startswith("mlp/"):
+        return [not s for s in sparse]
+    if path.startswith("moe/"):
+        return list(sparse)
+    return [True] * cfg.num_hidden_layers
+
+
+def _stack_layers(path: str, ws: list, cfg: ModelConfig) -> np.ndarray:
+    missing = [i for i, (w, need) in enumerate(zip(ws, _needed(path, cfg))) if need and w is None]
+    if missing:
+        raise ValueError(f"layers {missing} have no {path}")
+    like = next(w for w in ws if w is not None)
+    return np.stack([np.zeros_like(like) if w is None else w for w in ws])
+
+
+def _put_expert(per_layer: list, layer: int, expert: int, w: np.ndarray, name: str, cfg: ModelConfig) -> None:
+    if expert >= cfg.num_experts:
+        raise ValueError(f"expert count mismatch: {name} is expert {expert}, but config.json says "
+                         f"{cfg.num_experts} experts")
+    if layer >= cfg.num_hidden_layers or not cfg.sparse_layers[layer]:
+        raise ValueError(f"{name}: layer {layer} is not a mixture-of-experts layer of this config "
+                         "(num_hidden_layers, mlp_only_layers, decoder_sparse_step)")
+    per_layer[layer][expert] = w
+
+
+def _stack_experts(path: str, per_layer: list, cfg: ModelConfig, expert_names) -> np.ndarray:
+    """``[L, E, ...]`` of one expert tensor; raises naming the first missing (layer, expert)."""
+    hf = next(n for n, (p, _) in expert_names.items() if p == path)
+    for i, sparse in enumerate(cfg.sparse_layers):
+        got = [e for e, w in enumerate(per_layer[i]) if w is not None]
+        if sparse and len(got) < cfg.num_experts:
+            first = next(e for e, w in enumerate(per_layer[i]) if w is None)
+            prefix, _, leaf = hf.rpartition(".experts.")
+            raise ValueError(f"missing expert tensor model.layers.{i}.{prefix}.experts.{first}.{leaf} (layer {i} "
+                             f"has {len(got)} of the {cfg.num_experts} experts config.json says)")
+    like = next(w for ws in per_layer for w in ws if w is not None)
+    return np.stack([np.stack([np.zeros_like(like) if w is None else w for w in ws]) for ws in per_layer])
+
+def _place_all(tensors, family, layers: dict[str, list], experts: dict[str, list], flat: dict[str, np.ndarray],
+               cfg: ModelConfig, dtype) -> None:
+    """Put each HF tensor in its layer slot (``layers``), its (layer, expert) slot (``experts``)
+    or its whole-model leaf (``flat``)."""
+    names, expert_names = family.hf_layer_tensors, family.hf_expert_tensors
     for name, w in tensors:
         m = _HF_LAYER_RE.fullmatch(name)
-        if m and m.group(2) in names:
+        e = _EXPERT_RE.fullmatch(m.group(2)) if m else None
+        if e and f"{e.group(1)}.{e.group(3)}" in expert_names:
+            path, kind = expert_names[f"{e.group(1)}.{e.group(3)}"]
+            if path not in experts:
+                raise ValueError(f"tensor {name!r} does not fit the config (it has no experts)")
+            _put_expert(experts[path], int(m.group(1)), int(e.group(2)), _reshape(w, kind, cfg).astype(dtype), name,
+                        cfg)
+        elif m and m.group(2) in names:
             path, kind = names[m.group(2)]
             if path not in layers:
                 raise ValueError(f"tensor {name!r} does not fit the config (it has no layers/{path}; "

@@ -42,6 +42,8 @@ def gguf_config(reader) -> ModelConfig:
 
     arch = field("general.architecture")
     family = registry.by_gguf_architecture(arch)
+    if field(f"{arch}.expert_count") and arch in GGUF_EXPERT_FAMILIES:  # llama.cpp writes Mixtral as llama
+        family = registry.by_model_type(GGUF_EXPERT_FAMILIES[arch])
     if "rope_freqs.weight" in _tensor_names(reader):
         raise ValueError("GGUF RoPE scaling is not supported; convert the Hugging Face checkpoint instead")
     n_head = field(f"{arch}.attention.head_count")
@@ -64,11 +66,21 @@ def gguf_config(reader) -> ModelConfig:
         "eos_token_id": [] if eos is None else [int(eos)],
     }
     hf.update(family.gguf_config_fields(field, hf))
+    if family.gguf_expert_tensors:  # GGUF has no mlp_only_layers key: the layers without a router are dense
+        names = _tensor_names(reader)
+        dense = [i for i in range(hf["num_hidden_layers"]) if f"blk.{i}.ffn_gate_inp.weight" not in names]
+        if dense:
+            hf.update(mlp_only_layers=dense, decoder_sparse_step=1)
     scaling = field(f"{arch}.rope.scaling.type")
     if scaling not in (None, "none") and "rope_scaling" not in hf:
         raise ValueError(f"GGUF RoPE scaling {scaling!r} of architecture {arch!r} is not supported; "
                          "convert the Hugging Face checkpoint instead")
     return ModelConfig.from_dict(hf)
+
+
+# GGUF architectures whose files with ``<arch>.expert_count`` are another family's (llama.cpp's
+# converter writes Mixtral as ``llama`` with experts).
+GGUF_EXPERT_FAMILIES = {"llama": "mixtral"}
 
 
 def _f32_decimal(v) -> float:
@@ -79,6 +91,8 @@ def _f32_decimal(v) -> float:
 
 def read_gguf(reader, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
     """Yield ``(hf_name, float32 [out, in] array)`` for every tensor of a GGUF of ``cfg``'s family.
+    A layer's stacked experts (``blk.<i>.ffn_gate_exps.weight`` ``[E, out, in]``, the family's
+    ``gguf_expert_tensors``) come out as one tensor per expert under its HF name.
 
     Raises:
       ValueError: a tensor name outside the family's GGUF tensor maps.
@@ -87,8 +101,14 @@ def read_gguf(reader, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
 
     family = registry.by_model_type(cfg.model_type)
     for t in tqdm(reader.tensors, desc="dequantize", unit="tensor"):
-        name = _gguf_to_hf(t.name, family)
         w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", t.name)
+        if m and m.group(2) in family.gguf_expert_tensors:
+            prefix, _, leaf = family.gguf_expert_tensors[m.group(2)].rpartition(".experts.")
+            for e in range(w.shape[0]):
+                yield f"model.layers.{m.group(1)}.{prefix}.experts.{e}.{leaf}", w[e]
+            continue
+        name = _gguf_to_hf(t.name, family)
         yield name, family.gguf_tensor_fix(t.name, name, w, cfg)
 
 

@@ -7,6 +7,7 @@ nothing to derive.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import ClassVar
 
 import jax
@@ -75,10 +76,11 @@ def pallas_paged_attention(q, k_cache, v_cache, layer, meta: AttentionMetadata, 
         k_pages, v_pages, scales = kv.values(k_pages), kv.values(v_pages), ()
     args = (q, k_pages, v_pages, layer, meta.kv_lens, meta.block_tables, meta.query_start_loc,
             meta.num_seqs) + scales + (() if window is None else (window,))
-    tp = 1 if mesh is None else mesh.shape["model"]
+    tp = 1 if mesh is None else math.prod(mesh.shape[a] for a in mesh.axis_names if a != "data")
     if tp == 1:
         return attend(*args)
-    heads = "model" if k_cache.shape[3] % tp == 0 else None  # the cache's own K split (sharding.kv_cache_spec)
+    group = tuple(a for a in mesh.axis_names if a != "data")  # ("model",) or ("expert", "model")
+    heads = (group if len(group) > 1 else group[0]) if k_cache.shape[3] % tp == 0 else None  # sharding.kv_cache_spec
     q_spec, kv_spec = P(None, heads, None), P(None, None, None, heads, None)
     scale_specs = (P(None, None, None, heads),) * len(scales)
     in_specs = (q_spec, kv_spec, kv_spec) + (P(),) * 5 + scale_specs + (P(),) * (window is not None)

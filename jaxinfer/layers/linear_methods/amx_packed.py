@@ -53,9 +53,10 @@ def _fused_layers(layers: dict, cfg) -> dict:
     and v as one ``[L, K, Nq + Nk + Nv]`` product where their widths add up to a packable one
     (a lone stream's step made 120 small calls of them)."""
     out: dict = {}
-    gate, up = (np.asarray(layers["mlp"][name]["kernel"]) for name in ("gate_proj", "up_proj"))
-    if cfg.hidden_act in native_amx.GATED_ACTS and native_amx.gated_packable(*gate.shape[1:]):
-        out["mlp"] = {"gate_up" + PACKED: jnp.asarray(native_amx.pack_gated(gate, up))}
+    if "mlp" in layers:  # a mixture of experts without dense layers has none
+        gate, up = (np.asarray(layers["mlp"][name]["kernel"]) for name in ("gate_proj", "up_proj"))
+        if cfg.hidden_act in native_amx.GATED_ACTS and native_amx.gated_packable(*gate.shape[1:]):
+            out["mlp"] = {"gate_up" + PACKED: jnp.asarray(native_amx.pack_gated(gate, up))}
     qkv = [as_kn(layers["attn"][name]["kernel"], 1) for name in FUSED["attn"]["qkv"]]
     if len({w.shape[1] for w in qkv}) == 1 and native_amx.packable(qkv[0].shape[1], sum(w.shape[2] for w in qkv)):
         out["attn"] = {"qkv" + PACKED: jnp.asarray(native_amx.pack(np.concatenate(qkv, axis=2)))}
@@ -73,8 +74,8 @@ def packed_variables(params: dict, cfg) -> dict:
     layers = params["layers"]
     out: dict = {"layers": _fused_layers(layers, cfg)}
     for module, name, n_in in PROJECTIONS:
-        if packed_as(module, name, out["layers"].get(module, {})):
-            continue
+        if module not in layers or packed_as(module, name, out["layers"].get(module, {})):
+            continue  # (no dense MLP in a mixture of experts: its experts run unpacked, jaxinfer.layers.moe)
         w = as_kn(layers[module][name]["kernel"], n_in)
         if native_amx.packable(*w.shape[1:]):
             out["layers"].setdefault(module, {})[name + PACKED] = jnp.asarray(native_amx.pack(w))
