@@ -11,9 +11,10 @@ largest decode bucket (T = R = ``max_num_seqs``) and the largest prefill bucket 
 
   * CPU: lowers and compiles the model step and the sampler on the host's (fake) CPU devices
     with the execution plan a sharded CPU engine resolves (XLA attention; the C++ CPU kernels
-    are off on a mesh), reads XLA's memory analysis (argument, output, alias and temporary
-    bytes per device) and the collectives of the partitioned module
-    (`jaxinfer.distributed.hlo_collectives`);
+    are off on a mesh; ``attention_backend="pallas"`` compiles the GPU plan's Pallas attention
+    under ``shard_map`` in interpret mode instead, so the GPU step's partitioning is compiled and
+    checked too), reads XLA's memory analysis (argument, output, alias and temporary bytes per
+    device) and the collectives of the partitioned module (`jaxinfer.distributed.hlo_collectives`);
   * CUDA: builds the same engine with the GPU plan (Pallas attention, `jaxinfer.layers.attention.pallas`,
     under ``shard_map`` on a mesh) and lowers its model step and sampler with
     ``lowering_platforms=("cuda",)`` (``jax.stages.Traced.lower``): the step a GPU server would
