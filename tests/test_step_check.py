@@ -87,12 +87,23 @@ def test_expert_parallel_step_combines_the_experts_with_one_all_reduce_per_layer
     assert "(EP 2)" in r.verdict() and "combined by one all-reduce" in r.verdict()
 
 
-@pytest.mark.slow
-def test_replicated_kv_heads_are_reported_as_such():
-    """K = 4 KV heads at TP 8: the cache holds all 4 on every device (sharding's fallback)."""
+def test_replicated_kv_heads_stay_in_place():
+    """K = 4 KV heads at TP 8: the cache holds all 4 on every device (sharding's fallback), and no
+    collective moves it (`AttentionBackend.keep_layout` pins the new K/V and the written pages)."""
     r = check(8)
     assert r.ok, step_check.format_report(r)
     assert r.buckets[0].kv_heads_per_device == 4 and "KV replicated (all 4 heads" in r.verdict()
+
+
+def test_check_fails_when_replicated_kv_is_left_to_the_partitioner(monkeypatch):
+    """Without the pins (the engine before the check found it), XLA split the updated cache like
+    the grouped queries and all-gathered the whole cache every step: the check names it."""
+    from jaxinfer.layers.attention.base import AttentionBackend
+
+    monkeypatch.setattr(AttentionBackend, "keep_layout", lambda self, pages: pages)
+    r = check(8)
+    assert not r.ok
+    assert any("of the KV cache or its update" in p for p in r.buckets[0].problems), step_check.format_report(r)
 
 
 def test_check_fails_when_a_weight_is_replicated(monkeypatch):

@@ -242,13 +242,19 @@ def _lower_cuda(engine, inputs) -> dict:
 
 
 def expected_problems(b: BucketCheck, cfg: ModelConfig, tp: int, expected_weights: int,
-                      planner_args: int, ep: int = 1) -> list[str]:
-    """Where ``b`` departs from the expected communication and memory (module docstring)."""
+                      planner_args: int, ep: int = 1, num_blocks: int = 0) -> list[str]:
+    """Where ``b`` departs from the expected communication and memory (module docstring).
+    ``num_blocks``: the KV pool's blocks (a collective of the cache's [L, num_blocks, ...] shape
+    moves the cache, or its update, whole)."""
     problems = []
     T, D = b.bucket.num_tokens, cfg.hidden_size
     moved = [c for c in b.collectives + b.sampler_collectives if c.weight]
     for c in moved:
         problems.append(f"{c.kind} of {c.weight} ({c.shape}, {c.bytes:,} B)")
+    for c in b.collectives:
+        if not c.weight and _dims(c.shape)[:2] == [cfg.num_hidden_layers, num_blocks]:
+            problems.append(f"{c.kind} of the KV cache or its update {c.shape} ({c.bytes:,} B per device "
+                            f"{'per layer' if c.per_layer else 'per step'})")
     if tp == 1:
         if b.collectives or b.sampler_collectives:
             problems.append(f"{len(b.collectives)} collectives at TP 1 (expected none)")
@@ -329,7 +335,7 @@ def check_step(cfg: ModelConfig, config: EngineConfig, device_memory: int, *, mo
     for name, bucket in largest_buckets(engine.layout.ladders).items():
         if name in buckets:
             b = _check_bucket(name, bucket, cfg, engine, gpu_replicas[0] if cuda else None, samplers, sampler)
-            b.problems = expected_problems(b, cfg, tp, expected, planner_args, ep)
+            b.problems = expected_problems(b, cfg, tp, expected, planner_args, ep, engine.runner.kv_shape[1])
             checks.append(b)
     report = CompileReport(model_name, cfg.num_hidden_layers, config.dtype, tp, dp, ep,
                            [sorted(d.id for d in e.mesh.devices.flat) for e in replicas], engine.runner.kv_shape[1],
