@@ -47,7 +47,9 @@ Expected communication (`expected_problems`, Megatron-LM tensor parallelism as
     gather of the [R, V] logits for the sampler and the argmax's small gathers; listed with
     their bytes, not counted against the layers.
   * Memory: XLA's argument bytes within 10% of the planner's weights + KV per device
-    (`jaxinfer.entrypoints.plan`'s figure comes from the same KV rule).
+    (`jaxinfer.entrypoints.plan`'s figure comes from the same KV rule), and XLA's temporary
+    bytes within the activation estimate that rule leaves free (else the sized pool would not fit;
+    XLA:CPU's figure, a GPU compile fuses differently).
 """
 from __future__ import annotations
 
@@ -242,10 +244,12 @@ def _lower_cuda(engine, inputs) -> dict:
 
 
 def expected_problems(b: BucketCheck, cfg: ModelConfig, tp: int, expected_weights: int,
-                      planner_args: int, ep: int = 1, num_blocks: int = 0) -> list[str]:
+                      planner_args: int, ep: int = 1, num_blocks: int = 0,
+                      planner_activation: float = float("inf")) -> list[str]:
     """Where ``b`` departs from the expected communication and memory (module docstring).
     ``num_blocks``: the KV pool's blocks (a collective of the cache's [L, num_blocks, ...] shape
-    moves the cache, or its update, whole)."""
+    moves the cache, or its update, whole); ``planner_activation``: the bytes the KV rule leaves
+    for the step's temporaries (`jaxinfer.engine.builder.activation_reserve_bytes`)."""
     problems = []
     T, D = b.bucket.num_tokens, cfg.hidden_size
     moved = [c for c in b.collectives + b.sampler_collectives if c.weight]
@@ -290,6 +294,9 @@ def expected_problems(b: BucketCheck, cfg: ModelConfig, tp: int, expected_weight
                         f"(split {1 / tp:.3g} of every TP-split weight)")
     if abs(b.memory["argument"] - planner_args) > ARGUMENT_TOLERANCE * planner_args:
         problems.append(f"XLA argument bytes {b.memory['argument']:,} vs the planner's weights + KV {planner_args:,}")
+    if b.memory["temp"] > planner_activation:
+        problems.append(f"XLA's temporaries {b.memory['temp']:,} B exceed the activation estimate the KV pool "
+                        f"leaves free ({planner_activation:,} B): a pool sized by that rule would not fit")
     if not b.cuda.get("lowered"):
         problems.append(f"CUDA lowering failed: {b.cuda.get('error')}")
     return problems
@@ -335,7 +342,8 @@ def check_step(cfg: ModelConfig, config: EngineConfig, device_memory: int, *, mo
     for name, bucket in largest_buckets(engine.layout.ladders).items():
         if name in buckets:
             b = _check_bucket(name, bucket, cfg, engine, gpu_replicas[0] if cuda else None, samplers, sampler)
-            b.problems = expected_problems(b, cfg, tp, expected, planner_args, ep, engine.runner.kv_shape[1])
+            b.problems = expected_problems(b, cfg, tp, expected, planner_args, ep, engine.runner.kv_shape[1],
+                                           plan.activation_reserve_bytes)
             checks.append(b)
     report = CompileReport(model_name, cfg.num_hidden_layers, config.dtype, tp, dp, ep,
                            [sorted(d.id for d in e.mesh.devices.flat) for e in replicas], engine.runner.kv_shape[1],
