@@ -33,21 +33,26 @@ def check(tp, dp=1, buckets=("decode",), cuda=False, cfg=CFG, sampler=False):
                                  sampler=sampler)
 
 
-def test_tp2_step_reduces_the_hidden_states_twice_per_layer_and_lowers_for_cuda():
-    r = check(2, cuda=True)
+def test_dp2_tp2_reduces_the_hidden_states_twice_per_layer_within_a_replica_and_lowers_for_cuda():
+    """DP 2 x TP 2: replica 0's step (the program a TP 2 engine runs) on devices 0 and 1 only,
+    two all-reduces of [T, D] per layer over them, the split weights and KV; replica 1 on 2 and 3;
+    the CUDA lowering holds the Pallas (Triton) kernel."""
+    r = check(2, dp=2, cuda=True)
     assert r.ok, step_check.format_report(r)
-    assert [b.name for b in r.buckets] == ["decode"]  # the prefill bucket: the slow 8B / 70B runs
-    for b, T in zip(r.buckets, (8, 32)):
-        assert b.bucket.num_tokens == T and b.bucket.ctx_blocks == 16  # 256 tokens / 16
-        layer = b.per_layer
-        assert [c.kind for c in layer] == ["all-reduce", "all-reduce"]
-        assert all(hlo_collectives._array_dims(c.shape)[0] == [T, 128] for c in layer)
-        assert all(c.groups == ((0, 1),) and not c.weight for c in b.collectives)
-        assert b.kv_heads_per_device == 2 and b.weight_bytes == r.expected_weight_bytes
-        assert b.kv_bytes == r.planner_kv_bytes == 2 * CFG.num_hidden_layers * 64 * 16 * sharding.kv_heads_per_device(CFG, 2) * CFG.head_dim * 2
-        assert abs(b.memory["argument"] / (r.planner_weight_bytes + r.planner_kv_bytes) - 1) < 0.01
-        assert b.cuda["lowered"] and any("triton" in k for k in b.cuda["custom_calls"])  # the Pallas kernel
-    assert r.verdict().startswith("PASS TP 2 x DP 1: 2 all-reduce per layer")
+    assert r.replica_devices == [[0, 1], [2, 3]]
+    b, T = r.buckets[0], 8
+    assert [x.name for x in r.buckets] == ["decode"]  # the prefill bucket: the slow 8B / 70B runs
+    assert b.bucket.num_tokens == T and b.bucket.ctx_blocks == 16  # 256 tokens / 16
+    assert b.devices == [0, 1]
+    assert [c.kind for c in b.per_layer] == ["all-reduce", "all-reduce"]
+    assert all(hlo_collectives._array_dims(c.shape)[0] == [T, 128] for c in b.per_layer)
+    assert all(c.groups == ((0, 1),) and not c.weight for c in b.collectives)
+    assert b.kv_heads_per_device == 2 and b.weight_bytes == r.expected_weight_bytes
+    kv_dev = sharding.kv_heads_per_device(CFG, 2)
+    assert b.kv_bytes == r.planner_kv_bytes == 2 * CFG.num_hidden_layers * 64 * 16 * kv_dev * CFG.head_dim * 2
+    assert abs(b.memory["argument"] / (r.planner_weight_bytes + r.planner_kv_bytes) - 1) < 0.01
+    assert b.cuda["lowered"] and any("triton" in k for k in b.cuda["custom_calls"])  # the Pallas kernel
+    assert r.verdict().startswith("PASS TP 2 x DP 2: 2 all-reduce per layer")
 
 
 def test_tp4():
@@ -55,14 +60,6 @@ def test_tp4():
     assert r4.ok, step_check.format_report(r4)
     assert r4.buckets[0].kv_heads_per_device == 1 and len(r4.buckets[0].per_layer) == 2
     assert r4.buckets[0].per_layer[0].groups == ((0, 1, 2, 3),)
-
-
-def test_dp2_tp2_replicas_never_communicate():
-    r = check(2, dp=2)
-    assert r.ok, step_check.format_report(r)
-    assert r.replica_devices == [[0, 1], [2, 3]]
-    b = r.buckets[0]
-    assert b.devices == [0, 1] and all(len(g) == 2 for c in b.collectives for g in c.groups)
 
 
 def test_expert_parallel_step_combines_the_experts_with_one_all_reduce_per_layer():
@@ -90,12 +87,23 @@ def test_expert_parallel_step_combines_the_experts_with_one_all_reduce_per_layer
     assert "(EP 2)" in r.verdict() and "combined by one all-reduce" in r.verdict()
 
 
-@pytest.mark.slow
-def test_replicated_kv_heads_are_reported_as_such():
-    """K = 4 KV heads at TP 8: the cache holds all 4 on every device (sharding's fallback)."""
+def test_replicated_kv_heads_stay_in_place():
+    """K = 4 KV heads at TP 8: the cache holds all 4 on every device (sharding's fallback), and no
+    collective moves it (`AttentionBackend.keep_layout` pins the new K/V and the written pages)."""
     r = check(8)
     assert r.ok, step_check.format_report(r)
     assert r.buckets[0].kv_heads_per_device == 4 and "KV replicated (all 4 heads" in r.verdict()
+
+
+def test_check_fails_when_replicated_kv_is_left_to_the_partitioner(monkeypatch):
+    """Without the pins (the engine before the check found it), XLA split the updated cache like
+    the grouped queries and all-gathered the whole cache every step: the check names it."""
+    from jaxinfer.layers.attention.base import AttentionBackend
+
+    monkeypatch.setattr(AttentionBackend, "keep_layout", lambda self, pages: pages)
+    r = check(8)
+    assert not r.ok
+    assert any("of the KV cache or its update" in p for p in r.buckets[0].problems), step_check.format_report(r)
 
 
 def test_check_fails_when_a_weight_is_replicated(monkeypatch):

@@ -208,6 +208,19 @@ def kv_cache_sharding(cfg: ModelConfig, mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, kv_cache_spec(cfg, *mesh_degrees(mesh)))
 
 
+def kv_pages_sharding(pages, mesh: Mesh):
+    """The sharding of a KV cache ``pages`` (``[L, NB, bs, K, H]``, or a quantized cache's values
+    and ``[L, NB, bs, K]`` scales), or of a step's new keys or values ``[T, K, H]``, on ``mesh`` by
+    `kv_cache_spec`'s rule, read from its own shape: for pinning them inside the step
+    (`jaxinfer.layers.attention.base.AttentionBackend.keep_layout`)."""
+    axes = KV_CACHE_LOGICAL_AXES if len(pages.shape) == 5 else (None, "kv_heads", "head_dim")  # or K/V [T, K, H]
+    spec = mesh_spec(axes, pages.shape, *mesh_degrees(mesh))
+    values = NamedSharding(mesh, spec)
+    if isinstance(pages, jax.Array) or not hasattr(pages, "scales"):
+        return values
+    return type(pages)(values, NamedSharding(mesh, P(*tuple(spec)[:4])))
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     """Fully replicated ``NamedSharding`` (step inputs, logits, sampler outputs)."""
     return NamedSharding(mesh, P())

@@ -11,9 +11,10 @@ largest decode bucket (T = R = ``max_num_seqs``) and the largest prefill bucket 
 
   * CPU: lowers and compiles the model step and the sampler on the host's (fake) CPU devices
     with the execution plan a sharded CPU engine resolves (XLA attention; the C++ CPU kernels
-    are off on a mesh), reads XLA's memory analysis (argument, output, alias and temporary
-    bytes per device) and the collectives of the partitioned module
-    (`jaxinfer.distributed.hlo_collectives`);
+    are off on a mesh; ``attention_backend="pallas"`` compiles the GPU plan's Pallas attention
+    under ``shard_map`` in interpret mode instead, so the GPU step's partitioning is compiled and
+    checked too), reads XLA's memory analysis (argument, output, alias and temporary bytes per
+    device) and the collectives of the partitioned module (`jaxinfer.distributed.hlo_collectives`);
   * CUDA: builds the same engine with the GPU plan (Pallas attention, `jaxinfer.layers.attention.pallas`,
     under ``shard_map`` on a mesh) and lowers its model step and sampler with
     ``lowering_platforms=("cuda",)`` (``jax.stages.Traced.lower``): the step a GPU server would
@@ -46,7 +47,9 @@ Expected communication (`expected_problems`, Megatron-LM tensor parallelism as
     gather of the [R, V] logits for the sampler and the argmax's small gathers; listed with
     their bytes, not counted against the layers.
   * Memory: XLA's argument bytes within 10% of the planner's weights + KV per device
-    (`jaxinfer.entrypoints.plan`'s figure comes from the same KV rule).
+    (`jaxinfer.entrypoints.plan`'s figure comes from the same KV rule), and XLA's temporary
+    bytes within the activation estimate that rule leaves free (else the sized pool would not fit;
+    XLA:CPU's figure, a GPU compile fuses differently).
 """
 from __future__ import annotations
 
@@ -87,6 +90,7 @@ class BucketCheck:
     compile_seconds: float
     cuda: dict  # {"lowered": bool, "error": str, "custom_calls": {target: count}, "seconds": float}
     sampler_checked: bool = True  # the sampler was compiled (its collectives are ``sampler_collectives``)
+    interpret: bool = False  # attention by the Pallas interpreter: its temporaries are no GPU figure
     problems: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -241,13 +245,21 @@ def _lower_cuda(engine, inputs) -> dict:
 
 
 def expected_problems(b: BucketCheck, cfg: ModelConfig, tp: int, expected_weights: int,
-                      planner_args: int, ep: int = 1) -> list[str]:
-    """Where ``b`` departs from the expected communication and memory (module docstring)."""
+                      planner_args: int, ep: int = 1, num_blocks: int = 0,
+                      planner_activation: float = float("inf")) -> list[str]:
+    """Where ``b`` departs from the expected communication and memory (module docstring).
+    ``num_blocks``: the KV pool's blocks (a collective of the cache's [L, num_blocks, ...] shape
+    moves the cache, or its update, whole); ``planner_activation``: the bytes the KV rule leaves
+    for the step's temporaries (`jaxinfer.engine.builder.activation_reserve_bytes`)."""
     problems = []
     T, D = b.bucket.num_tokens, cfg.hidden_size
     moved = [c for c in b.collectives + b.sampler_collectives if c.weight]
     for c in moved:
         problems.append(f"{c.kind} of {c.weight} ({c.shape}, {c.bytes:,} B)")
+    for c in b.collectives:
+        if not c.weight and _dims(c.shape)[:2] == [cfg.num_hidden_layers, num_blocks]:
+            problems.append(f"{c.kind} of the KV cache or its update {c.shape} ({c.bytes:,} B per device "
+                            f"{'per layer' if c.per_layer else 'per step'})")
     if tp == 1:
         if b.collectives or b.sampler_collectives:
             problems.append(f"{len(b.collectives)} collectives at TP 1 (expected none)")
@@ -283,6 +295,9 @@ def expected_problems(b: BucketCheck, cfg: ModelConfig, tp: int, expected_weight
                         f"(split {1 / tp:.3g} of every TP-split weight)")
     if abs(b.memory["argument"] - planner_args) > ARGUMENT_TOLERANCE * planner_args:
         problems.append(f"XLA argument bytes {b.memory['argument']:,} vs the planner's weights + KV {planner_args:,}")
+    if b.memory["temp"] > planner_activation and not b.interpret:
+        problems.append(f"XLA's temporaries {b.memory['temp']:,} B exceed the activation estimate the KV pool "
+                        f"leaves free ({planner_activation:,} B): a pool sized by that rule would not fit")
     if not b.cuda.get("lowered"):
         problems.append(f"CUDA lowering failed: {b.cuda.get('error')}")
     return problems
@@ -328,7 +343,8 @@ def check_step(cfg: ModelConfig, config: EngineConfig, device_memory: int, *, mo
     for name, bucket in largest_buckets(engine.layout.ladders).items():
         if name in buckets:
             b = _check_bucket(name, bucket, cfg, engine, gpu_replicas[0] if cuda else None, samplers, sampler)
-            b.problems = expected_problems(b, cfg, tp, expected, planner_args, ep)
+            b.problems = expected_problems(b, cfg, tp, expected, planner_args, ep, engine.runner.kv_shape[1],
+                                           plan.activation_reserve_bytes)
             checks.append(b)
     report = CompileReport(model_name, cfg.num_hidden_layers, config.dtype, tp, dp, ep,
                            [sorted(d.id for d in e.mesh.devices.flat) for e in replicas], engine.runner.kv_shape[1],
@@ -360,7 +376,8 @@ def _check_bucket(name: str, bucket: Bucket, cfg: ModelConfig, engine, gpu_engin
                        sum(v for k, v in params.items() if k.startswith(hlo_collectives.WEIGHT_PREFIX)),
                        sum(v for k, v in params.items() if k in ("k_cache", "v_cache")), _kv_heads_in(text),
                        hlo_collectives.collectives(text, cfg.num_hidden_layers), samplers.get(bucket.num_seqs, []),
-                       seconds, cuda, sampler_checked=bucket.num_seqs in samplers)
+                       seconds, cuda, sampler_checked=bucket.num_seqs in samplers,
+                       interpret=engine.runner.plan.pallas_interpret)
 
 
 def _mib(n: int) -> str:
@@ -385,7 +402,8 @@ def format_report(r: CompileReport) -> str:
                      f"; planner {r.planner_weight_bytes + r.planner_kv_bytes:,} "
                      f"({(m['argument'] / max(1, r.planner_weight_bytes + r.planner_kv_bytes) - 1) * 100:+.2f}%); "
                      f"temp {m['temp']:,} B ({_mib(m['temp'])}; the planner's activation estimate "
-                     f"{r.planner_activation_bytes:,} B, {_mib(r.planner_activation_bytes)}); output {m['output']:,} B, aliased {m['alias']:,} B")
+                     f"{r.planner_activation_bytes:,} B, {_mib(r.planner_activation_bytes)}"
+                     f"{'; the Pallas interpreter: not a GPU figure, not checked' if b.interpret else ''}); output {m['output']:,} B, aliased {m['alias']:,} B")
         lines.append(f"  KV heads per device: {b.kv_heads_per_device}")
         for label, group, mult in (("per layer", b.per_layer, r.num_layers), ("per step, outside the layers",
                                                                              b.per_step, 1)):

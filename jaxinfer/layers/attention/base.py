@@ -58,6 +58,18 @@ class AttentionBackend:
         """
         raise NotImplementedError
 
+    def keep_layout(self, pages):
+        """The step's new keys / values and the written pages constrained to the cache's own
+        layout on `mesh` (`jaxinfer.distributed.sharding.kv_pages_sharding`: split by KV head where
+        TP divides K, else replicated). Without it, where TP does not divide the KV heads, XLA
+        split them like the grouped queries and gathered the whole cache at the end of every
+        step (found by ``python -m jaxinfer.plan --compile``)."""
+        if self.mesh is None:
+            return pages
+        from jaxinfer.distributed.sharding import kv_pages_sharding
+
+        return jax.lax.with_sharding_constraint(pages, kv_pages_sharding(pages, self.mesh))
+
     def __call__(self, q, k_new, v_new, k_cache, v_cache, layer, meta: AttentionMetadata, sm_scale: float,
                  window=None, prepared=None):
         """Write this step's K/V into the pages (`kv_storage.write_kv`), then `forward`.
@@ -65,8 +77,9 @@ class AttentionBackend:
         Returns:
           (out [T, N, H], k_cache, v_cache) with the new K/V written.
         """
-        k_cache = write_kv(k_cache, layer, meta.slot_mapping, k_new)
-        v_cache = write_kv(v_cache, layer, meta.slot_mapping, v_new)
+        k_new, v_new = self.keep_layout(k_new), self.keep_layout(v_new)
+        k_cache = self.keep_layout(write_kv(k_cache, layer, meta.slot_mapping, k_new))
+        v_cache = self.keep_layout(write_kv(v_cache, layer, meta.slot_mapping, v_new))
         out = self.forward(q, k_new, v_new, k_cache, v_cache, layer, meta, sm_scale, window, prepared)
         return out, k_cache, v_cache
 
