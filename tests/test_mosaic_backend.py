@@ -139,13 +139,13 @@ def test_plan_picks_mosaic_on_hopper_where_it_serves():
     assert "head dim" in supports(4, 1, 96, 16, jnp.bfloat16)
 
 
-def _lower_all(model: str, backend: str, shapes):
+def _lower_all(model: str, backend: str, shapes, kv_cache_dtype: str = "auto"):
     from jaxinfer.runner.cross_lower import KERNEL_CALLS, lower_engine_steps
 
     cfg: ModelConfig = load_config(str(CONFIGS / f"{model}.json"))
     other = KERNEL_CALLS["pallas" if backend == "mosaic" else "mosaic"]
     count = 0
-    for bucket, text in lower_engine_steps(cfg, "bfloat16", backend, shapes):
+    for bucket, text in lower_engine_steps(cfg, "bfloat16", backend, shapes, kv_cache_dtype=kv_cache_dtype):
         assert text.count(KERNEL_CALLS[backend]) == 2, f"{bucket}: both paths of the kernel's cond"
         assert other not in text, bucket
         count += 1
@@ -159,6 +159,18 @@ def test_engine_step_lowers_for_cuda(model, backend):
 
     _lower_all(model, backend, StepShapes(max_num_batched_tokens=2, max_num_seqs=2, max_model_len=64,
                                           num_blocks=64))
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+@pytest.mark.parametrize("model", ["smollm2-135m", "llama-3-8b"])
+def test_engine_step_with_eight_bit_cache_lowers_for_cuda(model, kind):
+    """An 8-bit cache of block size 64: the engine step (quantizing write, zeroed V tails, the kernel
+    on values and scales) lowers for CUDA with the Mosaic custom call. Gemma 3's head dim 256 does
+    not fit shared memory at block size 64 (`test_shared_memory_rule`)."""
+    from jaxinfer.runner.cross_lower import StepShapes
+
+    _lower_all(model, "mosaic", StepShapes(max_num_batched_tokens=2, max_num_seqs=2, max_model_len=128,
+                                           block_size=64, num_blocks=16), kv_cache_dtype=kind)
 
 
 @pytest.mark.slow
