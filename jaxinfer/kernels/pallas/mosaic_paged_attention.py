@@ -33,10 +33,23 @@ tiling/swizzle transforms (the interpreter reads them as plain arrays) and ``Káµ
 explicit transposed copy in shared memory (the interpreter's WGMMA does not take the
 transposed-operand view the hardware reads); register layouts are not cast.
 
+8-bit pages (int8 / float8_e4m3fn with per-token scales, `jaxinfer.layers.attention.kv_quant`'s
+format) arrive by the same TMA pipeline at one byte per element. Each step widens its K and V
+page to bfloat16 in registers (loaded from swizzled shared memory in the ``WGMMA_8BIT`` layout,
+converted, exact for both formats; e4m3 goes through float32 because sm_90 converts e4m3 only to
+f16) and stores them into two swizzled bfloat16 buffers that feed the same WGMMAs. The scales
+are not multiplied into the pages: with one scale per key, ``S = (Q Kq^T) * s_k`` and
+``P V = (P * s_v) Vq`` scale the columns of the float32 ``[64, bs]`` tile, so each step also
+brings the page's ``[bs]`` K and V scales (from `_item_scales`, a per-step gather of the tables'
+pages into ``[W, K, MB, bs]``) and broadcasts them over the rows. The ``WGMMA_8BIT`` register
+layout is 64 rows, so 8-bit pages need block size 64 (`EIGHT_BIT_BLOCK_SIZES`; docs/kernels.md
+says what refuses 16 and 32).
+
 Limits (checked, `check_supported`): 16-bit float pages (bfloat16 / float16; q is cast to the
-pages' dtype); ``H`` a multiple of 64; ``block_size`` 16, 32 or 64; ``G_pad <= 64``; block
-tables of at most 16,376 blocks; two pipeline stages within `SMEM_BUDGET` (`fits_shared_memory`).
-Modeled bytes and FLOPs per call: ``docs/kernels.md``.
+pages' dtype) or 8-bit pages of block size 64 (q cast to bfloat16); ``H`` a multiple of 64;
+``block_size`` 16, 32 or 64; ``G_pad <= 64``; block tables of at most 16,376 blocks; two pipeline
+stages within `SMEM_BUDGET` (`fits_shared_memory`). Modeled bytes and FLOPs per call:
+``docs/kernels.md``.
 
 One contract difference from the Triton kernel: V's slots past a sequence's length in its last
 page must hold finite values. P is 0 there, but the WGMMA reads the whole page and 0 x NaN is
@@ -114,7 +127,7 @@ def _kernel(*refs, sm_scale: float, group_pad: int, num_splits: int, stages: int
     info_gmem: [W, R, 64] int32: per item, flat, layer, q_pos, num_rows, n_keys, window, first
       page, end page, 0, then its block-table row (`_info_rows`). q_gmem: [W, K, 64, H].
     k_ref, v_ref: [L, NB, bs, K, H] (GMEM), 16-bit floats or 8-bit (int8 / float8_e4m3fn).
-    ks_gmem, vs_gmem: [W, K, MB, bs] float32: the per-token scales of the item's block-table
+    ks_gmem, vs_gmem: [W, K, MB, bs] bfloat16: the per-token scales of the item's block-table
       pages for each KV head (`_item_scales`). Outputs acc [W, K, P, O, H], m and l [W, K, P, O]
       float32: the first O = `_out_rows` of the 64 rows (the rest are padding).
     p_smem: [64, bs] scratch for P; acc_smem [64, H], m_smem / l_smem [64]: the results on their
@@ -156,7 +169,7 @@ def _attend(info_ref, q_ref, k_ref, v_ref, acc_out, m_out, l_out, p_smem, kt_sme
             scale_views=(), wide_smem=(), *, sm_scale: float, group_pad: int, num_splits: int, stages: int,
             interpret: bool):
     """The page loop of one program (refs in shared memory except the pages and ``scale_views``,
-    the [MB, bs] float32 scales of this item and KV head in GMEM, given for 8-bit pages)."""
+    the [MB, bs] bfloat16 scales of this item and KV head in GMEM, given for 8-bit pages)."""
     plgpu = _plgpu()
     layer, q_pos, num_rows, n_keys = info_ref[0, 0], info_ref[0, 1], info_ref[0, 2], info_ref[0, 3]
     window, first_page, end_page = info_ref[0, 4], info_ref[0, 5], info_ref[0, 6]
@@ -209,7 +222,7 @@ def _attend(info_ref, q_ref, k_ref, v_ref, acc_out, m_out, l_out, p_smem, kt_sme
     def columns(scale_smem):
         # a page's [bs] per-token scales broadcast over the 64 rows of S / P
         x = scale_smem[...] if interpret else plgpu.load(scale_smem, (), layout=plgpu.Layout.WGMMA.reduce(0))
-        return lax.broadcast_in_dim(x, (ROWS, block_size), [1])
+        return lax.broadcast_in_dim(x.astype(jnp.float32), (ROWS, block_size), [1])
 
     def body(idx, k_smem, v_smem, *rest):
         *scale_smem, (acc, m, l) = rest
@@ -331,7 +344,7 @@ def _stages_that_fit(stages: int, head_dim: int, block_size: int, itemsize: int,
     """The deepest page pipeline up to ``stages`` whose shared memory fits `SMEM_BUDGET`: q tile,
     results, P, the info row and ``stages`` K and V pages (at least 2: one computing, one loading).
     8-bit pages (``itemsize`` 1) add two bfloat16 pages (the widened K and V) and, per stage, two
-    [bs] float32 scale rows; q and P are then bfloat16.
+    [bs] bfloat16 scale rows; q and P are then bfloat16.
 
     Raises:
       NotImplementedError: not even two stages fit.
@@ -341,7 +354,7 @@ def _stages_that_fit(stages: int, head_dim: int, block_size: int, itemsize: int,
     per_stage = 2 * block_size * head_dim * itemsize
     if itemsize == 1:
         fixed += 2 * block_size * head_dim * 2
-        per_stage += 2 * block_size * 4
+        per_stage += 2 * block_size * 2
     fit = (SMEM_BUDGET - fixed) // per_stage
     if fit < 2:
         raise NotImplementedError(f"head dim {head_dim} with block size {block_size} does not fit shared memory")
@@ -367,7 +380,7 @@ def _out_rows(q_block: int, group_pad: int) -> int:
 
 def _call(info, q_rows, k5, v5, scales, *, sm_scale, group_pad, num_splits, stages, interpret, out_rows):
     """The kernel over grid (W, K, num_splits) -> float32 partials (acc, m, l) of the first
-    ``out_rows`` rows. ``scales``: () or the [W, K, MB, bs] float32 K and V scales of 8-bit pages."""
+    ``out_rows`` rows. ``scales``: () or the [W, K, MB, bs] bfloat16 K and V scales of 8-bit pages."""
     plgpu = _plgpu()
     num_work, num_kv_heads, rows, head_dim = q_rows.shape
     block_size = k5.shape[2]
@@ -398,15 +411,16 @@ def _call(info, q_rows, k5, v5, scales, *, sm_scale, group_pad, num_splits, stag
 
 
 def _item_scales(scales4, layer, block_tables, plan):
-    """[L, NB, bs, K] scales -> [W, K, MB, bs] float32: each work item's block-table pages' scales,
-    per KV head with the page's tokens innermost (a TMA row per page). The cache's own
-    [.., bs, K] layout has stride K between one head's tokens, which is not a TMA box; this gather
-    reads only the pages the step's tables name (2 bytes per token and KV head, under 2% of an
-    8-bit H = 128 page's bytes) and writes them 4 bytes wide for the kernel to read once."""
+    """[L, NB, bs, K] scales -> [W, K, MB, bs] bfloat16: each work item's block-table pages' scales,
+    per KV head with the page's tokens innermost (a TMA row of 128 bytes per page). The cache's
+    own [.., bs, K] layout has stride K between one head's tokens, which is not a TMA box (its
+    innermost extent for one head is 2 bytes, under TMA's 16); this gather reads only the pages
+    the step's tables name and writes them once for the kernel to read: 3 x 2 bytes per token and
+    KV head, against H bytes of 8-bit values (under 5% at H = 128)."""
     num_blocks = scales4.shape[1]
     table = jnp.clip(block_tables[plan.seq], 0, num_blocks - 1)
     got = scales4.at[layer, table].get(mode="promise_in_bounds")  # [W, MB, bs, K]
-    return got.astype(jnp.float32).transpose(0, 3, 1, 2)
+    return got.astype(jnp.bfloat16).transpose(0, 3, 1, 2)  # bfloat16 already: exact
 
 
 def _run(q, k5, v5, layer, window, kv_lens, block_tables, query_start_loc, num_seqs, *scales4,
