@@ -27,18 +27,20 @@ from jaxinfer.layers.step_metadata import AttentionMetadata
 
 KV_DTYPES = ("bfloat16", "float16")  # the model dtypes whose cache the kernel reads
 BLOCK_SIZES = (16, 32, 64)
-EIGHT_BIT_BLOCK_SIZES = (64,)  # `mosaic_paged_attention.EIGHT_BIT_BLOCK_SIZES` (kept import-free here)
 
 
 def supports(num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype,
              kv_cache_dtype: str = "auto") -> str | None:
     """None when the kernel serves these shapes and cache format, else the reason it does not
     (a sentence for the error of a forced ``--attention-backend mosaic``)."""
+    from jaxinfer.kernels.pallas.mosaic_paged_attention import EIGHT_BIT_BLOCK_SIZES, fits_shared_memory
+
     eight_bit = kv_cache_dtype in ("int8", "fp8")
     if kv_cache_dtype not in ("auto", "int8", "fp8"):
         return f"the Mosaic GPU kernel reads 16-bit float or int8/fp8 pages, not a {kv_cache_dtype} KV cache"
     if eight_bit and block_size not in EIGHT_BIT_BLOCK_SIZES:
-        return (f"the Mosaic GPU kernel reads a {kv_cache_dtype} KV cache of block size 64 only (a page is one "
+        sizes = "/".join(map(str, EIGHT_BIT_BLOCK_SIZES))
+        return (f"the Mosaic GPU kernel reads a {kv_cache_dtype} KV cache of block size {sizes} only (a page is one "
                 f"64-row WGMMA_8BIT tile), not {block_size}")
     if jnp.dtype(dtype).name not in KV_DTYPES:
         return f"the Mosaic GPU kernel reads bfloat16/float16 pages, not {jnp.dtype(dtype).name}"
@@ -46,8 +48,6 @@ def supports(num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int
         return f"the Mosaic GPU kernel needs a head dim multiple of 64, not {head_dim}"
     if block_size not in BLOCK_SIZES:
         return f"the Mosaic GPU kernel needs block size 16, 32 or 64, not {block_size}"
-    from jaxinfer.kernels.pallas.mosaic_paged_attention import fits_shared_memory
-
     if not fits_shared_memory(head_dim, block_size, 1 if eight_bit else jnp.dtype(dtype).itemsize):
         return f"the Mosaic GPU kernel's pages of head dim {head_dim} x block size {block_size} do not fit shared memory"
     if num_q_heads % num_kv_heads or num_q_heads // num_kv_heads > 64:
