@@ -52,7 +52,7 @@ stages within `SMEM_BUDGET` (`fits_shared_memory`). Modeled bytes and FLOPs per 
 ``docs/kernels.md``.
 
 One contract difference from the Triton kernel: V's slots past a sequence's length in its last
-page must hold finite values. P is 0 there, but the WGMMA reads the whole page and 0 x NaN is
+page must hold finite values (8-bit pages: values and scales). P is 0 there, but the WGMMA reads the whole page and 0 x NaN is
 NaN; masking the page in shared memory would need a register layout of ``block_size`` rows,
 which Mosaic GPU does not have (its WGMMA layout is 64 rows). The Mosaic backend
 (`jaxinfer.layers.attention.mosaic`) therefore zeroes those slots as it writes the step's K/V
