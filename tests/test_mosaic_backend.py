@@ -5,7 +5,8 @@ choice of it, and the engine step lowered for CUDA with each GPU backend
 The backend runs the kernel in Mosaic GPU's interpreter here: one ragged step (decodes, a
 continuing chunk, a fresh prefill) through `paged_attention` equals the XLA backend's, with
 NaN planted in V's slots past every context (the backend zeroes them before the WGMMA reads the
-page). The cross-lowering tests trace every warm-up bucket of an engine step for SmolLM2, Gemma 3
+page); the same with int8 and fp8 caches of block size 64 (NaN bytes in fp8 V's tails). The
+cross-lowering tests trace every warm-up bucket of an engine step for SmolLM2, Gemma 3
 and the Llama-3-8B layout (abstract weights: nothing allocated) and lower it for CUDA: each
 bucket's text holds the chosen kernel's custom call twice (the decode and the general path of
 its ``lax.cond``) and not the other kernel's. ``make test`` lowers a two-bucket engine; the slow
@@ -13,6 +14,7 @@ set lowers the default engine's buckets.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import jax
@@ -24,6 +26,7 @@ from test_xla_attention import BS, G, K, L, _pack
 from jaxinfer.config import ModelConfig
 from jaxinfer.entrypoints.plan import load_config
 from jaxinfer.layers.attention.base import paged_attention
+from jaxinfer.layers.attention.kv_quant import QuantKV, quantize
 from jaxinfer.layers.attention.mosaic import clear_value_tails, supports
 from jaxinfer.layers.attention.registry import get_attention_backend
 from jaxinfer.layers.step_metadata import AttentionMetadata, from_arrays
@@ -34,7 +37,7 @@ MODELS = ["smollm2-135m", "gemma3-270m", "llama-3-8b"]
 HD = 64  # the kernel's smallest head dim (test_xla_attention's H = 8 is below it)
 
 
-def _step(rows, width=8, seed=0):
+def _step(rows, width=8, seed=0, bs=BS):
     a, tables, used = _pack(rows, width)
     meta = from_arrays(AttentionMetadata, a)
     meta = jax.tree.map(jnp.asarray, meta)
@@ -42,8 +45,8 @@ def _step(rows, width=8, seed=0):
     T = a["token_ids"].shape[0]
     nb = used + 3
     normal = lambda *s: jnp.asarray(rng.standard_normal(s, np.float32), jnp.bfloat16)  # noqa: E731
-    return meta, tables, normal(T, K * G, HD), normal(T, K, HD), normal(T, K, HD), normal(L, nb, BS, K, HD), \
-        normal(L, nb, BS, K, HD)
+    return meta, tables, normal(T, K * G, HD), normal(T, K, HD), normal(T, K, HD), normal(L, nb, bs, K, HD), \
+        normal(L, nb, bs, K, HD)
 
 
 def test_backend_step_equals_xla_with_nan_value_tails():
@@ -67,6 +70,39 @@ def test_backend_step_equals_xla_with_nan_value_tails():
     assert not np.isnan(np.asarray(v_out[1], np.float32)).any(), "the tails were zeroed"
 
 
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+def test_backend_step_equals_xla_on_eight_bit_caches(monkeypatch, kind):
+    """int8 / fp8 caches of block size 64: one ragged step through the Mosaic backend (the kernel in
+    its interpreter reading 8-bit pages and their scales) equals the XLA backend's on the same
+    cache; for fp8, V's slots past each context hold NaN bytes (the backend zeroes values and
+    scales there)."""
+    import test_xla_attention as txa
+
+    bs = 64
+    monkeypatch.setattr(txa, "BS", bs)
+    monkeypatch.setattr(txa, "LAYOUT", dataclasses.replace(txa.LAYOUT, block_size=bs))
+    rows = [(63, 1), (130, 1), (40, 30), (0, 3)]  # decodes to and past a page edge, a chunk, a prefill
+    meta, tables, q, k_new, v_new, k_bf, v_bf = _step(rows, width=4, bs=bs)
+    k_cache, v_cache = (QuantKV(*quantize(c.astype(jnp.float32), kind)) for c in (k_bf, v_bf))
+    poisoned = v_cache
+    if kind == "fp8":
+        for blocks, end in zip(tables, [ctx + n for ctx, n in rows]):
+            if end % bs:
+                nan = jnp.full(poisoned.values[1, blocks[-1], end % bs:].shape, jnp.nan, jnp.float8_e4m3fn)
+                poisoned = QuantKV(poisoned.values.at[1, blocks[-1], end % bs:].set(nan), poisoned.scales)
+    layer, scale = jnp.int32(1), HD ** -0.5
+    xla = get_attention_backend("xla", interpret=True, native=False, mesh=None)
+    mosaic = get_attention_backend("mosaic", interpret=True, native=False, mesh=None)
+    want, _, _ = paged_attention(xla, q, k_new, v_new, k_cache, v_cache, layer, meta, scale,
+                                 plan=xla.prepare(meta, bs))
+    got, _, v_out = paged_attention(mosaic, q, k_new, v_new, k_cache, poisoned, layer, meta, scale)
+    n = sum(n for _, n in rows)
+    got, want = np.asarray(got, np.float32)[:n], np.asarray(want, np.float32)[:n]
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, atol=2e-2 * np.abs(want).max())
+    assert not np.isnan(np.asarray(v_out.values[1], np.float32)).any(), "the tails were zeroed"
+
+
 def test_clear_value_tails_touches_only_tails_of_real_rows():
     rows = [(3, 1), (31, 1), (10, 6)]
     meta, tables, *_, v_cache = _step(rows)
@@ -86,11 +122,14 @@ def test_plan_picks_mosaic_on_hopper_where_it_serves():
     assert plan(compute_capability=(9, 0)).attention == "mosaic"
     assert plan(compute_capability=(10, 0)).attention == "mosaic"
     assert plan(compute_capability=(8, 9)).attention == "pallas"  # Ada: Triton
-    assert plan(compute_capability=(9, 0), kv_cache_dtype="int8").attention == "pallas"
+    assert plan(compute_capability=(9, 0), kv_cache_dtype="int8").attention == "pallas"  # block 16
+    assert plan(compute_capability=(9, 0), kv_cache_dtype="int8", block_size=64).attention == "mosaic"
+    assert plan(compute_capability=(9, 0), kv_cache_dtype="fp8", block_size=64).attention == "mosaic"
+    assert plan(compute_capability=(9, 0), kv_cache_dtype="fp8", block_size=32).attention == "pallas"
     assert plan(dtype="float32", compute_capability=(9, 0)).attention == "pallas"
     assert plan(compute_capability=(9, 0), block_size=8).attention == "pallas"
     assert plan(attention="pallas", compute_capability=(9, 0)).attention == "pallas"  # forced
-    with pytest.raises(ValueError, match="mosaic: .*int8"):
+    with pytest.raises(ValueError, match="mosaic: .*int8 KV cache of block size 64 only"):
         plan(attention="mosaic", kv_cache_dtype="int8")
     cpu = resolve_plan(llama, "bfloat16", "mosaic", platform="cpu", environ={"JAXINFER_NATIVE_DECODE": "0"})
     assert (cpu.attention, cpu.pallas_interpret) == ("mosaic", True)
@@ -100,13 +139,13 @@ def test_plan_picks_mosaic_on_hopper_where_it_serves():
     assert "head dim" in supports(4, 1, 96, 16, jnp.bfloat16)
 
 
-def _lower_all(model: str, backend: str, shapes):
+def _lower_all(model: str, backend: str, shapes, kv_cache_dtype: str = "auto"):
     from jaxinfer.runner.cross_lower import KERNEL_CALLS, lower_engine_steps
 
     cfg: ModelConfig = load_config(str(CONFIGS / f"{model}.json"))
     other = KERNEL_CALLS["pallas" if backend == "mosaic" else "mosaic"]
     count = 0
-    for bucket, text in lower_engine_steps(cfg, "bfloat16", backend, shapes):
+    for bucket, text in lower_engine_steps(cfg, "bfloat16", backend, shapes, kv_cache_dtype=kv_cache_dtype):
         assert text.count(KERNEL_CALLS[backend]) == 2, f"{bucket}: both paths of the kernel's cond"
         assert other not in text, bucket
         count += 1
@@ -120,6 +159,18 @@ def test_engine_step_lowers_for_cuda(model, backend):
 
     _lower_all(model, backend, StepShapes(max_num_batched_tokens=2, max_num_seqs=2, max_model_len=64,
                                           num_blocks=64))
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+@pytest.mark.parametrize("model", ["smollm2-135m", "llama-3-8b"])
+def test_engine_step_with_eight_bit_cache_lowers_for_cuda(model, kind):
+    """An 8-bit cache of block size 64: the engine step (quantizing write, zeroed V tails, the kernel
+    on values and scales) lowers for CUDA with the Mosaic custom call. Gemma 3's head dim 256 does
+    not fit shared memory at block size 64 (`test_shared_memory_rule`)."""
+    from jaxinfer.runner.cross_lower import StepShapes
+
+    _lower_all(model, "mosaic", StepShapes(max_num_batched_tokens=2, max_num_seqs=2, max_model_len=128,
+                                           block_size=64, num_blocks=16), kv_cache_dtype=kind)
 
 
 @pytest.mark.slow
@@ -138,6 +189,9 @@ def test_shared_memory_rule():
     assert fits_shared_memory(128, 64) and fits_shared_memory(256, 32)
     assert not fits_shared_memory(256, 64)
     assert "shared memory" in supports(4, 1, 256, 64, jnp.bfloat16)
+    assert supports(32, 8, 128, 64, jnp.bfloat16, "int8") is None
+    assert "shared memory" in supports(4, 1, 256, 64, jnp.bfloat16, "fp8")
+    assert _stages_that_fit(3, 128, 64, 1, 2048) == 3  # 8-bit: pages + widened pages + scales
     assert _stages_that_fit(3, 128, 16, 2, 2048) == 3 and _stages_that_fit(8, 256, 32, 2, 2048) == 3
 
 
