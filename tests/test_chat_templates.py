@@ -105,3 +105,24 @@ def test_llm_refuses_a_bad_chat_template_before_loading():
 
     with pytest.raises(ValueError, match="--chat-template 'nope'"):  # not the unknown model's error
         LLM("no-such-model", chat_template="nope")
+
+
+def test_every_apply_chat_template_option_is_a_reserved_template_kwarg():
+    """``chat_template_kwargs`` are template variables only: a name transformers'
+    ``apply_chat_template`` takes as an option of its own (``sanitize_control_tokens`` came in
+    transformers 5.x) must be refused with param ``chat_template_kwargs``, not passed through
+    (where it either changed the call or failed as "the template rejected the messages")."""
+    import inspect
+
+    from transformers import PreTrainedTokenizerBase
+
+    from jaxinfer.tokenizer.chat import RESERVED_TEMPLATE_KWARGS, check_template_kwargs
+
+    sig = inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters.values()
+    options = {p.name for p in sig if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD}
+    assert options <= RESERVED_TEMPLATE_KWARGS, sorted(options - RESERVED_TEMPLATE_KWARGS)
+    for name in sorted(options):
+        with pytest.raises(RequestError, match=name) as exc:
+            check_template_kwargs({name: True})
+        assert exc.value.param == "chat_template_kwargs"
+    assert check_template_kwargs({"enable_thinking": False}) == {"enable_thinking": False}

@@ -3,8 +3,8 @@ architectures ``qwen2`` and ``qwen3``) written here from a random transformers c
 converts to the same config and bit-equal weights as the checkpoint's safetensors, and the
 engine on it gives transformers' greedy tokens (qwen2: q/k/v biases, untied; qwen3: q/k norms,
 ``attention_bias`` q/k/v/o biases, tied, yarn); malformed checkpoints (an unknown
-architecture, a bias missing or where the config has none) fail at conversion with one line
-naming the problem."""
+architecture, a bias missing or where the config has none, a tensor shape config.json does not
+explain) fail at conversion with one line naming the problem."""
 from __future__ import annotations
 
 import json
@@ -155,3 +155,22 @@ def test_hub_style_configs_read_as_transformers_reads_them():
         ModelConfig.from_dict({**d, "use_sliding_window": True, "sliding_window": None})
     q3 = ModelConfig.from_dict(json.loads((ROOT / "configs" / "qwen3-8b.json").read_text()))
     assert (q3.head_dim, q3.qk_norm, q3.qkv_bias, q3.o_proj_bias, q3.sliding_window) == (128, True, False, False, None)
+
+
+def test_tensor_shape_that_does_not_fit_the_config_fails_with_one_line(checkpoint, tmp_path, capsys):
+    """A config.json whose head layout does not match the weights (a kv head count edited, or
+    a Qwen3 config without its head_dim) names the tensor, its shape and the config's, instead
+    of numpy's "cannot reshape array of size ..."."""
+    family, hf, src, _ = checkpoint
+    d = json.loads((src / "config.json").read_text())
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in src.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    edits = [{"num_key_value_heads": 1}, {"intermediate_size": d["intermediate_size"] + 1}]
+    for i, edit in enumerate(edits):
+        (bad / "config.json").write_text(json.dumps({**d, **edit}))
+        line = _one_line_error([str(bad), "--out", str(tmp_path / f"o{i}")], capsys)
+        assert "cannot reshape" not in line and "does not fit config.json" in line, line
+        assert "model.layers.0." in line and f"{next(iter(edit))} {next(iter(edit.values()))}" in line, line
+        assert not (tmp_path / f"o{i}").exists()

@@ -27,11 +27,12 @@ NO_TEMPLATE = ("this model has no chat template (a pretrained base model has non
                "--chat-template FILE or a bundled name such as gemma3 (LLM(chat_template=...) offline), "
                "or send a prompt to /v1/completions")
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
-# names the renderer passes to ``apply_chat_template`` itself (or its tokenizing options)
+# names the renderer passes to ``apply_chat_template`` itself, and its other options (every named
+# parameter of transformers' ``apply_chat_template``; tests/test_chat_templates.py checks the list)
 RESERVED_TEMPLATE_KWARGS = frozenset({
     "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
-    "return_assistant_tokens_mask", "tokenizer_kwargs"})
+    "continue_final_message", "tokenize", "sanitize_control_tokens", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
 _HOLE = "\ue000jxi{}\ue001"  # stands for message i's content while rendering (private-use characters)
 _HOLE_RE = re.compile("\ue000jxi(\\d+)\ue001")
 

@@ -139,8 +139,9 @@ def _stack_experts(path: str, per_layer: list, cfg: ModelConfig, expert_names) -
 def _place_all(tensors, family, layers: dict[str, list], experts: dict[str, list], flat: dict[str, np.ndarray],
                cfg: ModelConfig, dtype) -> None:
     """Put each HF tensor in its layer slot (``layers``), its (layer, expert) slot (``experts``)
-    or its whole-model leaf (``flat``)."""
+    or its whole-model leaf (``flat``), each checked against the config's shape for it."""
     names, expert_names = family.hf_layer_tensors, family.hf_expert_tensors
+    shapes = _leaf_shapes(param_shapes(cfg)["layers"])  # stacked: [L, ...] or [L, E, ...]
     for name, w in tensors:
         m = _HF_LAYER_RE.fullmatch(name)
         e = _EXPERT_RE.fullmatch(m.group(2)) if m else None
@@ -148,8 +149,8 @@ def _place_all(tensors, family, layers: dict[str, list], experts: dict[str, list
             path, kind = expert_names[f"{e.group(1)}.{e.group(3)}"]
             if path not in experts:
                 raise ValueError(f"tensor {name!r} does not fit the config (it has no experts)")
-            _put_expert(experts[path], int(m.group(1)), int(e.group(2)), _reshape(w, kind, cfg).astype(dtype), name,
-                        cfg)
+            _put_expert(experts[path], int(m.group(1)), int(e.group(2)),
+                        _reshape_checked(name, w, kind, cfg, shapes[path][2:]).astype(dtype), name, cfg)
         elif m and m.group(2) in names:
             path, kind = names[m.group(2)]
             if path not in layers:
@@ -158,7 +159,9 @@ def _place_all(tensors, family, layers: dict[str, list], experts: dict[str, list
             i = int(m.group(1))
             if not 0 <= i < cfg.num_hidden_layers:
                 raise ValueError(f"tensor {name!r} is past the config's {cfg.num_hidden_layers} layers")
-            layers[path][i] = _reshape(w, kind, cfg).astype(dtype)
+            # the router's expert axis is left to the expert-count messages (`_put_expert`, `_stack_experts`)
+            want = None if path == "moe/router" else shapes[path][1:]
+            layers[path][i] = _reshape_checked(name, w, kind, cfg, want).astype(dtype)
         elif name == "model.embed_tokens.weight":
             flat["embed/embedding"] = w.astype(dtype)
         elif name == "model.norm.weight":
@@ -168,6 +171,39 @@ def _place_all(tensors, family, layers: dict[str, list], experts: dict[str, list
                 flat["lm_head/kernel"] = w.T.astype(dtype)
         elif not name.endswith("rotary_emb.inv_freq"):
             raise ValueError(f"unsupported tensor {name!r}")
+
+
+def _reshape_checked(name: str, w: np.ndarray, kind: str, cfg: ModelConfig, want: tuple | None) -> np.ndarray:
+    """`_reshape`, first checking that ``w`` holds one layer's (or expert's) ``want``-shaped leaf
+    (None: unchecked here; `check_tree` checks the stacked leaf).
+
+    Raises:
+      ValueError: it does not (config.json's head counts, head_dim or sizes do not match the
+        weights), naming the tensor, its shape and the config's sizes.
+    """
+    if want is None:
+        return _reshape(w, kind, cfg)
+    if w.size == int(np.prod(want)):
+        out = _reshape(w, kind, cfg)
+        if out.shape == tuple(want):
+            return out
+    raise ValueError(
+        f"tensor {name!r} has shape {tuple(w.shape)}, which does not fit config.json (per layer it must hold "
+        f"{tuple(want)}: hidden_size {cfg.hidden_size}, intermediate_size {cfg.intermediate_size}, "
+        f"num_attention_heads {cfg.num_attention_heads}, num_key_value_heads {cfg.num_key_value_heads}, "
+        f"head_dim {cfg.head_dim}" + (f", num_experts {cfg.num_experts}, moe_intermediate_size "
+                                      f"{cfg.moe_intermediate_size}" if cfg.num_experts else "") + ")")
+
+
+def _leaf_shapes(tree: dict[str, Any], prefix: str = "") -> dict[str, tuple]:
+    """``{"attn/q_proj/kernel": shape, ...}`` of a nested dict of shapes."""
+    out: dict[str, tuple] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_leaf_shapes(v, f"{prefix}{k}/"))
+        else:
+            out[f"{prefix}{k}"] = tuple(v)
+    return out
 
 
 def _reshape(w: np.ndarray, kind: str, cfg: ModelConfig) -> np.ndarray:
