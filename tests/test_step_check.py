@@ -4,6 +4,7 @@ KV on the fake CPU devices, checked for the expected communication and memory
 check failing when a weight is replicated or the hidden states are laid out differently."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -93,6 +94,35 @@ def test_replicated_kv_heads_stay_in_place():
     r = check(8)
     assert r.ok, step_check.format_report(r)
     assert r.buckets[0].kv_heads_per_device == 4 and "KV replicated (all 4 heads" in r.verdict()
+
+
+def _temp_growth(tp: int, blocks=(64, 1024)) -> tuple[int, int]:
+    """(XLA's temporary bytes at ``blocks[1]`` minus at ``blocks[0]``, the KV bytes per device
+    between them) of the decode step at ``tp``."""
+    temps, kv = [], []
+    for nb in blocks:
+        c = dataclasses.replace(config(tp), cache=CacheConfig(num_blocks=nb))
+        b = step_check.check_step(CFG, c, MEMORY, model_name="tiny", cuda=False, sampler=False).buckets[0]
+        temps.append(b.memory["temp"])
+        kv.append(b.kv_bytes)
+    return temps[1] - temps[0], kv[1] - kv[0]
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_replicated_kv_pages_are_read_without_a_copy_of_the_cache(monkeypatch, pinned):
+    """K = 4 at TP 8 (the cache replicated): the XLA path's temporaries do not grow with the pool.
+    Without the pin on the pages it reads (`jaxinfer.layers.attention.xla`), XLA sliced each
+    device's KV head out of the whole [L, NB, ...] cache every layer: temporaries of 1/K of the
+    cache (Qwen3-30B-A3B at TP 8: 17 GB per device)."""
+    from jaxinfer.layers.attention import xla
+
+    if not pinned:
+        monkeypatch.setattr(xla, "_pinned", lambda pin, pages: pages)
+    growth, kv = _temp_growth(8)
+    if pinned:
+        assert growth < kv // 64, (growth, kv)
+    else:
+        assert growth >= kv // 8, (growth, kv)  # the copy: K and V, one of the 4 heads each
 
 
 def test_check_fails_when_replicated_kv_is_left_to_the_partitioner(monkeypatch):

@@ -210,10 +210,10 @@ def kv_cache_sharding(cfg: ModelConfig, mesh: Mesh) -> NamedSharding:
 
 def kv_pages_sharding(pages, mesh: Mesh):
     """The sharding of a KV cache ``pages`` (``[L, NB, bs, K, H]``, or a quantized cache's values
-    and ``[L, NB, bs, K]`` scales), or of a step's new keys or values ``[T, K, H]``, on ``mesh`` by
-    `kv_cache_spec`'s rule, read from its own shape: for pinning them inside the step
-    (`jaxinfer.layers.attention.base.AttentionBackend.keep_layout`)."""
-    axes = KV_CACHE_LOGICAL_AXES if len(pages.shape) == 5 else (None, "kv_heads", "head_dim")  # or K/V [T, K, H]
+    and ``[L, NB, bs, K]`` scales), of a step's new keys or values ``[T, K, H]``, or of pages read
+    from the cache (any ``[..., K, H]``), on ``mesh`` by `kv_cache_spec`'s rule, read from its own
+    shape: for pinning them inside the step (`jaxinfer.layers.attention.base.AttentionBackend.keep_layout`)."""
+    axes = (None,) * (len(pages.shape) - 2) + KV_CACHE_LOGICAL_AXES[-2:]  # the leading axes are never split
     spec = mesh_spec(axes, pages.shape, *mesh_degrees(mesh))
     values = NamedSharding(mesh, spec)
     if isinstance(pages, jax.Array) or not hasattr(pages, "scales"):

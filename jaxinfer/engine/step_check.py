@@ -280,7 +280,8 @@ def expected_problems(b: BucketCheck, cfg: ModelConfig, tp: int, expected_weight
             problems.append("dense and sparse layers mixed: the per-layer expectation is not modeled for that")
         others = [c for c in b.per_layer if c not in hidden]
         for c in others:
-            problems.append(f"unexpected per-layer {c.kind} {c.shape} ({c.op_name or 'no op_name'})")
+            problems.append(f"unexpected per-layer {c.kind} {c.shape} ({c.op_name or 'no op_name'})"
+                            + _why(c, cfg, T, tp))
         for c in b.collectives + b.sampler_collectives:
             if any(len(g) > tp for g in c.groups):
                 problems.append(f"{c.kind} {c.shape} spans a group of {max(map(len, c.groups))} devices "
@@ -301,6 +302,17 @@ def expected_problems(b: BucketCheck, cfg: ModelConfig, tp: int, expected_weight
     if not b.cuda.get("lowered"):
         problems.append(f"CUDA lowering failed: {b.cuda.get('error')}")
     return problems
+
+
+def _why(c: Collective, cfg: ModelConfig, T: int, tp: int) -> str:
+    """What a known unexpected collective is, or "": the queries [T, N, H] gathered where TP does
+    not divide the KV heads (`jaxinfer.layers.attention.pallas` then runs its kernel unsplit under
+    ``shard_map``: every device attends for all N query heads)."""
+    if c.kind == "all-gather" and cfg.num_key_value_heads % tp and _dims(c.shape) == [
+            T, cfg.num_attention_heads, cfg.head_dim]:
+        return (f": the queries, gathered because TP {tp} does not divide the {cfg.num_key_value_heads} KV heads "
+                f"(the Pallas kernel runs unsplit, every device attends for all {cfg.num_attention_heads} heads)")
+    return ""
 
 
 def _dims(shape: str) -> list[int]:

@@ -68,10 +68,15 @@ class XlaAttention(AttentionBackend):
         if prepared is None:
             raise ValueError("the XLA attention path needs the step's XlaWorkPlan (XlaAttention.prepare)")
         return xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta, prepared, sm_scale, window,
-                                   self.native)
+                                   self.native, pin=self.keep_layout)
 
 
-def _group_context(qg, k_cache, v_cache, layer, meta, plan, kv: KVStorage, window=None):
+def _pinned(pin, pages):
+    """``pin(pages)``, or the pages as read where there is no pin (one device)."""
+    return pages if pin is None else pin(pages)
+
+
+def _group_context(qg, k_cache, v_cache, layer, meta, plan, kv: KVStorage, window=None, pin=None):
     """B1: each single-token row's query against its cached context, scattered back to [T].
 
     The context is cut into groups of `GROUP_BLOCKS` blocks; the step's plan lists only the
@@ -98,8 +103,8 @@ def _group_context(qg, k_cache, v_cache, layer, meta, plan, kv: KVStorage, windo
         rows = jax.lax.dynamic_slice_in_dim(plan.group_row, j * P, P)
         grp = jax.lax.dynamic_slice_in_dim(plan.group_index, j * P, P)
         blocks = tables[rows[:, None], grp[:, None] * c + jnp.arange(c)]  # [P, c]
-        k = kv.gather_pages(k_cache, layer, blocks).reshape(P, span, K, H)
-        v = kv.gather_pages(v_cache, layer, blocks).reshape(P, span, K, H)
+        k = _pinned(pin, kv.gather_pages(k_cache, layer, blocks)).reshape(P, span, K, H)
+        v = _pinned(pin, kv.gather_pages(v_cache, layer, blocks)).reshape(P, span, K, H)
         s = jnp.einsum("pkgh,pskh->pkgs", q[rows], k.astype(jnp.float32))
         pos = grp[:, None] * span + jnp.arange(span)
         valid = (pos < ctx_len[rows][:, None]) & in_window(q_pos[rows][:, None], pos, window)
@@ -114,7 +119,8 @@ def _group_context(qg, k_cache, v_cache, layer, meta, plan, kv: KVStorage, windo
 CHUNK_CTX_BLOCKS = 16  # blocks of context one B2 inner iteration reads
 
 
-def _chunk_context(qg, k_cache, v_cache, layer, meta, plan, kv: KVStorage, q_chunk: int, window=None):
+def _chunk_context(qg, k_cache, v_cache, layer, meta, plan, kv: KVStorage, q_chunk: int, window=None,
+                   pin=None):
     """B2: loop over work items; each is <= q_chunk queries of one row vs that row's context.
 
     An item walks its row's context `CHUNK_CTX_BLOCKS` blocks at a time with an online
@@ -139,8 +145,8 @@ def _chunk_context(qg, k_cache, v_cache, layer, meta, plan, kv: KVStorage, q_chu
 
         def step(j, carry):
             blocks = jax.lax.dynamic_slice_in_dim(tables[row], j * c, c)
-            kc = kv.gather_pages(k_cache, layer, blocks).reshape(span, K, H)
-            vc = kv.gather_pages(v_cache, layer, blocks).reshape(span, K, H)
+            kc = _pinned(pin, kv.gather_pages(k_cache, layer, blocks)).reshape(span, K, H)
+            vc = _pinned(pin, kv.gather_pages(v_cache, layer, blocks)).reshape(span, K, H)
             s = jnp.einsum("qkgh,skh->qkgs", q, kc.astype(jnp.float32))
             k_pos = (j * span + jnp.arange(span))[None, :]
             valid = (k_pos < plan.row_ctx_len[row]) & live[:, None] & in_window(q_pos, k_pos, window)
@@ -177,7 +183,7 @@ def _native_paged_attention(qg, k_cache, v_cache, layer, meta, plan, kv: KVStora
 
 
 def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: AttentionMetadata, plan: XlaWorkPlan,
-                        sm_scale: float, window=None, native: bool = False):
+                        sm_scale: float, window=None, native: bool = False, pin=None):
     """Ragged paged attention on the XLA path, by the C++ kernel (``native``) or in pure jnp
     (same semantics as the Pallas kernel).
 
@@ -192,6 +198,13 @@ def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: Attentio
         are seen), or None (static) for full causal attention.
       native: every token by the C++ kernel (`_native_paged_attention`), which reads the
         step's new K/V from the pages: call it only after `write_kv` (as `XlaAttention.__call__` does).
+      pin: applied to every block of pages read from the cache ([..., K, H], before any reshape);
+        under a mesh `AttentionBackend.keep_layout`, so the pages are read in the cache's own
+        layout. Without it, where TP does not divide the KV heads (the cache replicated), XLA
+        split the read pages by KV head like the grouped queries and did so by slicing each
+        device's heads out of the whole cache, every layer: a temporary of L x NB pages x
+        (the heads per device) per device (17 GB of Qwen3-30B-A3B's 69 GB cache at TP 8, K 4;
+        found by ``python -m jaxinfer.plan --compile``). None: as read.
 
     Returns:
       [T, N, H] in q's dtype; float32 accumulation.
@@ -210,7 +223,7 @@ def xla_paged_attention(q, k_new, v_new, k_cache, v_cache, layer, meta: Attentio
     same = same & in_window(meta.positions[:, None], meta.positions[None, :], window)
     parts = [partial_softmax(jnp.where(same[:, None, None, :], s_new, -jnp.inf), v_new)]  # diagonal kept
     if meta.block_tables.shape[1] > 0:  # static: a table with no columns has no context (model init)
-        parts.append(_group_context(qg, k_cache, v_cache, layer, meta, plan, kv, window))
+        parts.append(_group_context(qg, k_cache, v_cache, layer, meta, plan, kv, window, pin))
         if T > 1:  # a one-token bucket's only row is single-token: it never has B2 work items
-            parts.append(_chunk_context(qg, k_cache, v_cache, layer, meta, plan, kv, min(Q_CHUNK, T), window))
+            parts.append(_chunk_context(qg, k_cache, v_cache, layer, meta, plan, kv, min(Q_CHUNK, T), window, pin))
     return merge(parts).reshape(T, N, H).astype(q.dtype)
