@@ -118,6 +118,7 @@ def test_no_op_values_of_unimplemented_fields_are_accepted(api):
 def test_retrieving_with_stream_is_a_400(api):
     rid = create(api).json()["id"]
     assert_error(api.http.get(f"/v1/responses/{rid}?stream=true"), 400, "stream")
+    assert_error(api.http.get(f"/v1/responses/{rid}?stream=maybe"), 400, "stream")  # a query param is named
     assert api.http.get(f"/v1/responses/{rid}?stream=false").json()["id"] == rid
 
 
@@ -265,3 +266,53 @@ def test_a_response_larger_than_the_byte_budget_says_it_was_not_stored():
         r = http.post("/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 2}).json()
         assert r["store"] is False
         assert_error(http.get(f"/v1/responses/{r['id']}"), 404)
+
+
+def test_input_items_list_the_conversation_as_a_cursor_page(api):
+    r1 = create(api, input=[{"role": "user", "content": "first"}]).json()
+    r2 = create(api, input="second", previous_response_id=r1["id"]).json()
+    url = f"/v1/responses/{r2['id']}/input_items"
+    page = api.http.get(url, params={"order": "asc"}).json()
+    assert page["object"] == "list" and page["has_more"] is False
+    items = page["data"]  # the chain's input, its output, then this input; oldest first
+    assert [(i["type"], i["role"]) for i in items] == [("message", "user"), ("message", "assistant"),
+                                                       ("message", "user")]
+    assert items[0]["content"] == [{"type": "input_text", "text": "first"}]
+    assert items[1]["id"] == r1["output"][0]["id"] and items[1]["content"][0]["type"] == "output_text"
+    assert items[2]["content"][0]["text"] == "second" and items[2]["id"].startswith("msg_")
+    assert (page["first_id"], page["last_id"]) == (items[0]["id"], items[2]["id"])
+    assert api.http.get(url).json()["data"] == items[::-1]  # desc by default
+    assert api.http.get(f"/v1/responses/{r1['id']}/input_items").json()["data"] == items[:1]  # ids are stable
+    first = api.http.get(url, params={"order": "asc", "limit": 2}).json()
+    assert first["data"] == items[:2] and first["has_more"] is True
+    rest = api.http.get(url, params={"order": "asc", "limit": 2, "after": first["last_id"]}).json()
+    assert rest["data"] == items[2:] and rest["has_more"] is False
+    back = api.http.get(url, params={"order": "asc", "limit": 1, "before": items[2]["id"]}).json()
+    assert back["data"] == items[1:2] and back["has_more"] is True
+
+
+def test_input_items_keep_client_ids_and_tool_items(api):
+    r = create(api, input=[{"type": "message", "id": "msg_mine", "role": "user", "content": "x"},
+                           {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+                           {"type": "function_call_output", "call_id": "call_1", "output": "42"}]).json()
+    data = api.http.get(f"/v1/responses/{r['id']}/input_items", params={"order": "asc"}).json()["data"]
+    assert data[0]["id"] == "msg_mine"
+    assert {k: data[1][k] for k in ("type", "call_id", "name", "arguments")} == {
+        "type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"}
+    assert data[2]["type"] == "function_call_output" and data[2]["output"] == "42"
+    assert data[1]["id"].startswith("fc_") and data[2]["id"].startswith("fco_")
+
+
+@pytest.mark.parametrize("params, param", [({"limit": 0}, "limit"), ({"limit": 101}, "limit"),
+                                           ({"order": "up"}, "order"), ({"after": "msg_nope"}, "after"),
+                                           ({"before": "msg_nope"}, "before"),
+                                           ({"include": "message.input_image.image_url"}, "include"),
+                                           ({"include[]": "message.input_image.image_url"}, "include")])
+def test_input_items_bad_params_are_400s(api, params, param):
+    rid = create(api).json()["id"]
+    assert_error(api.http.get(f"/v1/responses/{rid}/input_items", params=params), 400, param)
+
+
+def test_input_items_of_an_unknown_id_is_a_404(api):
+    err = assert_error(api.http.get("/v1/responses/resp_nope/input_items"), 404)
+    assert err["code"] == "response_not_found"

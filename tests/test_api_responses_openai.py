@@ -2,7 +2,8 @@
 Llama with SmolLM2's tokenizer (so grammars constrain real token strings): plain text, JSON
 following a schema (``text.format``), a function tool round trip through
 ``function_call_output``, ``previous_response_id`` across three turns (each turn's answer
-equals the chat completion of the same conversation: one path), and ``responses.stream``
+equals the chat completion of the same conversation: one path), ``responses.input_items.list``
+(paged by the client), and ``responses.stream``
 (every event parses; the final response equals the non-streamed one, greedy)."""
 from __future__ import annotations
 
@@ -132,6 +133,25 @@ def test_previous_response_id_three_turns(server):
     r4 = c.responses.create(input="And now?", previous_response_id=r3.id, store=False, **GREEDY)
     with pytest.raises(openai.NotFoundError):
         c.responses.retrieve(r4.id)
+
+
+def test_input_items_list_pages_through_the_conversation(server):
+    c = server.client
+    r1 = c.responses.create(input="My name is Ada.", **GREEDY)
+    r2 = c.responses.create(input=[{"role": "user", "content": [{"type": "input_text", "text": "Spell it."}]}],
+                            previous_response_id=r1.id, **GREEDY)
+    page = c.responses.input_items.list(r2.id, order="asc", limit=2)
+    assert len(page.data) == 2 and page.has_more and page.last_id == page.data[-1].id
+    items = list(page)  # the client follows ``after=last_id`` to the next page
+    assert [(i.type, i.role) for i in items] == [("message", "user"), ("message", "assistant"), ("message", "user")]
+    assert items[1].id == r1.output[0].id and items[1].content[0].text == r1.output_text
+    assert items[2].content[0].type == "input_text" and items[2].content[0].text == "Spell it."
+    assert [i.id for i in c.responses.input_items.list(r2.id)] == [i.id for i in items][::-1]  # desc by default
+    with pytest.raises(openai.BadRequestError):
+        c.responses.input_items.list(r2.id, include=["message.input_image.image_url"])
+    c.responses.delete(r2.id)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.input_items.list(r2.id)
 
 
 @pytest.mark.parametrize("extra", [{}, {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False,

@@ -128,23 +128,24 @@ def queue_wait_error(seconds: float | None, retry_after: float) -> APIError:
 
 
 def _validation_error(exc: RequestValidationError, content_type: str = "application/json") -> APIError:
-    """FastAPI's 422 as a 400 naming the first offending top-level field (all its problems
-    in the message: a union such as ``prompt`` reports one per accepted form). A body that
+    """FastAPI's 422 as a 400 naming the first offending top-level field or query / path
+    parameter (all its problems in the message: a union such as ``prompt`` reports one per
+    accepted form). A body that
     is wrong as a whole says so, and names the Content-Type when it is not JSON (``curl -d``
     without ``-H 'Content-Type: application/json'`` sends a form)."""
     errors = exc.errors() or [{}]
     first = errors[0]
     loc = [str(p) for p in first.get("loc", ())]
-    if first.get("type") == "json_invalid" or len(loc) < 2 or loc[0] != "body":
+    if first.get("type") == "json_invalid" or len(loc) < 2 or loc[0] not in ("body", "query", "path"):
         hint = "" if "json" in content_type.lower() else (
             f" (the body must be JSON sent with Content-Type: application/json; this request's Content-Type "
             f"was {content_type or 'missing'!r})")
         return APIError(400, f"invalid request body: {first.get('msg', 'not valid JSON')}{hint}", code=first.get("type"))
-    field = loc[1]
+    where, field = loc[0], loc[1]
     msgs = []
     for e in errors:
         eloc = [str(p) for p in e.get("loc", ())]
-        if eloc[:2] == ["body", field]:
+        if eloc[:2] == [where, field]:
             text = f"{'.'.join(eloc[1:])}: {e.get('msg')}"
             if text not in msgs:
                 msgs.append(text)

@@ -1,4 +1,4 @@
-"""``/v1/responses``: create (JSON or streamed), retrieve and delete responses.
+"""``/v1/responses``: create (JSON or streamed), retrieve and delete responses, list their input items.
 
 A request is checked (`responses_input.check_supported`), its conversation assembled (the
 stored conversation and output of ``previous_response_id``, then its ``input``), mapped onto
@@ -10,7 +10,7 @@ handling as ``/v1/chat/completions``. Only the answer's shape differs
 false`` (`responses_store`; in memory, bounded, lost on restart).
 
 Errors: 400 for what the server does not implement (named), 404 ``response_not_found``
-for an unknown, evicted, expired or deleted id (``GET``, ``DELETE``,
+for an unknown, evicted, expired or deleted id (``GET``, ``DELETE``, ``input_items``,
 ``previous_response_id``), and the chat path's errors with the Responses field names
 (``input``, ``max_output_tokens``, ``text``).
 """
@@ -21,6 +21,7 @@ from fastapi import Request
 
 from jaxinfer.entrypoints.openai import params as params_mod
 from jaxinfer.entrypoints.openai import responses_input as I
+from jaxinfer.entrypoints.openai import responses_items
 from jaxinfer.entrypoints.openai.errors import APIError, from_exception
 from jaxinfer.entrypoints.openai.responses_output import ResponsesFormat, Splitter
 from jaxinfer.entrypoints.openai.responses_protocol import ResponseDeleted, ResponsesRequest
@@ -38,14 +39,15 @@ def not_found(response_id: str, param: str | None = None) -> APIError:
 
 
 def history_items(output: list[dict]) -> list[dict]:
-    """A stored response's output items as normalized input items (reasoning left out)."""
+    """A stored response's output items as normalized input items (reasoning left out; each
+    keeps its output item's ``id``)."""
     items = []
     for item in output:
         if item["type"] == "message":
             text = "".join(part.get("text", "") for part in item["content"])
-            items.append({"type": "message", "role": "assistant", "content": text})
+            items.append({"id": item["id"], "type": "message", "role": "assistant", "content": text})
         elif item["type"] == "function_call":
-            items.append({k: item[k] for k in ("type", "call_id", "name", "arguments")})
+            items.append({k: item[k] for k in ("id", "type", "call_id", "name", "arguments")})
     return items
 
 
@@ -113,3 +115,18 @@ def delete_response(response_id: str, ctx: ServingContext) -> ResponseDeleted:
     if not ctx.responses.delete(response_id):
         raise not_found(response_id)
     return ResponseDeleted(id=response_id)
+
+
+def list_input_items(response_id: str, ctx: ServingContext, *, limit: int, order: str, after: str | None,
+                     before: str | None, include: list[str] | None) -> dict:
+    """``GET /v1/responses/{id}/input_items``: a page of the stored response's input items
+    (`responses_items`; 404 if not stored, 400 for a non-empty ``include`` or an unknown cursor)."""
+    if include:
+        raise APIError(400, f"include is not supported (got {include}); send [] or omit it", param="include")
+    found = ctx.responses.get(response_id)
+    if found is None:
+        raise not_found(response_id)
+    try:
+        return responses_items.item_page(found.conversation, limit=limit, order=order, after=after, before=before)
+    except RequestError as exc:
+        raise from_exception(exc) from exc

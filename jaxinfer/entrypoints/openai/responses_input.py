@@ -18,12 +18,15 @@ tool-call parsing):
     "auto"``, a non-empty ``include``, ``reasoning`` options, ``text.verbosity``.
 
 Items are normalized (`normalize_items`) to plain dicts (``message`` with text content,
-``function_call``, ``function_call_output``): the form stored for ``previous_response_id``.
+``function_call``, ``function_call_output``), each with an ``id`` (the client's, or a new
+``msg_`` / ``fc_`` / ``fco_`` one): the form stored for ``previous_response_id`` and listed by
+``GET /v1/responses/{id}/input_items``.
 Errors are `jaxinfer.errors.RequestError` (HTTP 400) with ``param`` the field at fault.
 """
 from __future__ import annotations
 
 import re
+import uuid
 from typing import Any
 
 from jaxinfer.entrypoints.openai import params as params_mod
@@ -91,15 +94,24 @@ def normalize_items(value: str | list[dict[str, Any]]) -> list[dict]:
       RequestError (param ``input``): an item the server cannot render.
     """
     if isinstance(value, str):
-        return [{"type": "message", "role": "user", "content": value}]
+        return [{"id": _new_id("message"), "type": "message", "role": "user", "content": value}]
     if not value:
         raise RequestError("input must not be empty", param="input")
     out = []
     for i, item in enumerate(value):
         norm = _normalize_item(item, f"input[{i}]")
         if norm is not None:
-            out.append(norm)
+            given = item.get("id")
+            out.append({"id": given if isinstance(given, str) and given else _new_id(norm["type"]), **norm})
     return out
+
+
+_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+
+
+def _new_id(kind: str) -> str:
+    """A new item id with OpenAI's prefix for the item type (``msg_``, ``fc_``, ``fco_``)."""
+    return f"{_ID_PREFIX[kind]}_{uuid.uuid4().hex}"
 
 
 def _normalize_item(item: dict, where: str) -> dict | None:

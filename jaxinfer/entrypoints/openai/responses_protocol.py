@@ -210,3 +210,15 @@ class ResponseDeleted(BaseModel):
     id: str
     object: Literal["response"] = "response"
     deleted: bool = True
+
+
+class ResponseItemList(BaseModel):
+    """``GET /v1/responses/{id}/input_items``: a cursor page of input items (the SDK's
+    ``ResponseItemList``; ``first_id`` / ``last_id`` are null on an empty page)."""
+
+    object: Literal["list"] = "list"
+    data: list[dict[str, Any]] = Field(..., description="Input items: message, function_call, "
+                                                         "function_call_output; each with an `id`.")
+    first_id: str | None
+    last_id: str | None
+    has_more: bool

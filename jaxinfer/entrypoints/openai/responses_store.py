@@ -1,10 +1,10 @@
 """The bounded in-memory store of ``/v1/responses`` objects (``store``, ``previous_response_id``,
-``GET`` / ``DELETE /v1/responses/{id}``).
+``GET`` / ``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``).
 
 Each entry is a response object and the conversation that led to it (normalized input
-items, `jaxinfer.entrypoints.openai.responses_input.normalize_items`: the stored history of
-its ``previous_response_id`` and its own input; ``instructions`` are not part of it, as in
-OpenAI's API). Entries are kept as compact JSON bytes, so the memory they take is what they
+items with their ids, `jaxinfer.entrypoints.openai.responses_input.normalize_items`: the
+stored history of its ``previous_response_id`` and its own input; ``instructions`` are not
+part of it, as in OpenAI's API); the conversation is what ``input_items`` lists. Entries are kept as compact JSON bytes, so the memory they take is what they
 are charged: ``len(response JSON) + len(conversation JSON) + ENTRY_OVERHEAD``.
 
 Three limits, each a server flag, evict least recently used entries first (a read or a

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from typing import Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -24,7 +25,9 @@ from jaxinfer.entrypoints.openai.model_registry import ServedModel
 from jaxinfer.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                    CompletionResponse, DetokenizeRequest, DetokenizeResponse, ErrorResponse,
                                    ModelCard, ModelList, TokenizeRequest, TokenizeResponse)
-from jaxinfer.entrypoints.openai.responses_protocol import ResponseDeleted, ResponseObject, ResponsesRequest
+from jaxinfer.entrypoints.openai.responses_items import DEFAULT_LIMIT, MAX_LIMIT
+from jaxinfer.entrypoints.openai.responses_protocol import (ResponseDeleted, ResponseItemList, ResponseObject,
+                                                            ResponsesRequest)
 from jaxinfer.entrypoints.openai.serving import ServingContext
 from jaxinfer.engine.async_engine import EngineState
 from jaxinfer.errors import RequestError
@@ -100,6 +103,19 @@ async def retrieve_response(response_id: str, stream: bool | None = None, ctx: S
         raise APIError(400, "stream is not supported when retrieving a response (there are no background "
                        "responses to follow)", param="stream")
     return JSONResponse(responses_api.retrieve_response(response_id, ctx))
+
+
+@v1.get("/responses/{response_id}/input_items", response_model=ResponseItemList)
+async def list_input_items(response_id: str, limit: int = Query(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT),
+                           order: Literal["asc", "desc"] = "desc", after: str | None = None,
+                           before: str | None = None, include: list[str] | None = Query(None),
+                           include_brackets: list[str] | None = Query(None, alias="include[]",
+                                                                      description="`include` as the SDK sends it."),
+                           ctx: ServingContext = Depends(get_ctx)):
+    """The input items of a stored response (its whole conversation, oldest first before
+    ``order``), as a cursor page; 404 once evicted, deleted or after a restart."""
+    return JSONResponse(responses_api.list_input_items(response_id, ctx, limit=limit, order=order, after=after,
+                                                       before=before, include=(include or []) + (include_brackets or [])))
 
 
 @v1.delete("/responses/{response_id}", response_model=ResponseDeleted)
